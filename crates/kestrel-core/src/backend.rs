@@ -1,0 +1,204 @@
+//! The fused operations a backend implements.
+//!
+//! Operations work at the granularity of a model block (attention, MoE, Gated
+//! DeltaNet) so that each backend is free to fuse inside them; the model files
+//! only chain them. Activations are 2-D row-major `[tokens, features]`.
+//! Weights are stored `[out, in]` as in Hugging Face checkpoints.
+
+use crate::{ForwardBatch, HostTensor, Result};
+
+/// Rotary embedding over the first `rotary_dim` dims of each head
+/// (rotate-half pairing within those dims; `inv_freq[i] = theta^(-2i/rotary_dim)`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeSpec {
+    pub theta: f32,
+    pub rotary_dim: usize,
+}
+
+/// Full (softmax) attention with per-head q/k RMSNorm and RoPE.
+///
+/// Input rows hold the fused projection in the column order
+/// `[q (Hq*D) | gate (Hq*D), only if output_gate | k (Hkv*D) | v (Hkv*D)]`.
+/// The model loader reorders checkpoint rows into this layout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub num_q_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope: RopeSpec,
+    pub norm_eps: f32,
+    /// Qwen3.5 / Qwen3-Next: output multiplied by `sigmoid(gate)` per element.
+    pub output_gate: bool,
+    /// Softmax scale, `head_dim^-0.5` for every Qwen model.
+    pub scale: f32,
+}
+
+impl AttentionSpec {
+    pub fn q_width(&self) -> usize {
+        self.num_q_heads * self.head_dim
+    }
+    pub fn kv_width(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+    pub fn proj_width(&self) -> usize {
+        self.q_width() * if self.output_gate { 2 } else { 1 } + 2 * self.kv_width()
+    }
+}
+
+/// Plain RMSNorm weights (a `1 + w` checkpoint is converted by the loader).
+#[derive(Debug)]
+pub struct AttentionWeights<W> {
+    pub q_norm: W,
+    pub k_norm: W,
+}
+
+/// Sparse mixture of experts with an optional gated shared expert.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeSpec {
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub intermediate: usize,
+    /// Renormalise the top-k softmax weights to sum to one.
+    pub norm_topk_prob: bool,
+    pub shared_intermediate: Option<usize>,
+}
+
+#[derive(Debug)]
+pub struct MoeWeights<W> {
+    /// Router `[E, H]`.
+    pub router: W,
+    /// Experts' gate and up projections stacked: `[E, 2I, H]`, gate rows first.
+    pub gate_up: W,
+    /// Experts' down projections stacked: `[E, H, I]`.
+    pub down: W,
+    /// Shared expert `[2Is, H]` (gate rows first) and `[H, Is]`.
+    pub shared_gate_up: Option<W>,
+    pub shared_down: Option<W>,
+    /// Shared expert gate `[1, H]`: output scaled by `sigmoid(gate . x)`.
+    pub shared_gate: Option<W>,
+}
+
+/// Gated DeltaNet (linear attention) dimensions.
+///
+/// Input rows hold the fused projection `[qkv (conv_dim) | z (Hv*Dv) | b (Hv) | a (Hv)]`
+/// with `qkv = [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv)]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GdnSpec {
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
+    pub head_k_dim: usize,
+    pub head_v_dim: usize,
+    pub conv_kernel: usize,
+    pub norm_eps: f32,
+}
+
+impl GdnSpec {
+    pub fn conv_dim(&self) -> usize {
+        2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+    }
+    pub fn value_width(&self) -> usize {
+        self.num_v_heads * self.head_v_dim
+    }
+    pub fn proj_width(&self) -> usize {
+        self.conv_dim() + self.value_width() + 2 * self.num_v_heads
+    }
+}
+
+#[derive(Debug)]
+pub struct GdnWeights<W> {
+    /// Depthwise causal conv `[conv_dim, kernel]`.
+    pub conv: W,
+    /// `A_log` and `dt_bias`, `[Hv]`, f32.
+    pub a_log: W,
+    pub dt_bias: W,
+    /// Gated RMSNorm weight `[Dv]` (plain form: `w * norm(o) * silu(z)`).
+    pub norm: W,
+}
+
+/// Sizes of the per-sequence caches a model needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheSpec {
+    /// Paged KV cache: one pool per full-attention layer.
+    pub attn_layers: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Recurrent and conv state: one slot per sequence in each linear-attention layer.
+    pub gdn_layers: usize,
+    pub num_state_slots: usize,
+    pub gdn: Option<GdnSpec>,
+}
+
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// Activations, `[rows, cols]`, f32 semantics.
+    type Tensor: Send;
+    /// A parameter resident on the backend.
+    type Weight: Send + Sync;
+    /// Paged KV pools and recurrent-state slots of all layers.
+    type Cache: Send;
+
+    fn name(&self) -> String;
+
+    // ---- data movement -------------------------------------------------
+    fn upload(&self, t: &HostTensor) -> Result<Self::Weight>;
+    fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Self::Tensor;
+    fn to_host(&self, t: &Self::Tensor) -> Vec<f32>;
+    fn dims(&self, t: &Self::Tensor) -> (usize, usize);
+    fn new_cache(&self, spec: &CacheSpec) -> Result<Self::Cache>;
+    /// Reset a sequence's recurrent and conv state to zero in every GDN layer.
+    fn zero_state(&self, cache: &mut Self::Cache, slot: u32);
+    /// Snapshot a sequence's recurrent and conv state (all GDN layers).
+    fn copy_state(&self, cache: &mut Self::Cache, src: u32, dst: u32);
+
+    // ---- operations ----------------------------------------------------
+    fn embedding(&self, table: &Self::Weight, ids: &[u32]) -> Self::Tensor;
+    /// `x @ w^T` for `w` stored `[out, in]`.
+    fn matmul(&self, x: &Self::Tensor, w: &Self::Weight) -> Self::Tensor;
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Weight, eps: f32) -> Self::Tensor;
+    /// `residual += x`, then return `rms_norm(residual)`.
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Tensor,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        eps: f32,
+    ) -> Self::Tensor;
+    fn add_assign(&self, a: &mut Self::Tensor, b: &Self::Tensor);
+    /// `silu(gate) * up` for rows `[gate | up]`.
+    fn swiglu(&self, gate_up: &Self::Tensor) -> Self::Tensor;
+    fn gather_rows(&self, x: &Self::Tensor, rows: &[usize]) -> Self::Tensor;
+
+    /// q/k norm, RoPE, KV write into the pages of `batch`, causal GQA attention
+    /// over each sequence's cached and new tokens, optional sigmoid output gate.
+    /// Returns `[T, Hq*D]`. `layer` indexes the attention layers of `cache`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        proj: &Self::Tensor,
+        w: &AttentionWeights<Self::Weight>,
+        spec: &AttentionSpec,
+        cache: &mut Self::Cache,
+        layer: usize,
+        batch: &ForwardBatch,
+    ) -> Self::Tensor;
+
+    /// Router (softmax, top-k, optional renormalise), the selected experts and
+    /// the gated shared expert. Returns `[T, H]`.
+    fn moe(&self, x: &Self::Tensor, w: &MoeWeights<Self::Weight>, spec: &MoeSpec) -> Self::Tensor;
+
+    /// Causal conv1d with carried state, SiLU, L2-normalised q/k, decay and
+    /// beta, the delta-rule recurrence with carried state, and the gated
+    /// RMSNorm. Returns `[T, Hv*Dv]` (before `out_proj`). `layer` indexes the
+    /// linear-attention layers of `cache`.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_net(
+        &self,
+        proj: &Self::Tensor,
+        w: &GdnWeights<Self::Weight>,
+        spec: &GdnSpec,
+        cache: &mut Self::Cache,
+        layer: usize,
+        batch: &ForwardBatch,
+    ) -> Self::Tensor;
+}

@@ -1,0 +1,57 @@
+//! What one forward pass computes: new tokens of several sequences, flattened.
+//!
+//! The scheduler builds a [`ForwardBatch`]; backends read it to find where each
+//! token's keys and values live (pages) and which recurrent-state slot a sequence
+//! owns. Tokens of a sequence are contiguous and in order.
+
+/// The new tokens of one sequence in this step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqChunk {
+    /// Number of new tokens (a prefill chunk, or 1 for a decode step).
+    pub num_tokens: usize,
+    /// Tokens already in the cache; the first new token sits at this position.
+    pub cached_len: usize,
+    /// Physical KV pages holding positions `0 .. cached_len + num_tokens`,
+    /// `block_size` positions per page.
+    pub block_table: Vec<u32>,
+    /// Recurrent / conv state slot for linear-attention layers. The engine
+    /// zeroes it before a sequence's first chunk (or restores a snapshot).
+    pub state_slot: u32,
+}
+
+impl SeqChunk {
+    pub fn total_len(&self) -> usize {
+        self.cached_len + self.num_tokens
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ForwardBatch {
+    pub seqs: Vec<SeqChunk>,
+}
+
+impl ForwardBatch {
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.num_tokens).sum()
+    }
+
+    /// Absolute position of every new token, in batch order.
+    pub fn positions(&self) -> Vec<u32> {
+        self.seqs
+            .iter()
+            .flat_map(|s| (s.cached_len..s.total_len()).map(|p| p as u32))
+            .collect()
+    }
+
+    /// Row index (in the flattened batch) of each sequence's last new token.
+    pub fn last_token_rows(&self) -> Vec<usize> {
+        let mut end = 0;
+        self.seqs
+            .iter()
+            .map(|s| {
+                end += s.num_tokens;
+                end - 1
+            })
+            .collect()
+    }
+}

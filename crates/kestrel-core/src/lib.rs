@@ -1,0 +1,30 @@
+//! The contract between model definitions and backends.
+//!
+//! Model files (in `kestrel-models`) are written once against [`Backend`]; the CPU
+//! backend is the reference, the CUDA backend implements the same operations.
+//! Everything here is plain data: no backend-specific types leak out.
+
+pub mod backend;
+pub mod batch;
+pub mod host;
+
+pub use backend::{
+    AttentionSpec, AttentionWeights, Backend, CacheSpec, GdnSpec, GdnWeights, MoeSpec, MoeWeights,
+    RopeSpec,
+};
+pub use batch::{ForwardBatch, SeqChunk};
+pub use host::{DType, HostTensor};
+
+/// Errors a backend can report. Kernels assume validated inputs; these cover
+/// resource and platform failures (no GPU, out of memory, bad upload).
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("out of device memory: {0}")]
+    OutOfMemory(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = BackendError> = std::result::Result<T, E>;

@@ -1,0 +1,221 @@
+//! CPU backend: the f32 numerical reference for every kestrel operation.
+//!
+//! Weights are widened to f32 on upload and every reduction accumulates in f32,
+//! following the order of operations of the Hugging Face transformers modules
+//! where it affects rounding. Other backends are tested against this one.
+
+pub mod attention;
+pub mod cache;
+pub mod gdn;
+pub mod linear;
+pub mod math;
+pub mod moe;
+pub mod norm;
+pub mod rope;
+pub mod tensor;
+
+#[cfg(test)]
+mod tests;
+
+use kestrel_core::{
+    AttentionSpec, AttentionWeights, Backend, CacheSpec, ForwardBatch, GdnSpec, GdnWeights,
+    HostTensor, MoeSpec, MoeWeights, Result,
+};
+use rayon::prelude::*;
+
+pub use cache::CpuCache;
+pub use tensor::{CpuTensor, CpuWeight};
+
+/// The CPU backend. Parallel work runs on rayon's global pool.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+    type Cache = CpuCache;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", rayon::current_num_threads())
+    }
+
+    fn upload(&self, t: &HostTensor) -> Result<CpuWeight> {
+        CpuWeight::from_host(t)
+    }
+
+    fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> CpuTensor {
+        CpuTensor::new(rows, cols, data.to_vec())
+    }
+
+    fn to_host(&self, t: &CpuTensor) -> Vec<f32> {
+        t.data.clone()
+    }
+
+    fn dims(&self, t: &CpuTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn new_cache(&self, spec: &CacheSpec) -> Result<CpuCache> {
+        CpuCache::new(spec)
+    }
+
+    fn zero_state(&self, cache: &mut CpuCache, slot: u32) {
+        cache.zero_state(slot);
+    }
+
+    fn copy_state(&self, cache: &mut CpuCache, src: u32, dst: u32) {
+        cache.copy_state(src, dst);
+    }
+
+    fn embedding(&self, table: &CpuWeight, ids: &[u32]) -> CpuTensor {
+        assert_eq!(
+            table.shape.len(),
+            2,
+            "embedding table must be 2-D, got {:?}",
+            table.shape
+        );
+        let (vocab, hidden) = (table.shape[0], table.shape[1]);
+        let mut data = Vec::with_capacity(ids.len() * hidden);
+        for &id in ids {
+            let id = id as usize;
+            assert!(
+                id < vocab,
+                "token id {id} out of range (vocabulary {vocab})"
+            );
+            data.extend_from_slice(&table.data[id * hidden..(id + 1) * hidden]);
+        }
+        CpuTensor::new(ids.len(), hidden, data)
+    }
+
+    fn matmul(&self, x: &CpuTensor, w: &CpuWeight) -> CpuTensor {
+        let n = w.dim0();
+        assert!(
+            w.shape.len() == 2 && w.shape[1] == x.cols,
+            "matmul: weight {:?} does not take inputs of width {}",
+            w.shape,
+            x.cols
+        );
+        let mut out = vec![0.0f32; x.rows * n];
+        linear::linear(&x.data, x.rows, x.cols, &w.data, n, &mut out, true);
+        CpuTensor::new(x.rows, n, out)
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuWeight, eps: f32) -> CpuTensor {
+        CpuTensor::new(
+            x.rows,
+            x.cols,
+            norm::rms_norm(&x.data, x.cols, &w.data, eps),
+        )
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CpuTensor,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        eps: f32,
+    ) -> CpuTensor {
+        assert_eq!(
+            (residual.rows, residual.cols),
+            (x.rows, x.cols),
+            "add_rms_norm: shapes differ"
+        );
+        let out = norm::add_rms_norm(&mut residual.data, &x.data, x.cols, &w.data, eps);
+        CpuTensor::new(x.rows, x.cols, out)
+    }
+
+    fn add_assign(&self, a: &mut CpuTensor, b: &CpuTensor) {
+        assert_eq!(
+            (a.rows, a.cols),
+            (b.rows, b.cols),
+            "add_assign: shapes differ"
+        );
+        a.data
+            .par_iter_mut()
+            .zip(&b.data)
+            .with_min_len(4096)
+            .for_each(|(x, y)| *x += y);
+    }
+
+    fn swiglu(&self, gate_up: &CpuTensor) -> CpuTensor {
+        CpuTensor::new(
+            gate_up.rows,
+            gate_up.cols / 2,
+            norm::swiglu(&gate_up.data, gate_up.cols),
+        )
+    }
+
+    fn gather_rows(&self, x: &CpuTensor, rows: &[usize]) -> CpuTensor {
+        let mut data = Vec::with_capacity(rows.len() * x.cols);
+        for &r in rows {
+            assert!(
+                r < x.rows,
+                "gather_rows: row {r} out of range ({} rows)",
+                x.rows
+            );
+            data.extend_from_slice(x.row(r));
+        }
+        CpuTensor::new(rows.len(), x.cols, data)
+    }
+
+    fn attention(
+        &self,
+        proj: &CpuTensor,
+        w: &AttentionWeights<CpuWeight>,
+        spec: &AttentionSpec,
+        cache: &mut CpuCache,
+        layer: usize,
+        batch: &ForwardBatch,
+    ) -> CpuTensor {
+        let pages = attention::PageLayout {
+            num_blocks: cache.spec.num_blocks,
+            block_size: cache.spec.block_size,
+            num_kv_heads: cache.spec.num_kv_heads,
+            head_dim: cache.spec.head_dim,
+        };
+        let n_layers = cache.kv.len();
+        let pool = cache.kv.get_mut(layer).unwrap_or_else(|| {
+            panic!("attention layer {layer} out of range ({n_layers} in the cache)")
+        });
+        let out = attention::attention(
+            &proj.data,
+            proj.cols,
+            &w.q_norm.data,
+            &w.k_norm.data,
+            spec,
+            pool,
+            &pages,
+            batch,
+        );
+        CpuTensor::new(proj.rows, spec.q_width(), out)
+    }
+
+    fn moe(&self, x: &CpuTensor, w: &MoeWeights<CpuWeight>, spec: &MoeSpec) -> CpuTensor {
+        CpuTensor::new(x.rows, x.cols, moe::moe(&x.data, x.cols, w, spec))
+    }
+
+    fn gated_delta_net(
+        &self,
+        proj: &CpuTensor,
+        w: &GdnWeights<CpuWeight>,
+        spec: &GdnSpec,
+        cache: &mut CpuCache,
+        layer: usize,
+        batch: &ForwardBatch,
+    ) -> CpuTensor {
+        let slots = cache.spec.num_state_slots;
+        let n_layers = cache.gdn.len();
+        let state = cache
+            .gdn
+            .get_mut(layer)
+            .unwrap_or_else(|| panic!("GDN layer {layer} out of range ({n_layers} in the cache)"));
+        let out = gdn::gated_delta_net(&proj.data, proj.cols, w, spec, state, slots, batch);
+        CpuTensor::new(proj.rows, spec.value_width(), out)
+    }
+}

@@ -1,0 +1,111 @@
+//! Feed-forward blocks: a dense SwiGLU MLP, or the sparse MoE with an
+//! optional gated shared expert.
+
+use anyhow::{Result, bail};
+use kestrel_core::{Backend, HostTensor, MoeSpec, MoeWeights};
+
+use crate::config::MoeConfig;
+use crate::loader::Loader;
+use crate::transform;
+
+pub enum FeedForward<B: Backend> {
+    Dense { gate_up: B::Weight, down: B::Weight },
+    Moe { weights: MoeWeights<B::Weight>, spec: MoeSpec },
+}
+
+impl<B: Backend> FeedForward<B> {
+    /// `p` is the module prefix, e.g. `model.layers.0.mlp.`.
+    pub fn load_dense(l: &Loader<B>, p: &str, hidden: usize, inter: usize) -> Result<Self> {
+        Ok(FeedForward::Dense {
+            gate_up: l.fused(&[
+                (&format!("{p}gate_proj.weight"), &[inter, hidden]),
+                (&format!("{p}up_proj.weight"), &[inter, hidden]),
+            ])?,
+            down: l.weight(&format!("{p}down_proj.weight"), &[hidden, inter])?,
+        })
+    }
+
+    pub fn load_moe(l: &Loader<B>, p: &str, hidden: usize, moe: &MoeConfig) -> Result<Self> {
+        let (e, i) = (moe.num_experts, moe.intermediate);
+        let (gate_up, down) = load_experts(l, &format!("{p}experts."), hidden, e, i)?;
+        let (shared_gate_up, shared_down, shared_gate) = match moe.shared_intermediate {
+            Some(si) => {
+                let s = format!("{p}shared_expert.");
+                let gate_name = format!("{p}shared_expert_gate.weight");
+                let gate = if l.files.contains(&gate_name) {
+                    Some(l.weight(&gate_name, &[1, hidden])?)
+                } else {
+                    None
+                };
+                (
+                    Some(l.fused(&[
+                        (&format!("{s}gate_proj.weight"), &[si, hidden]),
+                        (&format!("{s}up_proj.weight"), &[si, hidden]),
+                    ])?),
+                    Some(l.weight(&format!("{s}down_proj.weight"), &[hidden, si])?),
+                    gate,
+                )
+            }
+            None => (None, None, None),
+        };
+        Ok(FeedForward::Moe {
+            weights: MoeWeights {
+                router: l.weight(&format!("{p}gate.weight"), &[e, hidden])?,
+                gate_up: l.upload(&format!("{p}experts.gate_up_proj"), &gate_up)?,
+                down: l.upload(&format!("{p}experts.down_proj"), &down)?,
+                shared_gate_up,
+                shared_down,
+                shared_gate,
+            },
+            spec: MoeSpec {
+                num_experts: e,
+                top_k: moe.top_k,
+                intermediate: i,
+                norm_topk_prob: moe.norm_topk_prob,
+                shared_intermediate: moe.shared_intermediate,
+            },
+        })
+    }
+
+    pub fn forward(&self, b: &B, x: &B::Tensor) -> B::Tensor {
+        match self {
+            FeedForward::Dense { gate_up, down } => {
+                let h = b.matmul(x, gate_up);
+                b.matmul(&b.swiglu(&h), down)
+            }
+            FeedForward::Moe { weights, spec } => b.moe(x, weights, spec),
+        }
+    }
+}
+
+/// Experts as the stacked `[E, 2I, H]` / `[E, H, I]` tensors the backends use.
+/// Checkpoints store them either stacked (Qwen3.5/3.6) or one by one
+/// (`experts.{e}.{gate,up,down}_proj.weight`, Qwen3-MoE and Qwen3-Next).
+fn load_experts<'a, B: Backend>(
+    l: &Loader<'a, B>,
+    p: &str,
+    hidden: usize,
+    e: usize,
+    i: usize,
+) -> Result<(HostTensor<'a>, HostTensor<'a>)> {
+    let stacked = format!("{p}gate_up_proj");
+    if l.files.contains(&stacked) {
+        return Ok((
+            l.tensor(&stacked, &[e, 2 * i, hidden])?,
+            l.tensor(&format!("{p}down_proj"), &[e, hidden, i])?,
+        ));
+    }
+    if !l.files.contains(&format!("{p}0.gate_proj.weight")) {
+        bail!("missing tensor {stacked} (or per-expert {p}0.gate_proj.weight)");
+    }
+    let mut gate_up = Vec::with_capacity(2 * e);
+    let mut down = Vec::with_capacity(e);
+    for x in 0..e {
+        gate_up.push(l.tensor(&format!("{p}{x}.gate_proj.weight"), &[i, hidden])?);
+        gate_up.push(l.tensor(&format!("{p}{x}.up_proj.weight"), &[i, hidden])?);
+        down.push(l.tensor(&format!("{p}{x}.down_proj.weight"), &[hidden, i])?);
+    }
+    let gate_up = transform::reshape(transform::concat_rows(&gate_up)?, &[e, 2 * i, hidden])?;
+    let down = transform::reshape(transform::concat_rows(&down)?, &[e, hidden, i])?;
+    Ok((gate_up, down))
+}

@@ -1,0 +1,106 @@
+//! Gated DeltaNet (linear attention): one fused input projection, the
+//! backend's conv + delta-rule recurrence + gated norm, `out_proj`.
+
+use anyhow::Result;
+use kestrel_core::{Backend, ForwardBatch, GdnSpec, GdnWeights};
+
+use crate::config::{Arch, ModelConfig};
+use crate::loader::Loader;
+use crate::transform;
+
+pub struct GatedDeltaNet<B: Backend> {
+    in_proj: B::Weight,
+    out_proj: B::Weight,
+    weights: GdnWeights<B::Weight>,
+    pub spec: GdnSpec,
+    cache_layer: usize,
+}
+
+pub fn gdn_spec(cfg: &ModelConfig) -> Option<GdnSpec> {
+    let la = cfg.linear_attn.as_ref()?;
+    Some(GdnSpec {
+        num_k_heads: la.num_k_heads,
+        num_v_heads: la.num_v_heads,
+        head_k_dim: la.head_k_dim,
+        head_v_dim: la.head_v_dim,
+        conv_kernel: la.conv_kernel,
+        norm_eps: cfg.rms_norm_eps,
+    })
+}
+
+impl<B: Backend> GatedDeltaNet<B> {
+    /// `p` is the module prefix, e.g. `model.layers.0.linear_attn.`.
+    pub fn load(l: &Loader<B>, p: &str, cfg: &ModelConfig, cache_layer: usize) -> Result<Self> {
+        let spec = gdn_spec(cfg).expect("hybrid config has linear attention");
+        let h = cfg.hidden_size;
+        let (conv, vw, hv) = (spec.conv_dim(), spec.value_width(), spec.num_v_heads);
+        let in_proj = if cfg.arch == Arch::Qwen3Next {
+            Self::fused_from_next(l, p, &spec, h)?
+        } else {
+            let parts = [
+                l.tensor(&format!("{p}in_proj_qkv.weight"), &[conv, h])?,
+                l.tensor(&format!("{p}in_proj_z.weight"), &[vw, h])?,
+                l.tensor(&format!("{p}in_proj_b.weight"), &[hv, h])?,
+                l.tensor(&format!("{p}in_proj_a.weight"), &[hv, h])?,
+            ];
+            transform::concat_rows(&parts)?
+        };
+        let conv_name = format!("{p}conv1d.weight");
+        let conv_w = l.tensor(&conv_name, &[conv, 1, spec.conv_kernel])?;
+        let conv_w = transform::reshape(conv_w, &[conv, spec.conv_kernel])?;
+        Ok(GatedDeltaNet {
+            in_proj: l.upload(&format!("{p}in_proj"), &in_proj)?,
+            out_proj: l.weight(&format!("{p}out_proj.weight"), &[h, vw])?,
+            weights: GdnWeights {
+                conv: l.upload(&conv_name, &conv_w)?,
+                a_log: l.vector_f32(&format!("{p}A_log"), hv)?,
+                dt_bias: l.vector_f32(&format!("{p}dt_bias"), hv)?,
+                // The gated norm inside DeltaNet keeps the plain weight.
+                norm: l.vector_f32(&format!("{p}norm.weight"), spec.head_v_dim)?,
+            },
+            spec,
+            cache_layer,
+        })
+    }
+
+    /// Qwen3-Next fuses the projections per key head:
+    /// `in_proj_qkvz` rows are, for each key head, `[q (Dk) | k (Dk) | v (r*Dv) | z (r*Dv)]`
+    /// and `in_proj_ba` rows `[b (r) | a (r)]`, with `r = Hv / Hk`. Regroup them
+    /// into `[q | k | v | z | b | a]`, each in head order.
+    fn fused_from_next(
+        l: &Loader<B>,
+        p: &str,
+        s: &GdnSpec,
+        h: usize,
+    ) -> Result<kestrel_core::HostTensor<'static>> {
+        let (hk, dk, dv) = (s.num_k_heads, s.head_k_dim, s.head_v_dim);
+        let r = s.num_v_heads / hk;
+        let group = 2 * dk + 2 * r * dv;
+        let qkvz = l.tensor(&format!("{p}in_proj_qkvz.weight"), &[hk * group, h])?;
+        let ba = l.tensor(&format!("{p}in_proj_ba.weight"), &[hk * 2 * r, h])?;
+        let pick = |offset: usize, len: usize, stride: usize| -> Vec<usize> {
+            (0..hk).flat_map(|g| (g * stride + offset)..(g * stride + offset + len)).collect()
+        };
+        let mut order = pick(0, dk, group);
+        order.extend(pick(dk, dk, group));
+        order.extend(pick(2 * dk, r * dv, group));
+        order.extend(pick(2 * dk + r * dv, r * dv, group));
+        let qkvz = transform::gather_rows(&qkvz, &order);
+        let mut order = pick(0, r, 2 * r);
+        order.extend(pick(r, r, 2 * r));
+        let ba = transform::gather_rows(&ba, &order);
+        transform::concat_rows(&[qkvz, ba])
+    }
+
+    pub fn forward(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        cache: &mut B::Cache,
+        batch: &ForwardBatch,
+    ) -> B::Tensor {
+        let proj = b.matmul(x, &self.in_proj);
+        let out = b.gated_delta_net(&proj, &self.weights, &self.spec, cache, self.cache_layer, batch);
+        b.matmul(&out, &self.out_proj)
+    }
+}

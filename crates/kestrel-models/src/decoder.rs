@@ -1,0 +1,174 @@
+//! The decoder stack shared by every Qwen3 architecture: embedding, layers of
+//! (norm, mixer, norm, feed-forward) with residuals, final norm, lm_head.
+//! Architectures differ only in which mixer and feed-forward each layer has
+//! and in checkpoint layouts, which the blocks' loaders absorb.
+
+use anyhow::Result;
+use kestrel_core::{Backend, CacheSpec, ForwardBatch};
+
+use crate::blocks::{Attention, FeedForward, GatedDeltaNet, attention::attention_spec, gdn::gdn_spec};
+use crate::config::{LayerKind, ModelConfig};
+use crate::loader::Loader;
+
+pub enum Mixer<B: Backend> {
+    Attention(Attention<B>),
+    GatedDeltaNet(GatedDeltaNet<B>),
+}
+
+pub struct DecoderLayer<B: Backend> {
+    pub input_norm: B::Weight,
+    pub mixer: Mixer<B>,
+    pub post_norm: B::Weight,
+    pub ffn: FeedForward<B>,
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// `p` is the layer prefix, e.g. `model.layers.7.`; `cache_layer` is this
+    /// layer's index among the cache layers of its kind.
+    pub fn load(
+        l: &Loader<B>,
+        p: &str,
+        cfg: &ModelConfig,
+        kind: LayerKind,
+        sparse: bool,
+        cache_layer: usize,
+    ) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let mixer = match kind {
+            LayerKind::FullAttention => {
+                Mixer::Attention(Attention::load(l, &format!("{p}self_attn."), cfg, cache_layer)?)
+            }
+            LayerKind::LinearAttention => Mixer::GatedDeltaNet(GatedDeltaNet::load(
+                l,
+                &format!("{p}linear_attn."),
+                cfg,
+                cache_layer,
+            )?),
+        };
+        let ffn = match (&cfg.moe, sparse) {
+            (Some(moe), true) => FeedForward::load_moe(l, &format!("{p}mlp."), h, moe)?,
+            _ => FeedForward::load_dense(
+                l,
+                &format!("{p}mlp."),
+                h,
+                cfg.dense_intermediate.unwrap_or_default(),
+            )?,
+        };
+        Ok(DecoderLayer {
+            input_norm: l.norm(&format!("{p}input_layernorm.weight"), h)?,
+            mixer,
+            post_norm: l.norm(&format!("{p}post_attention_layernorm.weight"), h)?,
+            ffn,
+        })
+    }
+
+    /// One layer on the residual stream. `x` is this layer's normalised input;
+    /// returns the feed-forward output (not yet added to `residual`).
+    pub fn forward(
+        &self,
+        b: &B,
+        residual: &mut B::Tensor,
+        x: &B::Tensor,
+        eps: f32,
+        cache: &mut B::Cache,
+        batch: &ForwardBatch,
+    ) -> B::Tensor {
+        let mixed = match &self.mixer {
+            Mixer::Attention(a) => a.forward(b, x, cache, batch),
+            Mixer::GatedDeltaNet(g) => g.forward(b, x, cache, batch),
+        };
+        let x = b.add_rms_norm(residual, &mixed, &self.post_norm, eps);
+        self.ffn.forward(b, &x)
+    }
+}
+
+pub struct Decoder<B: Backend> {
+    pub config: ModelConfig,
+    pub embed: B::Weight,
+    pub layers: Vec<DecoderLayer<B>>,
+    pub final_norm: B::Weight,
+    /// `None` when the lm_head is tied to the embedding.
+    lm_head: Option<B::Weight>,
+}
+
+impl<B: Backend> Decoder<B> {
+    pub fn load(l: &Loader<B>, cfg: &ModelConfig) -> Result<Self> {
+        let p = &cfg.weight_prefix;
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let (mut attn_idx, mut gdn_idx) = (0, 0);
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (i, &kind) in cfg.layer_kinds.iter().enumerate() {
+            let counter = match kind {
+                LayerKind::FullAttention => &mut attn_idx,
+                LayerKind::LinearAttention => &mut gdn_idx,
+            };
+            let lp = format!("{p}layers.{i}.");
+            layers.push(DecoderLayer::load(l, &lp, cfg, kind, cfg.sparse_layers[i], *counter)?);
+            *counter += 1;
+        }
+        let lm_head = if cfg.tie_word_embeddings && !l.files.contains("lm_head.weight") {
+            None
+        } else {
+            Some(l.weight("lm_head.weight", &[v, h])?)
+        };
+        Ok(Decoder {
+            config: cfg.clone(),
+            embed: l.weight(&format!("{p}embed_tokens.weight"), &[v, h])?,
+            layers,
+            final_norm: l.norm(&format!("{p}norm.weight"), h)?,
+            lm_head,
+        })
+    }
+
+    pub fn lm_head(&self) -> &B::Weight {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The caches this model needs for `num_blocks` KV pages and `num_slots`
+    /// recurrent-state slots.
+    pub fn cache_spec(&self, num_blocks: usize, block_size: usize, num_slots: usize) -> CacheSpec {
+        let cfg = &self.config;
+        let attn = attention_spec(cfg);
+        CacheSpec {
+            attn_layers: cfg.num_attention_layers(),
+            num_blocks,
+            block_size,
+            num_kv_heads: attn.num_kv_heads,
+            head_dim: attn.head_dim,
+            gdn_layers: cfg.num_linear_layers(),
+            num_state_slots: num_slots,
+            gdn: gdn_spec(cfg),
+        }
+    }
+
+    /// Runs the new tokens of `batch` through every layer and returns the
+    /// hidden states before the final norm (what the MTP head consumes).
+    pub fn forward(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut B::Cache,
+    ) -> B::Tensor {
+        let eps = self.config.rms_norm_eps;
+        let mut residual = b.embedding(&self.embed, ids);
+        let mut x = b.rms_norm(&residual, &self.layers[0].input_norm, eps);
+        let last = self.layers.len() - 1;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let out = layer.forward(b, &mut residual, &x, eps, cache, batch);
+            if i < last {
+                x = b.add_rms_norm(&mut residual, &out, &self.layers[i + 1].input_norm, eps);
+            } else {
+                b.add_assign(&mut residual, &out);
+            }
+        }
+        residual
+    }
+
+    /// Logits of the selected rows of `hidden` (pre-final-norm states).
+    pub fn logits(&self, b: &B, hidden: &B::Tensor, rows: &[usize]) -> B::Tensor {
+        let x = b.gather_rows(hidden, rows);
+        let x = b.rms_norm(&x, &self.final_norm, self.config.rms_norm_eps);
+        b.matmul(&x, self.lm_head())
+    }
+}

@@ -1,0 +1,1 @@
+"""Golden fixture builder for kestrel's model tests (see scripts/make_golden.py)."""
