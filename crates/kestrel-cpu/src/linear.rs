@@ -2,17 +2,18 @@
 
 use rayon::prelude::*;
 
-use crate::math::dot;
 
-/// Below this many input rows the weight is streamed once with row-parallel dot
-/// products (each weight row is used for every input row while it is in cache);
-/// from here on the blocked `gemm` kernel wins. Measured on x86-64 AVX2 with
-/// 1024x1024 and 2048x512 weights (see `linear::tests::bench_*`).
-pub const GEMV_MAX_ROWS: usize = 4;
+/// Input rows per `gemm` call. Every call has the same shape (a partial last
+/// tile is zero-padded), so each output element is reduced over `k` in the same
+/// order whatever the batch: a sequence's logits do not depend on which other
+/// sequences share its step, and a prefix-cache hit (which prefills fewer rows)
+/// computes exactly what a miss computes. Rows of `x` never mix in a product,
+/// so padding changes nothing but wasted work.
+pub const ROW_TILE: usize = 4;
 
-/// Output rows (of `w`) per rayon task in the GEMV path: large enough to amortise
-/// scheduling, small enough to balance two cores on small matrices.
-const GEMV_ROWS_PER_TASK: usize = 16;
+/// Weight rows (output columns) per task: splits single-row decode steps over
+/// both cores; columns are independent, so the split does not change results.
+const COLS_PER_TASK: usize = 64;
 
 /// `out[m, n] = x[m, k] @ w[n, k]^T`. `parallel` = false when the caller already
 /// runs inside a parallel loop (e.g. one expert per task).
@@ -32,76 +33,70 @@ pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32
         out.fill(0.0);
         return;
     }
-    if m <= GEMV_MAX_ROWS {
-        gemv(x, m, k, w, n, out, parallel);
-    } else {
-        gemm_f32(x, m, k, w, n, out, parallel);
-    }
-}
-
-/// Each task takes a block of weight rows and produces those columns for every input row.
-fn gemv(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32], parallel: bool) {
-    let block = |j0: usize, cols: &mut [f32]| {
-        // `cols` is [m, rows_in_block] for this block; scattered into `out` below.
-        let rows = cols.len() / m;
-        for (jj, wr) in w[j0 * k..(j0 + rows) * k].chunks_exact(k).enumerate() {
-            for i in 0..m {
-                cols[i * rows + jj] = dot(&x[i * k..(i + 1) * k], wr);
+    let tiles = m.div_ceil(ROW_TILE);
+    let col_blocks = n.div_ceil(COLS_PER_TASK);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let task = |t: usize| {
+        let (tile, cb) = (t / col_blocks, t % col_blocks);
+        let (i0, j0) = (tile * ROW_TILE, cb * COLS_PER_TASK);
+        let rows = ROW_TILE.min(m - i0);
+        let cols = COLS_PER_TASK.min(n - j0);
+        let mut padded = [0.0f32; 0].to_vec();
+        let lhs = if rows == ROW_TILE {
+            &x[i0 * k..(i0 + ROW_TILE) * k]
+        } else {
+            padded.resize(ROW_TILE * k, 0.0);
+            padded[..rows * k].copy_from_slice(&x[i0 * k..(i0 + rows) * k]);
+            &padded[..]
+        };
+        let mut tile_out = [0.0f32; ROW_TILE * COLS_PER_TASK];
+        gemm_tile(lhs, k, &w[j0 * k..(j0 + cols) * k], cols, &mut tile_out);
+        for r in 0..rows {
+            // SAFETY: tasks write disjoint (row, column-block) regions of `out`,
+            // which outlives the parallel loop; bounds follow from the asserts.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    tile_out[r * cols..].as_ptr(),
+                    out_ptr.get().add((i0 + r) * n + j0),
+                    cols,
+                );
             }
         }
     };
-    if m == 1 {
-        // Output row is contiguous: write directly.
-        if parallel {
-            out.par_chunks_mut(GEMV_ROWS_PER_TASK)
-                .enumerate()
-                .for_each(|(b, o)| block(b * GEMV_ROWS_PER_TASK, o));
-        } else {
-            block(0, out);
-        }
-        return;
-    }
-    let mut tmp = vec![0.0f32; m * n];
-    let task = GEMV_ROWS_PER_TASK * m;
-    if parallel {
-        tmp.par_chunks_mut(task)
-            .enumerate()
-            .for_each(|(b, o)| block(b * GEMV_ROWS_PER_TASK, o));
+    if parallel && tiles * col_blocks > 1 {
+        (0..tiles * col_blocks).into_par_iter().for_each(task);
     } else {
-        tmp.chunks_mut(task)
-            .enumerate()
-            .for_each(|(b, o)| block(b * GEMV_ROWS_PER_TASK, o));
-    }
-    // tmp holds blocks of [m, rows]; transpose into out [m, n].
-    for (b, blk) in tmp.chunks(task).enumerate() {
-        let j0 = b * GEMV_ROWS_PER_TASK;
-        let rows = blk.len() / m;
-        for i in 0..m {
-            out[i * n + j0..i * n + j0 + rows].copy_from_slice(&blk[i * rows..(i + 1) * rows]);
-        }
+        (0..tiles * col_blocks).for_each(task);
     }
 }
 
-fn gemm_f32(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32], parallel: bool) {
-    let par = if parallel {
-        gemm::Parallelism::Rayon(0)
-    } else {
-        gemm::Parallelism::None
-    };
-    // SAFETY: the asserts in `linear` guarantee every strided access below stays in
-    // bounds: dst is m x n row-major, lhs m x k row-major, rhs = w^T (k x n) read
-    // from w [n, k] with row stride 1 and column stride k. `read_dst` is false, so
-    // `out` is only written.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `out[ROW_TILE, cols] = lhs[ROW_TILE, k] @ w[cols, k]^T` through `gemm`,
+/// single-threaded (the caller parallelises over tiles).
+fn gemm_tile(lhs: &[f32], k: usize, w: &[f32], cols: usize, out: &mut [f32]) {
+    debug_assert!(lhs.len() == ROW_TILE * k && w.len() == cols * k && out.len() >= ROW_TILE * cols);
+    // SAFETY: dst is ROW_TILE x cols row-major inside `out`, lhs ROW_TILE x k
+    // row-major, rhs = w^T (k x cols) read from w [cols, k] with row stride 1
+    // and column stride k. `read_dst` is false, so `out` is only written.
     unsafe {
         gemm::gemm(
-            m,
-            n,
+            ROW_TILE,
+            cols,
             k,
             out.as_mut_ptr(),
             1,
-            n as isize,
+            cols as isize,
             false,
-            x.as_ptr(),
+            lhs.as_ptr(),
             1,
             k as isize,
             w.as_ptr(),
@@ -112,7 +107,7 @@ fn gemm_f32(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32],
             false,
             false,
             false,
-            par,
+            gemm::Parallelism::None,
         );
     }
 }
@@ -157,28 +152,47 @@ mod tests {
         }
     }
 
-    /// Timing probe behind `GEMV_MAX_ROWS`: `cargo test -p kestrel-cpu --release -- --ignored --nocapture bench_`.
+    /// Each row's result is bitwise the same whatever batch it is computed in.
+    #[test]
+    fn rows_do_not_depend_on_the_batch() {
+        let mut rng = Rng::new(3);
+        let (k, n) = (96, 150);
+        let w = rng.vec(n * k);
+        let x = rng.vec(13 * k);
+        let mut all = vec![0.0; 13 * n];
+        linear(&x, 13, k, &w, n, &mut all, true);
+        for (start, len) in [(0, 1), (5, 1), (2, 3), (7, 6), (12, 1)] {
+            let mut part = vec![0.0; len * n];
+            linear(&x[start * k..(start + len) * k], len, k, &w, n, &mut part, false);
+            assert!(
+                part.iter().zip(&all[start * n..]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "rows {start}..{} differ when computed alone",
+                start + len
+            );
+        }
+    }
+
+    /// Timing probe: `cargo test -p kestrel-cpu --release -- --ignored --nocapture bench_`.
     #[test]
     #[ignore]
-    fn bench_gemv_vs_gemm() {
+    fn bench_linear() {
         let mut rng = Rng::new(2);
-        for &(k, n) in &[(1024, 1024), (512, 2048), (2048, 512)] {
+        for &(k, n) in &[(1024, 1024), (256, 4096), (2048, 512)] {
             let w = rng.vec(n * k);
-            for m in [1, 2, 4, 8, 16] {
+            for m in [1, 4, 16, 128] {
                 let x = rng.vec(m * k);
                 let mut out = vec![0.0; m * n];
-                let reps = 50;
+                let reps = 20;
                 let t = std::time::Instant::now();
                 for _ in 0..reps {
-                    gemv(&x, m, k, &w, n, &mut out, true);
+                    linear(&x, m, k, &w, n, &mut out, true);
                 }
-                let a = t.elapsed() / reps;
-                let t = std::time::Instant::now();
-                for _ in 0..reps {
-                    gemm_f32(&x, m, k, &w, n, &mut out, true);
-                }
-                let b = t.elapsed() / reps;
-                println!("k={k} n={n} m={m}: gemv {a:?} gemm {b:?}");
+                let per = t.elapsed().as_secs_f64() / reps as f64;
+                println!(
+                    "k={k} n={n} m={m}: {:.1} us, {:.2} GFLOP/s",
+                    per * 1e6,
+                    2.0 * (m * n * k) as f64 / per / 1e9
+                );
             }
         }
     }

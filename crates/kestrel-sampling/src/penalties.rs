@@ -1,0 +1,129 @@
+//! Repetition, frequency and presence penalties, with the token counts they need.
+//!
+//! Counts are updated incrementally from the sequence's history, so a decode
+//! step costs work proportional to the new tokens plus the distinct tokens
+//! seen, never to the vocabulary or the prompt length.
+
+use std::collections::{HashMap, HashSet};
+
+/// Distinct tokens of prompt + output, and per-token counts of the output.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TokenCounts {
+    prompt_len: usize,
+    /// How much of the history has been counted.
+    synced_len: usize,
+    /// Tracked only when the repetition penalty is on.
+    track_seen: bool,
+    seen: HashSet<u32>,
+    output: HashMap<u32, u32>,
+}
+
+impl TokenCounts {
+    pub(crate) fn new(prompt_len: usize, track_seen: bool) -> Self {
+        Self {
+            prompt_len,
+            track_seen,
+            ..Self::default()
+        }
+    }
+
+    /// Count the tokens appended to `history` since the last call. History is
+    /// append-only; if it got shorter (a rewritten sequence) everything is recounted.
+    pub(crate) fn sync(&mut self, history: &[u32]) {
+        if history.len() < self.synced_len {
+            self.seen.clear();
+            self.output.clear();
+            self.synced_len = 0;
+        }
+        for (pos, &token) in history.iter().enumerate().skip(self.synced_len) {
+            if self.track_seen {
+                self.seen.insert(token);
+            }
+            if pos >= self.prompt_len {
+                *self.output.entry(token).or_insert(0) += 1;
+            }
+        }
+        self.synced_len = history.len();
+    }
+
+    /// Generated tokens counted so far.
+    pub(crate) fn num_output(&self) -> usize {
+        self.synced_len.saturating_sub(self.prompt_len)
+    }
+
+    /// Apply the penalties in vLLM's order: repetition over prompt + output,
+    /// then frequency, then presence over the output. Ids outside the logits
+    /// row are skipped: they have no logit to penalise.
+    pub(crate) fn apply(&self, logits: &mut [f32], repetition: f32, frequency: f32, presence: f32) {
+        if repetition != 1.0 {
+            for &token in &self.seen {
+                if let Some(logit) = logits.get_mut(token as usize) {
+                    *logit = repetition_penalised(*logit, repetition);
+                }
+            }
+        }
+        if frequency != 0.0 || presence != 0.0 {
+            for (&token, &count) in &self.output {
+                if let Some(logit) = logits.get_mut(token as usize) {
+                    *logit -= frequency * count as f32;
+                    *logit -= presence;
+                }
+            }
+        }
+    }
+}
+
+/// A penalty above 1 makes a seen token less likely whatever its sign:
+/// positive logits shrink, negative ones grow more negative.
+pub(crate) fn repetition_penalised(logit: f32, penalty: f32) -> f32 {
+    if logit > 0.0 {
+        logit / penalty
+    } else {
+        logit * penalty
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_split_prompt_and_output() {
+        let mut counts = TokenCounts::new(3, true);
+        counts.sync(&[1, 2, 2, 2, 4, 4]);
+        assert_eq!(counts.num_output(), 3);
+        assert_eq!(counts.output.get(&2), Some(&1));
+        assert_eq!(counts.output.get(&4), Some(&2));
+        assert_eq!(counts.output.get(&1), None);
+        let mut seen: Vec<u32> = counts.seen.iter().copied().collect();
+        seen.sort();
+        assert_eq!(seen, vec![1, 2, 4]);
+    }
+
+    #[test]
+    fn incremental_sync_equals_full_sync() {
+        let history = [5, 6, 7, 5, 5, 8, 6, 9];
+        let mut step = TokenCounts::new(3, true);
+        for end in 0..=history.len() {
+            step.sync(&history[..end]);
+        }
+        let mut full = TokenCounts::new(3, true);
+        full.sync(&history);
+        assert_eq!(step.output, full.output);
+        assert_eq!(step.seen, full.seen);
+        // A shorter history is recounted from scratch.
+        step.sync(&history[..4]);
+        assert_eq!(step.num_output(), 1);
+        assert_eq!(step.output.get(&5), Some(&1));
+        assert_eq!(step.output.len(), 1);
+    }
+
+    #[test]
+    fn out_of_vocab_history_is_ignored() {
+        let mut counts = TokenCounts::new(0, true);
+        counts.sync(&[0, 100]);
+        let mut logits = [1.0, 1.0];
+        counts.apply(&mut logits, 2.0, 1.0, 0.0);
+        assert_eq!(logits, [-0.5, 1.0]);
+    }
+}
