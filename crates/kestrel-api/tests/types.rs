@@ -1,0 +1,187 @@
+//! Serialized shapes of responses and stream chunks.
+
+use kestrel_api::types::sse::{
+    ChatStream, CompletionStream, DeltaParts, SSE_DONE, sse_error, sse_event,
+};
+use kestrel_api::types::*;
+use kestrel_api::{ApiError, ErrorKind};
+use serde_json::{Value, json};
+
+fn to_value<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap()
+}
+
+#[test]
+fn chat_stream_keeps_openai_invariants() {
+    let mut s = ChatStream::new("chatcmpl-1", "qwen", 1700000000);
+    let first = to_value(&s.start());
+    assert_eq!(
+        first["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    assert_eq!(first["usage"], Value::Null);
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert!(
+        s.delta(DeltaParts::default()).is_none(),
+        "nothing to send, no chunk"
+    );
+    let reasoning = to_value(
+        &s.delta(DeltaParts {
+            reasoning: "hm".into(),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    assert_eq!(
+        reasoning["choices"][0]["delta"],
+        json!({"reasoning": "hm", "reasoning_content": "hm"})
+    );
+    let call = ToolCallDelta {
+        index: 0,
+        id: Some("call_x".into()),
+        kind: Some("function".into()),
+        function: FunctionCallDelta {
+            name: Some("f".into()),
+            arguments: None,
+        },
+    };
+    let tool = to_value(
+        &s.delta(DeltaParts {
+            tool_calls: vec![call],
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    assert_eq!(
+        tool["choices"][0]["delta"],
+        json!({"tool_calls": [{"index": 0, "id": "call_x", "type": "function", "function": {"name": "f"}}]})
+    );
+    let last = to_value(&s.finish(FinishReason::ToolCalls));
+    assert_eq!(last["choices"][0]["delta"], json!({}));
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+    let usage = to_value(&s.usage(Usage::new(10, 5, Some(8))));
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(
+        usage["usage"],
+        json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "prompt_tokens_details": {"cached_tokens": 8}})
+    );
+    for chunk in [&first, &reasoning, &tool, &last, &usage] {
+        assert_eq!(
+            (chunk["id"].as_str(), chunk["created"].as_u64()),
+            (Some("chatcmpl-1"), Some(1700000000))
+        );
+    }
+    assert_eq!(SSE_DONE, "data: [DONE]\n\n");
+    let ev = sse_event(&json!({"a": 1}));
+    assert_eq!(ev, "data: {\"a\":1}\n\n");
+    let err = sse_error(&ApiError::new(ErrorKind::Internal, "engine died"));
+    assert!(err.starts_with("data: {\"error\":") && err.ends_with("\n\n"));
+}
+
+#[test]
+fn non_streaming_shapes() {
+    let resp = ChatCompletionResponse {
+        id: "chatcmpl-2".into(),
+        object: "chat.completion".into(),
+        created: 1,
+        model: "qwen".into(),
+        choices: vec![ChatChoice {
+            index: 0,
+            message: ChatResponseMessage {
+                content: None,
+                reasoning: Some("r".into()),
+                reasoning_content: Some("r".into()),
+                tool_calls: vec![ToolCall {
+                    id: "call_1".into(),
+                    kind: "function".into(),
+                    function: FunctionCall {
+                        name: "f".into(),
+                        arguments: "{}".into(),
+                    },
+                }],
+                ..Default::default()
+            },
+            logprobs: None,
+            finish_reason: Some(FinishReason::ToolCalls),
+        }],
+        usage: Usage::new(3, 4, None),
+    };
+    let v = to_value(&resp);
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        Value::Null,
+        "content key present even when null"
+    );
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["type"],
+        "function"
+    );
+    assert!(v["usage"].get("prompt_tokens_details").is_none());
+    let back: ChatCompletionResponse = serde_json::from_value(v).unwrap();
+    assert_eq!(back, resp);
+
+    let models = to_value(&ModelList::new(
+        &["qwen".into(), "alias".into()],
+        5,
+        "kestrel",
+        4096,
+    ));
+    assert_eq!(models["object"], "list");
+    assert_eq!(
+        models["data"][1],
+        json!({"id": "alias", "object": "model", "created": 5, "owned_by": "kestrel", "max_model_len": 4096})
+    );
+    assert_eq!(to_value(&FinishReason::Length), json!("length"));
+    let tok = to_value(&TokenizeResponse {
+        tokens: vec![1, 2],
+        count: 2,
+        max_model_len: 10,
+        token_strs: None,
+    });
+    assert_eq!(
+        tok,
+        json!({"tokens": [1, 2], "count": 2, "max_model_len": 10})
+    );
+}
+
+#[test]
+fn completion_stream_and_status_errors() {
+    let s = CompletionStream::new("cmpl-1", "qwen", 9);
+    assert!(s.delta(String::new()).is_none());
+    let d = to_value(&s.delta("hi".into()).unwrap());
+    assert_eq!(d["object"], "text_completion");
+    assert_eq!(d["choices"][0]["text"], "hi");
+    assert_eq!(d["choices"][0]["finish_reason"], Value::Null);
+    let f = to_value(&s.finish(FinishReason::Stop));
+    assert_eq!(
+        (
+            f["choices"][0]["text"].as_str(),
+            f["choices"][0]["finish_reason"].as_str()
+        ),
+        (Some(""), Some("stop"))
+    );
+    assert_eq!(
+        to_value(&s.usage(Usage::new(1, 2, None)))["choices"],
+        json!([])
+    );
+
+    let loading = to_value(&ApiError::unavailable("Loading model").body_with_status_code());
+    assert_eq!(
+        loading,
+        json!({"error": {"message": "Loading model", "type": "unavailable_error", "param": null, "code": 503}})
+    );
+    let e = ApiError::unauthorized();
+    assert_eq!(
+        (
+            e.status(),
+            to_value(&e.body_with_status_code())["error"]["type"].as_str()
+        ),
+        (401, Some("authentication_error"))
+    );
+    let busy = ApiError::queue_full(256);
+    assert_eq!(
+        (busy.status(), busy.kind.type_name()),
+        (429, "rate_limit_error")
+    );
+}

@@ -1,0 +1,108 @@
+//! Paged KV pools (bf16) and Gated DeltaNet state slots (f32) of every layer.
+//!
+//! KV pool layout per attention layer: `[num_blocks * block_size, Hkv, D]`, so a
+//! cache slot is `page * block_size + offset`. Per GDN layer: conv state
+//! `[slots, conv_dim, kernel - 1]` (oldest input first) and recurrent state
+//! `[slots, Hv, Dk, Dv]`.
+
+use cudarc::driver::CudaSlice;
+use kestrel_core::{BackendError, CacheSpec, GdnSpec, Result};
+
+use crate::device::{Gpu, ptr};
+
+pub struct CudaCache {
+    pub spec: CacheSpec,
+    pub k: Vec<CudaSlice<u16>>,
+    pub v: Vec<CudaSlice<u16>>,
+    pub conv: Vec<CudaSlice<f32>>,
+    pub recurrent: Vec<CudaSlice<f32>>,
+}
+
+impl CudaCache {
+    pub fn conv_slot_len(gdn: &GdnSpec) -> usize {
+        gdn.conv_dim() * (gdn.conv_kernel - 1)
+    }
+
+    pub fn recurrent_slot_len(gdn: &GdnSpec) -> usize {
+        gdn.num_v_heads * gdn.head_k_dim * gdn.head_v_dim
+    }
+
+    pub fn new(gpu: &Gpu, spec: &CacheSpec) -> Result<Self> {
+        let kv_len = spec.num_blocks * spec.block_size * spec.num_kv_heads * spec.head_dim;
+        let (conv_len, rec_len) = match (&spec.gdn, spec.gdn_layers) {
+            (_, 0) => (0, 0),
+            (Some(g), _) => (
+                spec.num_state_slots * Self::conv_slot_len(g),
+                spec.num_state_slots * Self::recurrent_slot_len(g),
+            ),
+            (None, n) => {
+                return Err(BackendError::Invalid(format!(
+                    "{n} GDN layers requested without a GdnSpec"
+                )));
+            }
+        };
+        let bytes = spec.attn_layers * kv_len * 4 + spec.gdn_layers * (conv_len + rec_len) * 4;
+        let (free, _) = gpu
+            .ctx
+            .mem_get_info()
+            .map_err(|e| BackendError::Unavailable(format!("querying device memory: {e:?}")))?;
+        if bytes > free {
+            return Err(BackendError::OutOfMemory(format!(
+                "cache needs {bytes} bytes, {free} free"
+            )));
+        }
+        let zeros_u16 = |n: usize| gpu.alloc_zeros::<u16>(n);
+        let zeros_f32 = |n: usize| gpu.alloc_zeros::<f32>(n);
+        Ok(CudaCache {
+            spec: spec.clone(),
+            k: (0..spec.attn_layers).map(|_| zeros_u16(kv_len)).collect(),
+            v: (0..spec.attn_layers).map(|_| zeros_u16(kv_len)).collect(),
+            conv: (0..spec.gdn_layers).map(|_| zeros_f32(conv_len)).collect(),
+            recurrent: (0..spec.gdn_layers).map(|_| zeros_f32(rec_len)).collect(),
+        })
+    }
+
+    fn check_slot(&self, slot: u32) {
+        assert!(
+            (slot as usize) < self.spec.num_state_slots,
+            "state slot {slot} out of range ({} slots)",
+            self.spec.num_state_slots
+        );
+    }
+
+    pub fn zero_state(&mut self, gpu: &Gpu, slot: u32) {
+        let Some(g) = self.spec.gdn else { return };
+        self.check_slot(slot);
+        let s = slot as usize;
+        let (cl, rl) = (Self::conv_slot_len(&g), Self::recurrent_slot_len(&g));
+        for buf in &self.conv {
+            gpu.fill_bytes(ptr(buf, &gpu.stream) + (s * cl * 4) as u64, 0, cl * 4);
+        }
+        for buf in &self.recurrent {
+            gpu.fill_bytes(ptr(buf, &gpu.stream) + (s * rl * 4) as u64, 0, rl * 4);
+        }
+    }
+
+    pub fn copy_state(&mut self, gpu: &Gpu, src: u32, dst: u32) {
+        let Some(g) = self.spec.gdn else { return };
+        self.check_slot(src);
+        self.check_slot(dst);
+        if src == dst {
+            return;
+        }
+        let (s, d) = (src as usize, dst as usize);
+        for (bufs, len) in [
+            (&self.conv, Self::conv_slot_len(&g)),
+            (&self.recurrent, Self::recurrent_slot_len(&g)),
+        ] {
+            for buf in bufs {
+                let base = ptr(buf, &gpu.stream);
+                gpu.copy_dtod(
+                    base + (d * len * 4) as u64,
+                    base + (s * len * 4) as u64,
+                    len * 4,
+                );
+            }
+        }
+    }
+}

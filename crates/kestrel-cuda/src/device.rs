@@ -1,0 +1,261 @@
+//! The GPU context: one CUDA stream, a cuBLAS handle, the loaded kernels, and
+//! small helpers for allocation, upload and launch.
+//!
+//! Every operation is enqueued on the one stream, so ordering between kernels,
+//! copies and frees is the stream's order; cudarc's per-buffer event tracking is
+//! switched off for that reason. Kernel arguments are passed as raw device
+//! pointers, which lets one launch read and write buffers that Rust's borrow
+//! rules would not let us borrow together (the residual stream, the caches).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, result, sys,
+};
+use cudarc::nvrtc::Ptx;
+use kestrel_core::{BackendError, Result};
+
+/// A kernel argument, by value.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// A device pointer (0 for `nullptr`).
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+    U64(u64),
+}
+
+/// Abort an operation on a CUDA failure. The `Backend` operations are
+/// infallible by contract (inputs are validated by the caller); a failing
+/// launch or copy means a lost device, which no caller can recover from.
+pub fn check<T, E: std::fmt::Debug>(r: std::result::Result<T, E>, what: &str) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("CUDA error in {what}: {e:?}"),
+    }
+}
+
+/// The kernels of every module, looked up once.
+pub struct Kernels {
+    pub embedding_bf16: CudaFunction,
+    pub gather_rows_f32: CudaFunction,
+    pub add_assign_f32: CudaFunction,
+    pub swiglu_f32: CudaFunction,
+    pub f32_to_bf16: CudaFunction,
+    pub rms_norm: CudaFunction,
+    pub add_rms_norm: CudaFunction,
+    pub qk_norm_rope_kv_write: CudaFunction,
+    pub paged_attention: CudaFunction,
+    pub router_logits: CudaFunction,
+    pub router_topk: CudaFunction,
+    pub gather_rows_to_bf16: CudaFunction,
+    pub swiglu_to_bf16: CudaFunction,
+    pub scatter_add_weighted: CudaFunction,
+    pub add_gated_rows: CudaFunction,
+    pub gdn_conv: CudaFunction,
+    pub gdn_recurrent: CudaFunction,
+    pub gdn_gated_norm: CudaFunction,
+}
+
+impl Kernels {
+    fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let module = |bytes: &[u8], name: &str| {
+            ctx.load_module(Ptx::from_binary(bytes.to_vec()))
+                .map_err(|e| {
+                    BackendError::Unavailable(format!("loading CUDA module {name}: {e:?}"))
+                })
+        };
+        let elementwise = module(kestrel_kernels::ELEMENTWISE, "elementwise")?;
+        let norm = module(kestrel_kernels::NORM, "norm")?;
+        let attention = module(kestrel_kernels::ATTENTION, "attention")?;
+        let moe = module(kestrel_kernels::MOE, "moe")?;
+        let gdn = module(kestrel_kernels::GDN, "gdn")?;
+        let f = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
+            m.load_function(name).map_err(|e| {
+                BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}"))
+            })
+        };
+        Ok(Kernels {
+            embedding_bf16: f(&elementwise, "embedding_bf16")?,
+            gather_rows_f32: f(&elementwise, "gather_rows_f32")?,
+            add_assign_f32: f(&elementwise, "add_assign_f32")?,
+            swiglu_f32: f(&elementwise, "swiglu_f32")?,
+            f32_to_bf16: f(&elementwise, "f32_to_bf16_kernel")?,
+            rms_norm: f(&norm, "rms_norm_f32")?,
+            add_rms_norm: f(&norm, "add_rms_norm_f32")?,
+            qk_norm_rope_kv_write: f(&attention, "qk_norm_rope_kv_write")?,
+            paged_attention: f(&attention, "paged_attention")?,
+            router_logits: f(&moe, "router_logits")?,
+            router_topk: f(&moe, "router_topk")?,
+            gather_rows_to_bf16: f(&moe, "gather_rows_to_bf16")?,
+            swiglu_to_bf16: f(&moe, "swiglu_to_bf16")?,
+            scatter_add_weighted: f(&moe, "scatter_add_weighted")?,
+            add_gated_rows: f(&moe, "add_gated_rows")?,
+            gdn_conv: f(&gdn, "gdn_conv")?,
+            gdn_recurrent: f(&gdn, "gdn_recurrent")?,
+            gdn_gated_norm: f(&gdn, "gdn_gated_norm")?,
+        })
+    }
+}
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub blas: CudaBlas,
+    pub k: Kernels,
+    /// Fill fresh outputs with NaN so that an unwritten element shows up in checks.
+    pub poison: bool,
+}
+
+impl Gpu {
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // cudarc panics when libcuda is missing; ask first.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(BackendError::Unavailable(
+                "no CUDA driver found: libcuda.so could not be loaded".into(),
+            ));
+        }
+        kestrel_kernels::available().map_err(|why| {
+            BackendError::Unavailable(format!(
+                "CUDA kernels were not compiled into this build: {why}"
+            ))
+        })?;
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(BackendError::Unavailable(
+                "cuBLAS not found: libcublas could not be loaded".into(),
+            ));
+        }
+        let count = CudaContext::device_count()
+            .map_err(|e| BackendError::Unavailable(format!("no CUDA device: {e:?}")))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(BackendError::Unavailable(format!(
+                "CUDA device {ordinal} requested but {count} present"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| {
+            BackendError::Unavailable(format!("creating CUDA context on device {ordinal}: {e:?}"))
+        })?;
+        // One stream orders everything (see the module docs).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| BackendError::Unavailable(format!("creating CUDA stream: {e:?}")))?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| BackendError::Unavailable(format!("creating cuBLAS handle: {e:?}")))?;
+        let k = Kernels::load(&ctx)?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            blas,
+            k,
+            poison: false,
+        })
+    }
+
+    /// Device memory for `n` elements (at least one, so empty tensors stay valid).
+    pub fn alloc<T: DeviceRepr>(&self, n: usize) -> CudaSlice<T> {
+        let buf = check(unsafe { self.stream.alloc::<T>(n.max(1)) }, "alloc");
+        if self.poison {
+            self.fill_bytes(ptr(&buf, &self.stream), 0xff, n.max(1) * size_of::<T>());
+        }
+        buf
+    }
+
+    pub fn alloc_zeros<T: DeviceRepr>(&self, n: usize) -> CudaSlice<T> {
+        let buf = check(unsafe { self.stream.alloc::<T>(n.max(1)) }, "alloc");
+        self.fill_bytes(ptr(&buf, &self.stream), 0, n.max(1) * size_of::<T>());
+        buf
+    }
+
+    pub fn fill_bytes(&self, dst: u64, byte: u8, bytes: usize) {
+        check(self.ctx.bind_to_thread(), "bind context");
+        check(
+            unsafe { result::memset_d8_async(dst, byte, bytes, self.stream.cu_stream()) },
+            "memset",
+        );
+    }
+
+    pub fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) {
+        check(self.ctx.bind_to_thread(), "bind context");
+        check(
+            unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) },
+            "device copy",
+        );
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> CudaSlice<T> {
+        if data.is_empty() {
+            return self.alloc_zeros(1);
+        }
+        check(self.stream.clone_htod(data), "host-to-device copy")
+    }
+
+    pub fn download<T: DeviceRepr>(&self, buf: &CudaSlice<T>, n: usize) -> Vec<T> {
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut v = check(
+            self.stream.clone_dtoh(&buf.slice(..n)),
+            "device-to-host copy",
+        );
+        v.truncate(n);
+        v
+    }
+
+    /// Launch `f` on the stream. Grids with a zero dimension are skipped.
+    pub fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return;
+        }
+        // Each parameter pointer must address a value of the kernel's parameter type.
+        let mut values: Vec<u64> = args
+            .iter()
+            .map(|a| {
+                let mut v = [0u8; 8];
+                match *a {
+                    Arg::Ptr(p) | Arg::U64(p) => v.copy_from_slice(&p.to_ne_bytes()),
+                    Arg::I32(i) => v[..4].copy_from_slice(&i.to_ne_bytes()),
+                    Arg::F32(x) => v[..4].copy_from_slice(&x.to_ne_bytes()),
+                }
+                u64::from_ne_bytes(v)
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
+        check(self.ctx.bind_to_thread(), "bind context");
+        check(
+            unsafe {
+                result::launch_kernel(
+                    f.cu_function(),
+                    grid,
+                    (block, 1, 1),
+                    smem,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            },
+            "kernel launch",
+        );
+    }
+}
+
+/// Raw device address of a buffer (event tracking is off, so no guard is kept).
+pub fn ptr<T>(buf: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    buf.device_ptr(stream).0
+}
+
+/// Blocks needed to cover `n` items with `per` items each.
+pub fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per) as u32
+}

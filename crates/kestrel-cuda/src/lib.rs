@@ -1,0 +1,201 @@
+//! The CUDA backend: kestrel's fused operations on NVIDIA GPUs.
+//!
+//! This is the only crate that talks to CUDA (through cudarc, loading libcuda,
+//! cuBLAS and NVRTC at run time, so it builds and links without a toolkit).
+//! Kernels come precompiled from `kestrel-kernels`.
+//!
+//! Numerics of this first version: activations are f32 on the device; matrix
+//! weights are bf16 (F16/F32 checkpoints are rounded on upload) and vectors
+//! f32; matrix products round activations to bf16 and accumulate in f32
+//! (cuBLAS); the KV cache is bf16; Gated DeltaNet state is f32. Everything
+//! else (norms, router, softmax, recurrence) computes in f32.
+//!
+//! The `Backend` operations are infallible by contract: shapes are validated
+//! with clear panics, and a CUDA failure inside an operation (a lost device)
+//! panics too. Construction and uploads return errors.
+
+mod cache;
+mod device;
+mod ops;
+mod tensor;
+
+use kestrel_core::{
+    AttentionSpec, AttentionWeights, Backend, BackendError, CacheSpec, ForwardBatch, GdnSpec,
+    GdnWeights, HostTensor, MoeSpec, MoeWeights, Result,
+};
+
+pub use cache::CudaCache;
+pub use tensor::{CudaTensor, CudaWeight};
+
+use device::Gpu;
+use tensor::{Converted, WeightData};
+
+pub struct CudaBackend {
+    gpu: Gpu,
+    ordinal: usize,
+}
+
+impl CudaBackend {
+    /// Open device `ordinal`. Fails cleanly when there is no driver, no such
+    /// device, or this build carries no compiled kernels.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        Ok(CudaBackend {
+            gpu: Gpu::new(ordinal)?,
+            ordinal,
+        })
+    }
+
+    /// Fill every freshly allocated output with NaN before the kernels run, so
+    /// that an element a kernel forgets to write shows up in checks.
+    pub fn set_poison_outputs(&mut self, on: bool) {
+        self.gpu.poison = on;
+    }
+
+    /// Wait for all queued work; surfaces asynchronous kernel faults.
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu
+            .stream
+            .synchronize()
+            .map_err(|e| BackendError::Unavailable(format!("CUDA stream failed: {e:?}")))
+    }
+
+    /// The device's name as the driver reports it.
+    pub fn device_name(&self) -> String {
+        self.gpu
+            .ctx
+            .name()
+            .unwrap_or_else(|_| "unknown CUDA device".into())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Weight = CudaWeight;
+    type Cache = CudaCache;
+
+    fn name(&self) -> String {
+        format!("cuda:{} ({})", self.ordinal, self.device_name())
+    }
+
+    fn upload(&self, t: &HostTensor) -> Result<CudaWeight> {
+        let data = match tensor::convert(t)? {
+            Converted::Bf16(bits) => WeightData::Bf16(self.try_upload(&bits)?),
+            Converted::F32(v) => WeightData::F32(self.try_upload(&v)?),
+        };
+        Ok(CudaWeight {
+            shape: t.shape.clone(),
+            data,
+        })
+    }
+
+    fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> CudaTensor {
+        assert_eq!(
+            data.len(),
+            rows * cols,
+            "from_host: {} values for [{rows}, {cols}]",
+            data.len()
+        );
+        CudaTensor {
+            rows,
+            cols,
+            buf: self.gpu.upload(data),
+        }
+    }
+
+    fn to_host(&self, t: &CudaTensor) -> Vec<f32> {
+        self.gpu.download(&t.buf, t.rows * t.cols)
+    }
+
+    fn dims(&self, t: &CudaTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn new_cache(&self, spec: &CacheSpec) -> Result<CudaCache> {
+        CudaCache::new(&self.gpu, spec)
+    }
+
+    fn zero_state(&self, cache: &mut CudaCache, slot: u32) {
+        cache.zero_state(&self.gpu, slot);
+    }
+
+    fn copy_state(&self, cache: &mut CudaCache, src: u32, dst: u32) {
+        cache.copy_state(&self.gpu, src, dst);
+    }
+
+    fn embedding(&self, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
+        ops::elementwise::embedding(&self.gpu, table, ids)
+    }
+
+    fn matmul(&self, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
+        ops::linear::matmul(&self.gpu, x, w)
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32) -> CudaTensor {
+        ops::norm::rms_norm(&self.gpu, x, w, eps)
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaTensor,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+    ) -> CudaTensor {
+        ops::norm::add_rms_norm(&self.gpu, residual, x, w, eps)
+    }
+
+    fn add_assign(&self, a: &mut CudaTensor, b: &CudaTensor) {
+        ops::elementwise::add_assign(&self.gpu, a, b)
+    }
+
+    fn swiglu(&self, gate_up: &CudaTensor) -> CudaTensor {
+        ops::elementwise::swiglu(&self.gpu, gate_up)
+    }
+
+    fn gather_rows(&self, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
+        ops::elementwise::gather_rows(&self.gpu, x, rows)
+    }
+
+    fn attention(
+        &self,
+        proj: &CudaTensor,
+        w: &AttentionWeights<CudaWeight>,
+        spec: &AttentionSpec,
+        cache: &mut CudaCache,
+        layer: usize,
+        batch: &ForwardBatch,
+    ) -> CudaTensor {
+        ops::attention::attention(&self.gpu, proj, w, spec, cache, layer, batch)
+    }
+
+    fn moe(&self, x: &CudaTensor, w: &MoeWeights<CudaWeight>, spec: &MoeSpec) -> CudaTensor {
+        ops::moe::moe(&self.gpu, x, w, spec)
+    }
+
+    fn gated_delta_net(
+        &self,
+        proj: &CudaTensor,
+        w: &GdnWeights<CudaWeight>,
+        spec: &GdnSpec,
+        cache: &mut CudaCache,
+        layer: usize,
+        batch: &ForwardBatch,
+    ) -> CudaTensor {
+        ops::gdn::gated_delta_net(&self.gpu, proj, w, spec, cache, layer, batch)
+    }
+}
+
+impl CudaBackend {
+    /// Upload with an out-of-memory error instead of a panic.
+    fn try_upload<T: cudarc::driver::DeviceRepr>(
+        &self,
+        data: &[T],
+    ) -> Result<cudarc::driver::CudaSlice<T>> {
+        if data.is_empty() {
+            return Ok(self.gpu.alloc_zeros(1));
+        }
+        self.gpu.stream.clone_htod(data).map_err(|e| {
+            BackendError::OutOfMemory(format!("uploading {} elements: {e:?}", data.len()))
+        })
+    }
+}

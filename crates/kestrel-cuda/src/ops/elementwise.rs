@@ -1,0 +1,114 @@
+//! Embedding lookup, row gather, residual add and SwiGLU.
+
+use crate::device::{Arg, Gpu, blocks, ptr};
+use crate::tensor::{CudaTensor, CudaWeight};
+
+const THREADS: u32 = 256;
+
+pub fn embedding(gpu: &Gpu, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
+    assert_eq!(
+        table.shape.len(),
+        2,
+        "embedding table must be [vocab, hidden], got {:?}",
+        table.shape
+    );
+    let (vocab, cols) = (table.shape[0], table.shape[1]);
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        panic!("token id {bad} out of range for a vocabulary of {vocab}");
+    }
+    let out = gpu.alloc::<f32>(ids.len() * cols);
+    let ids_dev = gpu.upload(ids);
+    let s = &gpu.stream;
+    gpu.launch(
+        &gpu.k.embedding_bf16,
+        (blocks(cols, THREADS as usize), ids.len() as u32, 1),
+        THREADS,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(table.bf16("embedding"), s)),
+            Arg::Ptr(ptr(&ids_dev, s)),
+            Arg::I32(cols as i32),
+        ],
+    );
+    CudaTensor {
+        rows: ids.len(),
+        cols,
+        buf: out,
+    }
+}
+
+pub fn gather_rows(gpu: &Gpu, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
+    if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows) {
+        panic!("gather_rows: row {bad} out of range for {} rows", x.rows);
+    }
+    let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+    let idx_dev = gpu.upload(&idx);
+    let out = gpu.alloc::<f32>(rows.len() * x.cols);
+    let s = &gpu.stream;
+    gpu.launch(
+        &gpu.k.gather_rows_f32,
+        (blocks(x.cols, THREADS as usize), rows.len() as u32, 1),
+        THREADS,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&x.buf, s)),
+            Arg::Ptr(ptr(&idx_dev, s)),
+            Arg::I32(x.cols as i32),
+        ],
+    );
+    CudaTensor {
+        rows: rows.len(),
+        cols: x.cols,
+        buf: out,
+    }
+}
+
+pub fn add_assign(gpu: &Gpu, a: &mut CudaTensor, b: &CudaTensor) {
+    assert_eq!(
+        (a.rows, a.cols),
+        (b.rows, b.cols),
+        "add_assign shape mismatch"
+    );
+    let n = a.rows * a.cols;
+    let s = &gpu.stream;
+    gpu.launch(
+        &gpu.k.add_assign_f32,
+        (blocks(n, THREADS as usize), 1, 1),
+        THREADS,
+        0,
+        &[
+            Arg::Ptr(ptr(&a.buf, s)),
+            Arg::Ptr(ptr(&b.buf, s)),
+            Arg::U64(n as u64),
+        ],
+    );
+}
+
+pub fn swiglu(gpu: &Gpu, gate_up: &CudaTensor) -> CudaTensor {
+    assert!(
+        gate_up.cols.is_multiple_of(2),
+        "swiglu needs an even width, got {}",
+        gate_up.cols
+    );
+    let inter = gate_up.cols / 2;
+    let out = gpu.alloc::<f32>(gate_up.rows * inter);
+    let s = &gpu.stream;
+    gpu.launch(
+        &gpu.k.swiglu_f32,
+        (blocks(inter, THREADS as usize), gate_up.rows as u32, 1),
+        THREADS,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&gate_up.buf, s)),
+            Arg::I32(inter as i32),
+        ],
+    );
+    CudaTensor {
+        rows: gate_up.rows,
+        cols: inter,
+        buf: out,
+    }
+}

@@ -1,0 +1,179 @@
+//! Activations and weights on the GPU.
+//!
+//! Activations are f32 `[rows, cols]`: simple and exact enough to track the CPU
+//! reference; matrix products round them to bf16 on the way into cuBLAS.
+//! Weights: matrices (2-D and up) are stored bf16 whatever the checkpoint's
+//! dtype; vectors (norm weights, `A_log`, `dt_bias`) are stored f32.
+
+use cudarc::driver::CudaSlice;
+use half::{bf16, f16};
+use kestrel_core::{BackendError, DType, HostTensor, Result};
+
+pub struct CudaTensor {
+    pub rows: usize,
+    pub cols: usize,
+    pub buf: CudaSlice<f32>,
+}
+
+pub enum WeightData {
+    /// bf16 bit patterns.
+    Bf16(CudaSlice<u16>),
+    F32(CudaSlice<f32>),
+}
+
+pub struct CudaWeight {
+    pub shape: Vec<usize>,
+    pub data: WeightData,
+}
+
+impl CudaWeight {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn dim0(&self) -> usize {
+        self.shape.first().copied().unwrap_or(1)
+    }
+
+    pub fn bf16(&self, what: &str) -> &CudaSlice<u16> {
+        match &self.data {
+            WeightData::Bf16(b) => b,
+            WeightData::F32(_) => panic!(
+                "{what}: expected a matrix weight, got a vector of shape {:?}",
+                self.shape
+            ),
+        }
+    }
+
+    pub fn f32(&self, what: &str) -> &CudaSlice<f32> {
+        match &self.data {
+            WeightData::F32(b) => b,
+            WeightData::Bf16(_) => panic!(
+                "{what}: expected a vector weight, got a matrix of shape {:?}",
+                self.shape
+            ),
+        }
+    }
+}
+
+/// Host-side conversion of an uploaded tensor to the stored element type.
+pub enum Converted {
+    Bf16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+/// Validate the byte length and convert: vectors to f32, matrices to bf16.
+pub fn convert(t: &HostTensor) -> Result<Converted> {
+    let expected = t.numel() * t.dtype.size();
+    if t.data.len() != expected {
+        return Err(BackendError::Invalid(format!(
+            "{:?} tensor of shape {:?} needs {expected} bytes, got {}",
+            t.dtype,
+            t.shape,
+            t.data.len()
+        )));
+    }
+    if t.shape.len() <= 1 {
+        return Ok(Converted::F32(t.to_f32()));
+    }
+    let b = &t.data[..];
+    let bits = match t.dtype {
+        DType::BF16 => b
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect(),
+        DType::F16 => b
+            .chunks_exact(2)
+            .map(|c| bf16::from_f32(f16::from_le_bytes([c[0], c[1]]).to_f32()).to_bits())
+            .collect(),
+        DType::F32 => b
+            .chunks_exact(4)
+            .map(|c| bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_bits())
+            .collect(),
+    };
+    Ok(Converted::Bf16(bits))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::borrow::Cow;
+
+    fn tensor(dtype: DType, shape: &[usize], data: Vec<u8>) -> HostTensor<'static> {
+        HostTensor {
+            dtype,
+            shape: shape.to_vec(),
+            data: Cow::Owned(data),
+        }
+    }
+
+    #[test]
+    fn vectors_become_f32_whatever_their_dtype() {
+        let v = [1.5f32, -2.25, 3.0];
+        let t = tensor(
+            DType::BF16,
+            &[3],
+            v.iter()
+                .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+                .collect(),
+        );
+        match convert(&t).unwrap() {
+            Converted::F32(got) => assert_eq!(got, v),
+            Converted::Bf16(_) => panic!("a vector must be stored f32"),
+        }
+    }
+
+    #[test]
+    fn matrices_become_bf16_with_round_to_nearest() {
+        // 1 + 2^-9 is halfway between two bf16 values: ties go to even (1.0);
+        // 1 + 3*2^-9 rounds up to 1 + 2^-7.
+        let v = [1.0f32 + 2f32.powi(-9), 1.0 + 3.0 * 2f32.powi(-9), -0.5, 7.0];
+        let t = tensor(
+            DType::F32,
+            &[2, 2],
+            v.iter().flat_map(|&x| x.to_le_bytes()).collect(),
+        );
+        let Converted::Bf16(bits) = convert(&t).unwrap() else {
+            panic!("a matrix must be stored bf16")
+        };
+        let got: Vec<f32> = bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect();
+        assert_eq!(got, [1.0, 1.0 + 2f32.powi(-7), -0.5, 7.0]);
+
+        let h = [0.333f32, -65504.0];
+        let t = tensor(
+            DType::F16,
+            &[1, 2],
+            h.iter()
+                .flat_map(|&x| f16::from_f32(x).to_le_bytes())
+                .collect(),
+        );
+        let Converted::Bf16(bits) = convert(&t).unwrap() else {
+            panic!("a matrix must be stored bf16")
+        };
+        for (&b, &x) in bits.iter().zip(&h) {
+            let want = bf16::from_f32(f16::from_f32(x).to_f32());
+            assert_eq!(bf16::from_bits(b), want);
+        }
+    }
+
+    #[test]
+    fn bf16_matrices_keep_their_bits() {
+        let bits_in = [0x3f80u16, 0xc000, 0x7f7f, 0x0001];
+        let t = tensor(
+            DType::BF16,
+            &[2, 2],
+            bits_in.iter().flat_map(|b| b.to_le_bytes()).collect(),
+        );
+        let Converted::Bf16(bits) = convert(&t).unwrap() else {
+            panic!("a matrix must be stored bf16")
+        };
+        assert_eq!(bits, bits_in);
+    }
+
+    #[test]
+    fn wrong_byte_length_is_an_error() {
+        let t = tensor(DType::F32, &[2, 2], vec![0u8; 12]);
+        let err = convert(&t).err().expect("short data must be rejected");
+        assert!(err.to_string().contains("needs 16 bytes"), "{err}");
+    }
+}

@@ -1,0 +1,138 @@
+// Full attention over a paged bf16 KV cache. Exact math (no fast math): the
+// rotary angles and the softmax must track the f32 reference.
+#include "common.cuh"
+
+// Per-head RMSNorm + RoPE for q and k, then k and v are written into the
+// cache. Grid (Hq + 2*Hkv, T): blockIdx.x picks a q head, a k head or a v
+// head. q goes to `q_out` [T, Hq*D]; k/v go to cache slot `slot_mapping[t]`
+// (page * block_size + offset) of a cache laid out [slots, Hkv, D].
+// Dynamic shared memory: D floats.
+KESTREL_EXTERN void qk_norm_rope_kv_write(const float* __restrict__ proj, int proj_stride, float* __restrict__ q_out,
+                                          __nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache,
+                                          const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                          const int* __restrict__ positions, const int64_t* __restrict__ slot_mapping,
+                                          int hq, int hkv, int d, int rotary_dim, float theta, float eps,
+                                          int k_offset, int v_offset) {
+    extern __shared__ float buf[];
+    __shared__ float scratch[32];
+    const int t = blockIdx.y;
+    const int head = blockIdx.x;
+    const float* row = proj + (size_t)t * proj_stride;
+    const int64_t slot = slot_mapping[t];
+
+    if (head >= hq + hkv) {  // v head: copy into the cache as is
+        const int h = head - hq - hkv;
+        const float* src = row + v_offset + h * d;
+        __nv_bfloat16* dst = v_cache + (slot * hkv + h) * d;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = f32_to_bf16(src[i]);
+        return;
+    }
+    const bool is_q = head < hq;
+    const int h = is_q ? head : head - hq;
+    const float* src = row + (is_q ? h * d : k_offset + h * d);
+    const float* w = is_q ? q_norm : k_norm;
+
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = src[i];
+        buf[i] = v;
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss, scratch) / d + eps);  // block_sum syncs: buf is complete
+    const int half = rotary_dim / 2;
+    const float pos = (float)positions[t];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float v = buf[i] * inv * w[i];
+        if (i < rotary_dim) {
+            // rotate-half pairing (i, i + half) with inv_freq = theta^(-2j/rotary_dim)
+            const int j = i < half ? i : i - half;
+            const float inv_freq = (float)pow((double)theta, -2.0 * j / rotary_dim);
+            float s, c;
+            sincosf(pos * inv_freq, &s, &c);
+            const int pair = i < half ? i + half : i - half;
+            const float other = buf[pair] * inv * w[pair];
+            v = i < half ? v * c - other * s : v * c + other * s;
+        }
+        if (is_q) {
+            q_out[((size_t)t * hq + h) * d + i] = v;
+        } else {
+            k_cache[(slot * hkv + h) * d + i] = f32_to_bf16(v);
+        }
+    }
+}
+
+constexpr int ATTN_THREADS = 128;
+constexpr int ATTN_MAX_DIMS_PER_THREAD = 4;  // head_dim <= 512
+
+// Causal GQA attention of each new token over its sequence's cached tokens
+// (positions 0..=pos), online softmax over tiles of ATTN_THREADS keys.
+// Grid (Hq, T), block ATTN_THREADS. Optional output gate: out *= sigmoid(gate)
+// with gate at proj[t, gate_offset + h*D + i] (gate_offset < 0: none).
+// Dynamic shared memory: D floats (q) + ATTN_THREADS floats (scores).
+KESTREL_EXTERN void paged_attention(float* __restrict__ out, const float* __restrict__ q,
+                                    const __nv_bfloat16* __restrict__ k_cache,
+                                    const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ positions,
+                                    const int* __restrict__ token_seq, const int* __restrict__ seq_table_offset,
+                                    const int* __restrict__ block_tables, int hq, int hkv, int d, int block_size,
+                                    float scale, const float* __restrict__ proj, int proj_stride, int gate_offset) {
+    extern __shared__ float smem[];
+    float* qs = smem;
+    float* ps = smem + d;
+    __shared__ float scratch[32];
+    const int t = blockIdx.y;
+    const int h = blockIdx.x;
+    const int kvh = h / (hq / hkv);
+    const int pos = positions[t];
+    const int* table = block_tables + seq_table_offset[token_seq[t]];
+
+    for (int i = threadIdx.x; i < d; i += blockDim.x) qs[i] = q[((size_t)t * hq + h) * d + i];
+    __syncthreads();
+
+    float acc[ATTN_MAX_DIMS_PER_THREAD];
+#pragma unroll
+    for (int r = 0; r < ATTN_MAX_DIMS_PER_THREAD; ++r) acc[r] = 0.f;
+    float m = -INFINITY, l = 0.f;
+
+    for (int base = 0; base <= pos; base += ATTN_THREADS) {
+        const int key = base + threadIdx.x;
+        float s = -INFINITY;
+        if (key <= pos) {
+            const int64_t slot = (int64_t)table[key / block_size] * block_size + key % block_size;
+            const __nv_bfloat16* kr = k_cache + (slot * hkv + kvh) * d;
+            float dot = 0.f;
+            for (int i = 0; i < d; ++i) dot += qs[i] * bf16_to_f32(kr[i]);
+            s = dot * scale;
+        }
+        const float m_new = fmaxf(m, block_max(s, scratch));
+        const float p = key <= pos ? expf(s - m_new) : 0.f;
+        ps[threadIdx.x] = p;
+        const float tile_sum = block_sum(p, scratch);  // syncs: ps is complete
+        const float correction = expf(m - m_new);
+        l = l * correction + tile_sum;
+        m = m_new;
+        const int n = min(ATTN_THREADS, pos + 1 - base);
+#pragma unroll
+        for (int r = 0; r < ATTN_MAX_DIMS_PER_THREAD; ++r) {
+            const int i = threadIdx.x + r * ATTN_THREADS;
+            if (i >= d) break;
+            float a = acc[r] * correction;
+            for (int j = 0; j < n; ++j) {
+                const int kj = base + j;
+                const int64_t slot = (int64_t)table[kj / block_size] * block_size + kj % block_size;
+                a += ps[j] * bf16_to_f32(v_cache[(slot * hkv + kvh) * d + i]);
+            }
+            acc[r] = a;
+        }
+        __syncthreads();  // ps is rewritten by the next tile
+    }
+
+    const float inv_l = 1.f / l;
+#pragma unroll
+    for (int r = 0; r < ATTN_MAX_DIMS_PER_THREAD; ++r) {
+        const int i = threadIdx.x + r * ATTN_THREADS;
+        if (i >= d) break;
+        float o = acc[r] * inv_l;
+        if (gate_offset >= 0) o *= sigmoidf_exact(proj[(size_t)t * proj_stride + gate_offset + h * d + i]);
+        out[((size_t)t * hq + h) * d + i] = o;
+    }
+}
