@@ -36,6 +36,12 @@ pub struct ServerArgs {
     /// Bearer token for the server, if it wants one (default: $KESTREL_BENCH_API_KEY).
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Start this executable instead of the profile's `program` (e.g. a freshly built binary).
+    #[arg(long, requires = "profile")]
+    pub server_program: Option<PathBuf>,
+    /// Port for the started server instead of the profile's; 0 picks a free one.
+    #[arg(long, requires = "profile")]
+    pub port: Option<u16>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -75,6 +81,12 @@ pub struct ReproduceArgs {
     /// Use a running server instead of starting the lock's profile.
     #[arg(long)]
     pub url: Option<String>,
+    /// Start this executable instead of the locked profile's `program`.
+    #[arg(long, conflicts_with = "url")]
+    pub server_program: Option<PathBuf>,
+    /// Port for the started server instead of the locked profile's; 0 picks a free one.
+    #[arg(long, conflicts_with = "url")]
+    pub port: Option<u16>,
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -355,7 +367,13 @@ pub async fn bench(a: &BenchArgs) -> Result<Report> {
     let (workload, base) = Workload::load(&a.workload)?;
     let out = a.out.clone().unwrap_or_else(|| default_out(&workload.name));
     std::fs::create_dir_all(&out)?;
-    let profile = a.server.profile.as_deref().map(Profile::load).transpose()?;
+    let profile = match a.server.profile.as_deref() {
+        Some(path) => Some(
+            Profile::load(path)?
+                .with_overrides(a.server.server_program.as_deref(), a.server.port)?,
+        ),
+        None => None,
+    };
     let environment = env::collect(None);
     let preflight = match &a.model_dir {
         Some(d) => env::preflight(&environment, d, 0, RESULTS_RESERVE_BYTES),
@@ -382,6 +400,7 @@ pub async fn bench(a: &BenchArgs) -> Result<Report> {
         environment,
         preflight,
         server_command: target.command,
+        date_utc: crate::report::now_utc(),
         classification: None,
         evidence_dir: out,
     };
@@ -448,13 +467,12 @@ pub async fn reproduce(a: &ReproduceArgs) -> Result<Report> {
         .parent()
         .unwrap_or(Path::new("."))
         .to_path_buf();
-    let mut target = open_target(
-        a.url.as_deref(),
-        Some(&lock.profile),
-        Some(&a.model_dir),
-        &out,
-    )
-    .await?;
+    let profile = lock
+        .profile
+        .clone()
+        .with_overrides(a.server_program.as_deref(), a.port)?;
+    let mut target =
+        open_target(a.url.as_deref(), Some(&profile), Some(&a.model_dir), &out).await?;
     let result = measure(&mut target, lock.workload.clone(), base, None, None, None).await?;
     let classification = classify(&lock.classify_input(&result, mismatches));
     let report = Report {
@@ -462,6 +480,7 @@ pub async fn reproduce(a: &ReproduceArgs) -> Result<Report> {
         environment,
         preflight,
         server_command: target.command,
+        date_utc: crate::report::now_utc(),
         classification: Some(classification),
         evidence_dir: out,
     };

@@ -106,6 +106,27 @@ impl Profile {
             .collect()
     }
 
+    /// The profile with the program and port replaced where given: a freshly
+    /// built binary instead of the one in PATH, or another port. Port 0 picks
+    /// a free loopback port now (several servers can run side by side).
+    pub fn with_overrides(mut self, program: Option<&Path>, port: Option<u16>) -> Result<Self> {
+        if let Some(p) = program {
+            if p.as_os_str().is_empty() {
+                bail!(
+                    "profile {}: the server program override is empty",
+                    self.name
+                );
+            }
+            self.program = p.display().to_string();
+        }
+        match port {
+            Some(0) => self.port = free_port(&self.host)?,
+            Some(p) => self.port = p,
+            None => {}
+        }
+        Ok(self)
+    }
+
     pub fn base_url(&self) -> String {
         format!("http://{}:{}", self.host, self.port)
     }
@@ -120,6 +141,14 @@ impl Profile {
             .collect::<Vec<_>>()
             .join(" "))
     }
+}
+
+/// A port the OS reports free on `host` right now. Another process could take
+/// it before the server binds; startup then fails with the server's log.
+fn free_port(host: &str) -> Result<u16> {
+    let listener = std::net::TcpListener::bind((host, 0))
+        .with_context(|| format!("finding a free port on {host}"))?;
+    Ok(listener.local_addr()?.port())
 }
 
 fn shell_quote(s: &str) -> String {
@@ -174,6 +203,22 @@ mod tests {
             p.command_line(Some(Path::new("/m/a b"))).unwrap(),
             "kestrel serve --model '/m/a b' --port 9001 --host 127.0.0.1"
         );
+    }
+
+    #[test]
+    fn overrides_replace_program_and_port() {
+        let p = profile(&["serve", "--port", "{port}"]);
+        let same = p.clone().with_overrides(None, None).unwrap();
+        assert_eq!(same, p);
+        let o = p
+            .clone()
+            .with_overrides(Some(Path::new("target/release/kestrel")), Some(9100))
+            .unwrap();
+        assert_eq!(o.program, "target/release/kestrel");
+        assert_eq!(o.render_args(None).unwrap(), ["serve", "--port", "9100"]);
+        let free = p.clone().with_overrides(None, Some(0)).unwrap();
+        assert_ne!(free.port, 0);
+        assert!(p.with_overrides(Some(Path::new("")), None).is_err());
     }
 
     #[test]

@@ -20,8 +20,14 @@ pub struct Report {
     pub environment: EnvReport,
     pub preflight: Vec<PreflightCheck>,
     pub server_command: Option<String>,
+    /// When the run finished, RFC 3339 in UTC.
+    pub date_utc: String,
     pub classification: Option<Classification>,
     pub evidence_dir: PathBuf,
+}
+
+pub fn now_utc() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 fn fmt_opt(v: Option<f64>, digits: usize) -> String {
@@ -43,6 +49,7 @@ pub fn summary_markdown(r: &Report, lock: Option<&ReleaseLock>) -> String {
         }
         md.push('\n');
     }
+    let _ = writeln!(md, "- date (UTC): {}", r.date_utc);
     let _ = writeln!(md, "- server: {} (model `{}`)", res.base_url, res.model);
     if let Some(cmd) = &r.server_command {
         let _ = writeln!(md, "- command: `{cmd}`");
@@ -64,12 +71,24 @@ pub fn summary_markdown(r: &Report, lock: Option<&ReleaseLock>) -> String {
     });
     let _ = writeln!(
         md,
-        "- environment: {gpu}, CUDA {}, {} / kernel {}, machine commitment `{}`\n",
+        "- environment: {gpu}, CUDA {}, CPU {} ({} threads), {} / kernel {}, machine commitment `{}`",
         env.cuda_version.as_deref().unwrap_or("-"),
+        env.cpu_model.as_deref().unwrap_or("-"),
+        env.cpu_count,
         env.os.as_deref().unwrap_or("-"),
         env.kernel.as_deref().unwrap_or("-"),
         env.machine_commitment.as_deref().unwrap_or("-")
     );
+    if let Some(p) = &res.output_probe {
+        let _ = writeln!(
+            md,
+            "- output probe: {} completion tokens, {} chars, sha256 `{}` (equal hashes: identical greedy output)",
+            p.usage.map_or(0, |u| u.completion_tokens),
+            p.output_text.chars().count(),
+            crate::runner::output_sha256(p)
+        );
+    }
+    md.push('\n');
     md.push_str(
         "| mode | metric | rounds | median | CV | reference |\n|---|---|---|---|---|---|\n",
     );

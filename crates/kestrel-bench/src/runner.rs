@@ -104,7 +104,19 @@ pub struct BenchResult {
     pub rounds: Vec<RoundResult>,
     pub modes: BTreeMap<String, ModeSummary>,
     pub stream_curve: Vec<StreamSummary>,
+    /// The fixed-nonce request of `output_probe` workloads.
+    #[serde(default)]
+    pub output_probe: Option<RequestRecord>,
     pub failures: Vec<String>,
+}
+
+/// Nonce of the output probe: fixed, so every run sends the same bytes.
+pub const OUTPUT_PROBE_NONCE: &str = "output-probe";
+
+/// SHA-256 (hex) of a request's generated text.
+pub fn output_sha256(r: &RequestRecord) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(r.output_text.as_bytes()))
 }
 
 fn request_body(w: &Workload, model: &str, prompt: &str, max_tokens: u32) -> Value {
@@ -295,6 +307,17 @@ pub async fn run_workload(cfg: &RunConfig) -> Result<BenchResult> {
         }
     }
 
+    let probe = if w.output_probe {
+        let prompt = runner.parts.with_nonce(OUTPUT_PROBE_NONCE);
+        Some(
+            runner
+                .send(&prompt, w.max_tokens, "output-probe", Instant::now())
+                .await,
+        )
+    } else {
+        None
+    };
+
     let mut results = Vec::new();
     for round in 1..=rounds {
         // One nonce per round: cold (cache miss) and primed (cache hit) see the
@@ -314,7 +337,14 @@ pub async fn run_workload(cfg: &RunConfig) -> Result<BenchResult> {
             stream_curve: curve,
         });
     }
-    Ok(summarize(&w, &model, &cfg.base_url, &runner.parts, results))
+    let mut result = summarize(&w, &model, &cfg.base_url, &runner.parts, results);
+    if let Some(p) = &probe
+        && let Some(f) = request_failure(p)
+    {
+        result.failures.push(f);
+    }
+    result.output_probe = probe;
+    Ok(result)
 }
 
 pub fn summarize(
@@ -421,6 +451,7 @@ pub fn summarize(
         rounds,
         modes,
         stream_curve,
+        output_probe: None,
         failures,
     }
 }

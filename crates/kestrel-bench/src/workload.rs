@@ -95,6 +95,12 @@ pub struct Workload {
     /// (cache-miss) output of the same round.
     #[serde(default = "yes")]
     pub require_identical_outputs: bool,
+    /// Send one untimed request with a fixed nonce after warmup and record its
+    /// output: at temperature 0 it must be identical across runs of the same
+    /// model (prefix cache on or off, speculative decoding on or off, another
+    /// build), so runs can be compared by its hash.
+    #[serde(default)]
+    pub output_probe: bool,
     /// SHA-256 of the base prompt (instruction, body and question, no nonce).
     #[serde(default)]
     pub prompt_sha256: Option<String>,

@@ -5,7 +5,9 @@
 //! only chain them. Activations are 2-D row-major `[tokens, features]`.
 //! Weights are stored `[out, in]` as in Hugging Face checkpoints.
 
-use crate::{ForwardBatch, HostTensor, Result};
+use std::borrow::Cow;
+
+use crate::{DType, ForwardBatch, HostTensor, Result, dummy};
 
 /// Rotary embedding over the first `rotary_dim` dims of each head
 /// (rotate-half pairing within those dims; `inv_freq[i] = theta^(-2i/rotary_dim)`).
@@ -142,9 +144,54 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     // ---- data movement -------------------------------------------------
     fn upload(&self, t: &HostTensor) -> Result<Self::Weight>;
+    // A constructor on the backend instance: the device decides where it lives.
+    #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Self::Tensor;
     fn to_host(&self, t: &Self::Tensor) -> Vec<f32>;
     fn dims(&self, t: &Self::Tensor) -> (usize, usize);
+    /// A parameter of `shape` filled with uniform values in
+    /// `[offset - scale, offset + scale)` drawn by [`dummy::dummy_value`] from
+    /// `seed`, rounded to `dtype`: benchmark weights without model files.
+    /// The default builds it on the host and uploads it; a GPU backend fills
+    /// it on the device (same values) so that full-size models load in seconds.
+    fn dummy_weight(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        seed: u64,
+        offset: f32,
+        scale: f32,
+    ) -> Result<Self::Weight> {
+        let n: usize = shape.iter().product();
+        let values = (0..n as u64).map(|i| dummy::dummy_value(seed, i, offset, scale));
+        let data: Vec<u8> = match dtype {
+            DType::F32 => values.flat_map(f32::to_le_bytes).collect(),
+            DType::BF16 => values
+                .flat_map(|v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
+            DType::F16 => values
+                .flat_map(|v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
+        };
+        self.upload(&HostTensor {
+            dtype,
+            shape: shape.to_vec(),
+            data: Cow::Owned(data),
+        })
+    }
+
+    /// Wait until every queued operation has finished (a no-op for backends
+    /// that compute synchronously). Timing code calls it before reading a clock.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Device-memory read bandwidth in GB/s measured by the backend itself
+    /// (a large device-to-device copy), or `None` where it has no such probe.
+    fn measure_bandwidth_gbs(&self) -> Option<f64> {
+        None
+    }
+
     fn new_cache(&self, spec: &CacheSpec) -> Result<Self::Cache>;
     /// Reset a sequence's recurrent and conv state to zero in every GDN layer.
     fn zero_state(&self, cache: &mut Self::Cache, slot: u32);

@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod dummy;
 pub mod host;
 
 pub use backend::{

@@ -2,7 +2,6 @@
 
 use rayon::prelude::*;
 
-
 /// Input rows per `gemm` call. Every call has the same shape (a partial last
 /// tile is zero-padded), so each output element is reduced over `k` in the same
 /// order whatever the batch: a sequence's logits do not depend on which other
@@ -163,9 +162,19 @@ mod tests {
         linear(&x, 13, k, &w, n, &mut all, true);
         for (start, len) in [(0, 1), (5, 1), (2, 3), (7, 6), (12, 1)] {
             let mut part = vec![0.0; len * n];
-            linear(&x[start * k..(start + len) * k], len, k, &w, n, &mut part, false);
+            linear(
+                &x[start * k..(start + len) * k],
+                len,
+                k,
+                &w,
+                n,
+                &mut part,
+                false,
+            );
             assert!(
-                part.iter().zip(&all[start * n..]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                part.iter()
+                    .zip(&all[start * n..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "rows {start}..{} differ when computed alone",
                 start + len
             );

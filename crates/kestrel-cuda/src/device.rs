@@ -57,6 +57,8 @@ pub struct Kernels {
     pub gdn_conv: CudaFunction,
     pub gdn_recurrent: CudaFunction,
     pub gdn_gated_norm: CudaFunction,
+    pub dummy_fill_bf16: CudaFunction,
+    pub dummy_fill_f32: CudaFunction,
 }
 
 impl Kernels {
@@ -72,6 +74,7 @@ impl Kernels {
         let attention = module(kestrel_kernels::ATTENTION, "attention")?;
         let moe = module(kestrel_kernels::MOE, "moe")?;
         let gdn = module(kestrel_kernels::GDN, "gdn")?;
+        let dummy = module(kestrel_kernels::DUMMY, "dummy")?;
         let f = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
             m.load_function(name).map_err(|e| {
                 BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}"))
@@ -96,6 +99,8 @@ impl Kernels {
             gdn_conv: f(&gdn, "gdn_conv")?,
             gdn_recurrent: f(&gdn, "gdn_recurrent")?,
             gdn_gated_norm: f(&gdn, "gdn_gated_norm")?,
+            dummy_fill_bf16: f(&dummy, "dummy_fill_bf16")?,
+            dummy_fill_f32: f(&dummy, "dummy_fill_f32")?,
         })
     }
 }

@@ -17,11 +17,12 @@
 mod cache;
 mod device;
 mod ops;
+mod probe;
 mod tensor;
 
 use kestrel_core::{
-    AttentionSpec, AttentionWeights, Backend, BackendError, CacheSpec, ForwardBatch, GdnSpec,
-    GdnWeights, HostTensor, MoeSpec, MoeWeights, Result,
+    AttentionSpec, AttentionWeights, Backend, BackendError, CacheSpec, DType, ForwardBatch,
+    GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, Result,
 };
 
 pub use cache::CudaCache;
@@ -86,6 +87,40 @@ impl Backend for CudaBackend {
             shape: t.shape.clone(),
             data,
         })
+    }
+
+    fn dummy_weight(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        seed: u64,
+        offset: f32,
+        scale: f32,
+    ) -> Result<CudaWeight> {
+        if shape.len() <= 1 && dtype == DType::F16 {
+            // An f16-rounded vector: rare enough to build on the host.
+            let n: usize = shape.iter().product();
+            let v: Vec<u8> = (0..n as u64)
+                .flat_map(|i| {
+                    let x = kestrel_core::dummy::dummy_value(seed, i, offset, scale);
+                    half::f16::from_f32(x).to_le_bytes()
+                })
+                .collect();
+            return self.upload(&HostTensor {
+                dtype,
+                shape: shape.to_vec(),
+                data: v.into(),
+            });
+        }
+        probe::dummy_weight(&self.gpu, shape, dtype, seed, offset, scale)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        CudaBackend::synchronize(self)
+    }
+
+    fn measure_bandwidth_gbs(&self) -> Option<f64> {
+        probe::measure_bandwidth_gbs(&self.gpu)
     }
 
     fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> CudaTensor {

@@ -1,4 +1,20 @@
 //! The engine: admits requests, schedules forward passes and keeps each
 //! sequence's cache state.
+//!
+//! * [`handle`]: the interface types shared with the server.
+//! * [`Engine::spawn`] starts the engine loop on its own thread and returns an
+//!   [`EngineHandle`]; [`EngineHandle::submit`] returns a [`RequestStream`].
+//! * [`cache`]: KV pages, state slots and the prefix cache (plain bookkeeping).
 
 pub mod cache;
+mod client;
+mod engine;
+pub mod handle;
+pub mod prefill;
+mod scheduler;
+mod sequence;
+mod step;
+
+pub use client::{EngineHandle, RequestStream};
+pub use engine::{Engine, LogitsObserver};
+pub use handle::{EngineConfig, EngineEvent, EngineStats, GenerateRequest, SubmitError, Usage};

@@ -16,8 +16,9 @@ pub fn available() -> Result<(), &'static str> {
 }
 
 /// Every embedded module, by name (the `.cu` file stem).
-pub fn modules() -> [(&'static str, &'static [u8]); 5] {
+pub fn modules() -> [(&'static str, &'static [u8]); 6] {
     [
+        ("dummy", DUMMY),
         ("elementwise", ELEMENTWISE),
         ("norm", NORM),
         ("attention", ATTENTION),

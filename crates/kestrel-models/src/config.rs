@@ -185,7 +185,7 @@ impl ModelConfig {
         if raw.num_attention_heads == 0 || num_kv_heads == 0 || head_dim == 0 {
             bail!("attention heads and head_dim must be positive");
         }
-        if raw.num_attention_heads % num_kv_heads != 0 {
+        if !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
             bail!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({num_kv_heads})",
                 raw.num_attention_heads
@@ -199,8 +199,10 @@ impl ModelConfig {
             .or(raw.partial_rotary_factor)
             .unwrap_or(default_partial);
         let rotary_dim = (head_dim as f64 * partial) as usize;
-        if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
-            bail!("rotary dimension {rotary_dim} (head_dim {head_dim} x {partial}) must be even and positive");
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
+            bail!(
+                "rotary dimension {rotary_dim} (head_dim {head_dim} x {partial}) must be even and positive"
+            );
         }
 
         let layer_kinds = if arch.is_hybrid() {
@@ -237,7 +239,9 @@ impl ModelConfig {
 
         let moe = match (raw.num_experts, arch) {
             (Some(e), Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next) if e > 0 => {
-                let top_k = raw.num_experts_per_tok.context("missing num_experts_per_tok")?;
+                let top_k = raw
+                    .num_experts_per_tok
+                    .context("missing num_experts_per_tok")?;
                 if top_k == 0 || top_k > e {
                     bail!("num_experts_per_tok {top_k} must be in 1..={e}");
                 }
@@ -276,10 +280,18 @@ impl ModelConfig {
 
         let linear_attn = if arch.is_hybrid() {
             Some(LinearAttnConfig {
-                num_k_heads: raw.linear_num_key_heads.context("missing linear_num_key_heads")?,
-                num_v_heads: raw.linear_num_value_heads.context("missing linear_num_value_heads")?,
-                head_k_dim: raw.linear_key_head_dim.context("missing linear_key_head_dim")?,
-                head_v_dim: raw.linear_value_head_dim.context("missing linear_value_head_dim")?,
+                num_k_heads: raw
+                    .linear_num_key_heads
+                    .context("missing linear_num_key_heads")?,
+                num_v_heads: raw
+                    .linear_num_value_heads
+                    .context("missing linear_num_value_heads")?,
+                head_k_dim: raw
+                    .linear_key_head_dim
+                    .context("missing linear_key_head_dim")?,
+                head_v_dim: raw
+                    .linear_value_head_dim
+                    .context("missing linear_value_head_dim")?,
                 conv_kernel: raw.linear_conv_kernel_dim.unwrap_or(4),
             })
         } else {
@@ -288,7 +300,11 @@ impl ModelConfig {
         if let Some(la) = &linear_attn
             && (la.num_k_heads == 0 || la.num_v_heads % la.num_k_heads != 0 || la.conv_kernel < 2)
         {
-            bail!("linear attention heads ({} k, {} v) or conv kernel invalid", la.num_k_heads, la.num_v_heads);
+            bail!(
+                "linear attention heads ({} k, {} v) or conv kernel invalid",
+                la.num_k_heads,
+                la.num_v_heads
+            );
         }
 
         Ok(ModelConfig {
@@ -322,7 +338,10 @@ impl ModelConfig {
     }
 
     pub fn num_attention_layers(&self) -> usize {
-        self.layer_kinds.iter().filter(|k| **k == LayerKind::FullAttention).count()
+        self.layer_kinds
+            .iter()
+            .filter(|k| **k == LayerKind::FullAttention)
+            .count()
     }
 
     pub fn num_linear_layers(&self) -> usize {

@@ -6,7 +6,9 @@
 use anyhow::Result;
 use kestrel_core::{Backend, CacheSpec, ForwardBatch};
 
-use crate::blocks::{Attention, FeedForward, GatedDeltaNet, attention::attention_spec, gdn::gdn_spec};
+use crate::blocks::{
+    Attention, FeedForward, GatedDeltaNet, attention::attention_spec, gdn::gdn_spec,
+};
 use crate::config::{LayerKind, ModelConfig};
 use crate::loader::Loader;
 
@@ -35,9 +37,12 @@ impl<B: Backend> DecoderLayer<B> {
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let mixer = match kind {
-            LayerKind::FullAttention => {
-                Mixer::Attention(Attention::load(l, &format!("{p}self_attn."), cfg, cache_layer)?)
-            }
+            LayerKind::FullAttention => Mixer::Attention(Attention::load(
+                l,
+                &format!("{p}self_attn."),
+                cfg,
+                cache_layer,
+            )?),
             LayerKind::LinearAttention => Mixer::GatedDeltaNet(GatedDeltaNet::load(
                 l,
                 &format!("{p}linear_attn."),
@@ -103,10 +108,17 @@ impl<B: Backend> Decoder<B> {
                 LayerKind::LinearAttention => &mut gdn_idx,
             };
             let lp = format!("{p}layers.{i}.");
-            layers.push(DecoderLayer::load(l, &lp, cfg, kind, cfg.sparse_layers[i], *counter)?);
+            layers.push(DecoderLayer::load(
+                l,
+                &lp,
+                cfg,
+                kind,
+                cfg.sparse_layers[i],
+                *counter,
+            )?);
             *counter += 1;
         }
-        let lm_head = if cfg.tie_word_embeddings && !l.files.contains("lm_head.weight") {
+        let lm_head = if cfg.tie_word_embeddings && !l.has("lm_head.weight") {
             None
         } else {
             Some(l.weight("lm_head.weight", &[v, h])?)

@@ -31,13 +31,23 @@ pub struct MtpHead<B: Backend> {
 impl<B: Backend> MtpHead<B> {
     pub fn load(l: &Loader<B>, cfg: &ModelConfig) -> Result<Self> {
         let h = cfg.hidden_size;
-        let fc = l.tensor("mtp.fc.weight", &[h, 2 * h])?;
-        let (left, right) = split_columns(&fc, h);
+        let half = |right: bool| {
+            let part = if right {
+                "mtp.fc.weight#hidden"
+            } else {
+                "mtp.fc.weight#embedding"
+            };
+            l.materialize(part, &[h, h], || {
+                let (left_half, right_half) =
+                    split_columns(&l.tensor("mtp.fc.weight", &[h, 2 * h])?, h);
+                Ok(if right { right_half } else { left_half })
+            })
+        };
         Ok(MtpHead {
             norm_embedding: l.norm("mtp.pre_fc_norm_embedding.weight", h)?,
             norm_hidden: l.norm("mtp.pre_fc_norm_hidden.weight", h)?,
-            fc_embedding: l.upload("mtp.fc.weight", &left)?,
-            fc_hidden: l.upload("mtp.fc.weight", &right)?,
+            fc_embedding: half(false)?,
+            fc_hidden: half(true)?,
             layer: DecoderLayer::load(
                 l,
                 "mtp.layers.0.",
@@ -80,7 +90,9 @@ impl<B: Backend> MtpHead<B> {
         let mut residual = b.matmul(&e, &self.fc_embedding);
         b.add_assign(&mut residual, &b.matmul(&hn, &self.fc_hidden));
         let x = b.rms_norm(&residual, &self.layer.input_norm, self.eps);
-        let out = self.layer.forward(b, &mut residual, &x, self.eps, cache, batch);
+        let out = self
+            .layer
+            .forward(b, &mut residual, &x, self.eps, cache, batch);
         b.add_rms_norm(&mut residual, &out, &self.norm, self.eps)
     }
 }

@@ -40,7 +40,9 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
             .map(|k| 7 + 2 * k)
             .find(|s| gcd(*s, num_blocks) == 1)
             .unwrap_or(1);
-        let block_table = (0..num_blocks).map(|i| ((i * stride) % num_blocks) as u32).collect();
+        let block_table = (0..num_blocks)
+            .map(|i| ((i * stride) % num_blocks) as u32)
+            .collect();
         Ok(SequenceRunner {
             backend,
             model,
@@ -90,7 +92,10 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
             bail!("token id {bad} is outside the vocabulary (size {vocab})");
         }
         let batch = self.batch(tokens.len());
-        let hidden = self.model.decoder.forward(self.backend, tokens, &batch, &mut self.cache);
+        let hidden = self
+            .model
+            .decoder
+            .forward(self.backend, tokens, &batch, &mut self.cache);
         self.len += tokens.len();
         Ok(hidden)
     }
@@ -99,7 +104,10 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
     pub fn feed_last_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let hidden = self.feed(tokens)?;
         let rows = self.backend.dims(&hidden).0;
-        let logits = self.model.decoder.logits(self.backend, &hidden, &[rows - 1]);
+        let logits = self
+            .model
+            .decoder
+            .logits(self.backend, &hidden, &[rows - 1]);
         Ok(self.backend.to_host(&logits))
     }
 
@@ -115,28 +123,45 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
     /// the target's state at t and token t+1. Feeds the whole sequence (the
     /// runner must be fresh). Returns `[n-1, vocab]` flat.
     pub fn mtp_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let Some(mtp) = &self.model.mtp else { bail!("this model has no MTP head") };
+        Ok(self
+            .teacher_forced(tokens)?
+            .1
+            .expect("checked by teacher_forced"))
+    }
+
+    /// Feeds a fresh runner the whole of `tokens` and returns the logits of
+    /// every position (`[n, vocab]`) and, for models with an MTP head, the
+    /// head's logits for slots 0..n-1 (`[n-1, vocab]`, row t predicting
+    /// token t+2).
+    pub fn teacher_forced(&mut self, tokens: &[u32]) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
         if !self.is_empty() || tokens.len() < 2 {
-            bail!("MTP logits need a fresh runner and at least two tokens");
+            bail!("teacher forcing needs a fresh runner and at least two tokens");
         }
         let hidden = self.feed(tokens)?;
-        let n = tokens.len() - 1;
         let b = self.backend;
-        let rows: Vec<usize> = (0..n).collect();
-        let h = b.gather_rows(&hidden, &rows);
-        let h = b.rms_norm(&h, &self.model.decoder.final_norm, self.model.config().rms_norm_eps);
-        let pages = n.div_ceil(self.block_size);
+        let decoder = &self.model.decoder;
+        let rows: Vec<usize> = (0..tokens.len()).collect();
+        let lm = b.to_host(&decoder.logits(b, &hidden, &rows));
+        let Some(mtp) = &self.model.mtp else {
+            return Ok((lm, None));
+        };
+        let n = tokens.len() - 1;
+        let h = b.gather_rows(&hidden, &rows[..n]);
+        let h = b.rms_norm(&h, &decoder.final_norm, self.model.config().rms_norm_eps);
         let batch = ForwardBatch {
             seqs: vec![SeqChunk {
                 num_tokens: n,
                 cached_len: 0,
-                block_table: self.block_table[..pages].to_vec(),
+                block_table: self.block_table[..n.div_ceil(self.block_size)].to_vec(),
                 state_slot: 0,
             }],
         };
-        let cache = self.mtp_cache.as_mut().expect("MTP cache exists with the head");
-        let out = mtp.forward(b, &self.model.decoder, &h, &tokens[1..], &batch, cache);
-        Ok(b.to_host(&b.matmul(&out, self.model.decoder.lm_head())))
+        let cache = self
+            .mtp_cache
+            .as_mut()
+            .expect("MTP cache exists with the head");
+        let out = mtp.forward(b, decoder, &h, &tokens[1..], &batch, cache);
+        Ok((lm, Some(b.to_host(&b.matmul(&out, decoder.lm_head())))))
     }
 }
 

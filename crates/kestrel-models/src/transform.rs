@@ -12,9 +12,14 @@ fn row_bytes(t: &HostTensor) -> usize {
 
 /// Stack tensors along the first dimension (all must share trailing dims).
 pub fn concat_rows(parts: &[HostTensor]) -> Result<HostTensor<'static>> {
-    let Some(first) = parts.first() else { bail!("nothing to concatenate") };
+    let Some(first) = parts.first() else {
+        bail!("nothing to concatenate")
+    };
     let tail = &first.shape[1..];
-    if parts.iter().any(|p| p.shape.is_empty() || &p.shape[1..] != tail) {
+    if parts
+        .iter()
+        .any(|p| p.shape.is_empty() || &p.shape[1..] != tail)
+    {
         let shapes: Vec<_> = parts.iter().map(|p| p.shape.clone()).collect();
         bail!("cannot stack tensors of shapes {shapes:?}");
     }
@@ -26,7 +31,11 @@ pub fn concat_rows(parts: &[HostTensor]) -> Result<HostTensor<'static>> {
         for p in parts {
             data.extend_from_slice(&p.data);
         }
-        return Ok(HostTensor { dtype: first.dtype, shape, data: Cow::Owned(data) });
+        return Ok(HostTensor {
+            dtype: first.dtype,
+            shape,
+            data: Cow::Owned(data),
+        });
     }
     let values: Vec<f32> = parts.iter().flat_map(|p| p.to_f32()).collect();
     Ok(HostTensor::from_f32(shape, &values))
@@ -41,7 +50,11 @@ pub fn gather_rows(t: &HostTensor, order: &[usize]) -> HostTensor<'static> {
     }
     let mut shape = t.shape.clone();
     shape[0] = order.len();
-    HostTensor { dtype: t.dtype, shape, data: Cow::Owned(data) }
+    HostTensor {
+        dtype: t.dtype,
+        shape,
+        data: Cow::Owned(data),
+    }
 }
 
 /// The same bytes viewed with another shape of equal size.
@@ -49,7 +62,10 @@ pub fn reshape<'a>(t: HostTensor<'a>, shape: &[usize]) -> Result<HostTensor<'a>>
     if t.numel() != shape.iter().product::<usize>() {
         bail!("cannot view shape {:?} as {shape:?}", t.shape);
     }
-    Ok(HostTensor { shape: shape.to_vec(), ..t })
+    Ok(HostTensor {
+        shape: shape.to_vec(),
+        ..t
+    })
 }
 
 /// An f32 copy with `offset` added: turns a zero-centred `1 + w` RMSNorm weight

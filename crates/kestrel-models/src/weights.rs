@@ -30,7 +30,10 @@ impl WeightFiles {
     pub fn open(dir: &Path) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
         let paths: Vec<PathBuf> = if index.exists() {
-            shard_paths(&index)?.into_iter().map(|f| dir.join(f)).collect()
+            shard_paths(&index)?
+                .into_iter()
+                .map(|f| dir.join(f))
+                .collect()
         } else {
             let single = dir.join("model.safetensors");
             if single.exists() {
@@ -51,7 +54,8 @@ impl WeightFiles {
         let mut files = Vec::new();
         let mut tensors = HashMap::new();
         for path in paths {
-            let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+            let file =
+                File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
             // SAFETY: the map is read-only; a file changed under us is the user's
             // problem, as with every mmap-based loader.
             let map = unsafe { Mmap::map(&file) }
@@ -90,7 +94,10 @@ impl WeightFiles {
                     end: data_start + end,
                 };
                 if tensors.insert(name.clone(), entry).is_some() {
-                    bail!("{}: tensor {name} appears in more than one file", path.display());
+                    bail!(
+                        "{}: tensor {name} appears in more than one file",
+                        path.display()
+                    );
                 }
             }
             files.push((path, map));
@@ -122,7 +129,11 @@ impl WeightFiles {
     /// The tensor with whatever shape it has.
     pub fn get_any(&self, name: &str) -> Result<HostTensor<'_>> {
         let Some(e) = self.tensors.get(name) else {
-            let files: Vec<String> = self.files.iter().map(|(p, _)| p.display().to_string()).collect();
+            let files: Vec<String> = self
+                .files
+                .iter()
+                .map(|(p, _)| p.display().to_string())
+                .collect();
             bail!("missing tensor {name} in {}", files.join(", "));
         };
         Ok(HostTensor {
@@ -151,11 +162,14 @@ fn shard_paths(index: &Path) -> Result<Vec<String>> {
         .with_context(|| format!("{}: no \"weight_map\" object", index.display()))?;
     let mut files: Vec<String> = Vec::new();
     for f in map.values() {
-        let f = f
-            .as_str()
-            .with_context(|| format!("{}: weight_map values must be file names", index.display()))?;
+        let f = f.as_str().with_context(|| {
+            format!("{}: weight_map values must be file names", index.display())
+        })?;
         if f.contains('/') || f.contains('\\') || f.starts_with('.') {
-            bail!("{}: shard name {f:?} must be a plain file name", index.display());
+            bail!(
+                "{}: shard name {f:?} must be a plain file name",
+                index.display()
+            );
         }
         if !files.iter().any(|x| x == f) {
             files.push(f.to_string());

@@ -7,7 +7,10 @@ use kestrel_cpu::CpuBackend;
 use kestrel_models::Model;
 
 fn golden_model(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden").join(arch).join("model")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/golden")
+        .join(arch)
+        .join("model")
 }
 
 /// A private copy of a golden model folder to break.
@@ -35,7 +38,7 @@ fn edit_header(file: &Path, edit: impl Fn(&mut serde_json::Map<String, serde_jso
         serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(&mut header);
     let mut text = serde_json::to_vec(&header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();
@@ -67,7 +70,10 @@ fn garbage_header_is_rejected() {
     bytes[8..24].copy_from_slice(b"this is not json");
     std::fs::write(&file, bytes).unwrap();
     let err = load_error(dir.path());
-    assert!(err.contains("model.safetensors") && err.contains("not a valid safetensors"), "{err}");
+    assert!(
+        err.contains("model.safetensors") && err.contains("not a valid safetensors"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -86,7 +92,10 @@ fn missing_tensor_is_named() {
         h.insert("model.layers.2.mlp.down_proj.weight_renamed".into(), entry);
     });
     let err = load_error(dir.path());
-    assert!(err.contains("missing tensor model.layers.2.mlp.down_proj.weight"), "{err}");
+    assert!(
+        err.contains("missing tensor model.layers.2.mlp.down_proj.weight"),
+        "{err}"
+    );
     assert!(err.contains("model.safetensors"), "{err}");
 }
 
@@ -111,17 +120,25 @@ fn unsupported_dtype_is_named() {
         h.get_mut(EMBED).unwrap()["dtype"] = serde_json::json!("I32");
     });
     let err = load_error(dir.path());
-    assert!(err.contains(EMBED) && err.contains("unsupported dtype"), "{err}");
+    assert!(
+        err.contains(EMBED) && err.contains("unsupported dtype"),
+        "{err}"
+    );
 }
 
 #[test]
 fn unknown_model_type_is_named() {
     let dir = copy_of("qwen3");
     let path = dir.path().join("config.json");
-    let text = std::fs::read_to_string(&path).unwrap().replace("\"qwen3\"", "\"llama_next\"");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("\"qwen3\"", "\"llama_next\"");
     std::fs::write(&path, text).unwrap();
     let err = load_error(dir.path());
-    assert!(err.contains("config.json") && err.contains("llama_next"), "{err}");
+    assert!(
+        err.contains("config.json") && err.contains("llama_next"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -35,7 +35,8 @@ fn load(arch: &str) -> Fixture {
     let dir = root().join(arch);
     let model = Model::load(&dir.join("model"), &CpuBackend::new()).expect("model loads");
     let meta: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let tensors = st
@@ -51,16 +52,27 @@ fn load(arch: &str) -> Fixture {
             (name, (view.shape().to_vec(), values))
         })
         .collect();
-    Fixture { model, meta, tensors }
+    Fixture {
+        model,
+        meta,
+        tensors,
+    }
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -96,13 +108,24 @@ fn check_teacher_forced(f: &Fixture) {
         let (_, reference) = &f.tensors[case["logits_tensor"].as_str().unwrap()];
         let whole = logits_in_chunks(f, &tokens, &[tokens.len()]);
         let err = max_abs_diff(&whole, reference);
-        eprintln!("{} tokens in one pass: max |logit diff| {err:.2e}", tokens.len());
-        assert!(err <= LOGIT_TOL, "prompt of {} tokens: max |diff| {err}", tokens.len());
+        eprintln!(
+            "{} tokens in one pass: max |logit diff| {err:.2e}",
+            tokens.len()
+        );
+        assert!(
+            err <= LOGIT_TOL,
+            "prompt of {} tokens: max |diff| {err}",
+            tokens.len()
+        );
         // The same logits whatever the chunking: token by token, and uneven chunks.
         for chunks in [&[1usize][..], &[7, 1, 13, 64, 3]] {
             let chunked = logits_in_chunks(f, &tokens, chunks);
             let err = max_abs_diff(&chunked, reference);
-            assert!(err <= LOGIT_TOL, "chunks {chunks:?}, {} tokens: max |diff| {err}", tokens.len());
+            assert!(
+                err <= LOGIT_TOL,
+                "chunks {chunks:?}, {} tokens: max |diff| {err}",
+                tokens.len()
+            );
         }
     }
 }
@@ -121,7 +144,12 @@ fn check_greedy(f: &Fixture) {
             got.push(t);
             logits = runner.feed_last_logits(&[t]).unwrap();
         }
-        assert_eq!(got, expected, "greedy continuation of a {}-token prompt", prompt.len());
+        assert_eq!(
+            got,
+            expected,
+            "greedy continuation of a {}-token prompt",
+            prompt.len()
+        );
     }
 }
 
@@ -165,7 +193,11 @@ fn qwen3_5_mtp_head_matches_reference() {
         let (_, reference) = &f.tensors[&format!("mtp.{i}.logits")];
         let err = max_abs_diff(&got, reference);
         eprintln!("MTP, {} tokens: max |logit diff| {err:.2e}", tokens.len());
-        assert!(err <= LOGIT_TOL, "MTP logits, {} tokens: max |diff| {err}", tokens.len());
+        assert!(
+            err <= LOGIT_TOL,
+            "MTP logits, {} tokens: max |diff| {err}",
+            tokens.len()
+        );
         // The head must follow vLLM's convention (post-norm target hidden
         // state); the pre-norm alternative differs by far more than the tolerance.
         let (_, alternative) = &f.tensors[&format!("mtp.{i}.logits_from_pre_norm_hidden")];

@@ -7,7 +7,11 @@ mod model_dir;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kestrel", version, about = "A fast inference server for Qwen3-family models")]
+#[command(
+    name = "kestrel",
+    version,
+    about = "A fast inference server for Qwen3-family models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -17,12 +21,27 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt (or a chat message with --chat), streamed to the terminal.
     Generate(commands::generate::Args),
+    /// Held-out perplexity and MTP accuracy over token windows.
+    Eval(commands::eval::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(commands::serve::Args),
+    /// Benchmark prefill and decode in-process against the memory-bandwidth floor.
+    BenchModel(commands::bench_model::Args),
+    /// Benchmark an OpenAI-compatible server; lock, reproduce and verify results.
+    Bench(commands::bench::Args),
+    /// Download a model (REPO[@REVISION]); only missing or corrupt files are fetched.
+    Pull(commands::bench::PullArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => commands::generate::run(args),
+        Command::Eval(args) => commands::eval::run(args),
+        Command::Serve(args) => commands::serve::run(args),
+        Command::BenchModel(args) => commands::bench_model::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Pull(args) => commands::bench::pull(args),
     };
     if let Err(e) = result {
         // One line, outermost context first: the file and tensor at fault.

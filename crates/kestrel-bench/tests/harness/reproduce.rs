@@ -67,6 +67,8 @@ async fn lock_then_reproduce() {
         download: false,
         source: Source::Auto,
         url: Some(format!("http://{addr}")),
+        server_program: None,
+        port: None,
         out: Some(root.path().join(out)),
     };
 

@@ -127,6 +127,16 @@ impl RadixCache {
         self.nodes.len()
     }
 
+    /// Cached pages no sequence uses (only the cache's reference): they can
+    /// all be evicted, children first. At idle, `allocator.num_free()` plus
+    /// this equals the pool size.
+    pub fn num_unused_blocks(&self, allocator: &BlockAllocator) -> usize {
+        self.nodes
+            .values()
+            .filter(|n| allocator.ref_count(n.page) == 1)
+            .count()
+    }
+
     /// State slots owned by the cache as snapshots.
     pub fn num_snapshots(&self) -> usize {
         self.nodes.values().filter(|n| n.snapshot.is_some()).count()
@@ -149,6 +159,20 @@ impl RadixCache {
         salt: &[u8],
         allocator: &mut BlockAllocator,
     ) -> Result<PrefixMatch, CacheError> {
+        self.match_prefix_where(tokens, salt, allocator, |_| true)
+    }
+
+    /// [`RadixCache::match_prefix`] limited to resume points the caller can
+    /// use: the hit ends at the deepest matched length `n` (in tokens) with
+    /// `usable(n)` (and, for hybrid caches, a snapshot). The engine uses it
+    /// to resume only where a cache miss would have split the prefill too.
+    pub fn match_prefix_where(
+        &mut self,
+        tokens: &[u32],
+        salt: &[u8],
+        allocator: &mut BlockAllocator,
+        usable: impl Fn(usize) -> bool,
+    ) -> Result<PrefixMatch, CacheError> {
         if !self.enabled {
             return Ok(PrefixMatch::default());
         }
@@ -165,13 +189,15 @@ impl RadixCache {
                 _ => break,
             }
         }
-        if self.require_snapshots {
-            let usable = path
-                .iter()
-                .rposition(|h| self.nodes[h].snapshot.is_some())
-                .map_or(0, |i| i + 1);
-            path.truncate(usable);
-        }
+        let keep = path
+            .iter()
+            .enumerate()
+            .rposition(|(i, h)| {
+                (!self.require_snapshots || self.nodes[h].snapshot.is_some())
+                    && usable((i + 1) * self.block_size)
+            })
+            .map_or(0, |i| i + 1);
+        path.truncate(keep);
         let mut found = PrefixMatch::default();
         for hash in &path {
             let node = self.nodes.get_mut(hash).expect("path nodes exist");

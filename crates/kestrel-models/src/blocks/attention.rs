@@ -22,7 +22,10 @@ pub fn attention_spec(cfg: &ModelConfig) -> AttentionSpec {
         num_q_heads: cfg.num_heads,
         num_kv_heads: cfg.num_kv_heads,
         head_dim: cfg.head_dim,
-        rope: RopeSpec { theta: cfg.rope_theta, rotary_dim: cfg.rotary_dim },
+        rope: RopeSpec {
+            theta: cfg.rope_theta,
+            rotary_dim: cfg.rotary_dim,
+        },
         norm_eps: cfg.rms_norm_eps,
         output_gate: cfg.attn_output_gate,
         scale: (cfg.head_dim as f32).powf(-0.5),
@@ -35,27 +38,30 @@ impl<B: Backend> Attention<B> {
         let spec = attention_spec(cfg);
         let (h, d) = (cfg.hidden_size, spec.head_dim);
         let q_rows = spec.q_width() * if spec.output_gate { 2 } else { 1 };
-        let q = l.tensor(&format!("{p}q_proj.weight"), &[q_rows, h])?;
-        // Gated checkpoints interleave per head [query (D) | gate (D)]; the
-        // fused operation wants all queries first, then all gates.
-        let q = if spec.output_gate {
-            let order: Vec<usize> = (0..2)
-                .flat_map(|half| {
-                    (0..spec.num_q_heads).flat_map(move |head| {
-                        let start = head * 2 * d + half * d;
-                        start..start + d
+        let q_name = format!("{p}q_proj.weight");
+        let proj = l.materialize(&q_name, &[spec.proj_width(), h], || {
+            let q = l.tensor(&q_name, &[q_rows, h])?;
+            // Gated checkpoints interleave per head [query (D) | gate (D)]; the
+            // fused operation wants all queries first, then all gates.
+            let q = if spec.output_gate {
+                let order: Vec<usize> = (0..2)
+                    .flat_map(|half| {
+                        (0..spec.num_q_heads).flat_map(move |head| {
+                            let start = head * 2 * d + half * d;
+                            start..start + d
+                        })
                     })
-                })
-                .collect();
-            transform::gather_rows(&q, &order)
-        } else {
-            q.into_owned()
-        };
-        let k = l.tensor(&format!("{p}k_proj.weight"), &[spec.kv_width(), h])?;
-        let v = l.tensor(&format!("{p}v_proj.weight"), &[spec.kv_width(), h])?;
-        let fused = transform::concat_rows(&[q, k, v])?;
+                    .collect();
+                transform::gather_rows(&q, &order)
+            } else {
+                q.into_owned()
+            };
+            let k = l.tensor(&format!("{p}k_proj.weight"), &[spec.kv_width(), h])?;
+            let v = l.tensor(&format!("{p}v_proj.weight"), &[spec.kv_width(), h])?;
+            transform::concat_rows(&[q, k, v])
+        })?;
         Ok(Attention {
-            proj: l.upload(&format!("{p}q_proj.weight"), &fused)?,
+            proj,
             o_proj: l.weight(&format!("{p}o_proj.weight"), &[h, spec.q_width()])?,
             weights: AttentionWeights {
                 q_norm: l.norm(&format!("{p}q_norm.weight"), d)?,
@@ -74,7 +80,14 @@ impl<B: Backend> Attention<B> {
         batch: &ForwardBatch,
     ) -> B::Tensor {
         let proj = b.matmul(x, &self.proj);
-        let out = b.attention(&proj, &self.weights, &self.spec, cache, self.cache_layer, batch);
+        let out = b.attention(
+            &proj,
+            &self.weights,
+            &self.spec,
+            cache,
+            self.cache_layer,
+            batch,
+        );
         b.matmul(&out, &self.o_proj)
     }
 }

@@ -9,8 +9,14 @@ use crate::loader::Loader;
 use crate::transform;
 
 pub enum FeedForward<B: Backend> {
-    Dense { gate_up: B::Weight, down: B::Weight },
-    Moe { weights: MoeWeights<B::Weight>, spec: MoeSpec },
+    Dense {
+        gate_up: B::Weight,
+        down: B::Weight,
+    },
+    Moe {
+        weights: MoeWeights<B::Weight>,
+        spec: MoeSpec,
+    },
 }
 
 impl<B: Backend> FeedForward<B> {
@@ -27,12 +33,20 @@ impl<B: Backend> FeedForward<B> {
 
     pub fn load_moe(l: &Loader<B>, p: &str, hidden: usize, moe: &MoeConfig) -> Result<Self> {
         let (e, i) = (moe.num_experts, moe.intermediate);
-        let (gate_up, down) = load_experts(l, &format!("{p}experts."), hidden, e, i)?;
+        let experts = format!("{p}experts.");
+        let gate_up = l.materialize(
+            &format!("{experts}gate_up_proj"),
+            &[e, 2 * i, hidden],
+            || load_experts(l, &experts, hidden, e, i, false),
+        )?;
+        let down = l.materialize(&format!("{experts}down_proj"), &[e, hidden, i], || {
+            load_experts(l, &experts, hidden, e, i, true)
+        })?;
         let (shared_gate_up, shared_down, shared_gate) = match moe.shared_intermediate {
             Some(si) => {
                 let s = format!("{p}shared_expert.");
                 let gate_name = format!("{p}shared_expert_gate.weight");
-                let gate = if l.files.contains(&gate_name) {
+                let gate = if l.has(&gate_name) {
                     Some(l.weight(&gate_name, &[1, hidden])?)
                 } else {
                     None
@@ -51,8 +65,8 @@ impl<B: Backend> FeedForward<B> {
         Ok(FeedForward::Moe {
             weights: MoeWeights {
                 router: l.weight(&format!("{p}gate.weight"), &[e, hidden])?,
-                gate_up: l.upload(&format!("{p}experts.gate_up_proj"), &gate_up)?,
-                down: l.upload(&format!("{p}experts.down_proj"), &down)?,
+                gate_up,
+                down,
                 shared_gate_up,
                 shared_down,
                 shared_gate,
@@ -79,33 +93,41 @@ impl<B: Backend> FeedForward<B> {
 }
 
 /// Experts as the stacked `[E, 2I, H]` / `[E, H, I]` tensors the backends use.
-/// Checkpoints store them either stacked (Qwen3.5/3.6) or one by one
-/// (`experts.{e}.{gate,up,down}_proj.weight`, Qwen3-MoE and Qwen3-Next).
+/// Checkpoints store them either stacked (Qwen3.5/3.6: `experts.gate_up_proj`,
+/// `experts.down_proj`) or one by one (`experts.{e}.{gate,up,down}_proj.weight`,
+/// Qwen3-MoE and Qwen3-Next). `down` picks which of the two to build.
 fn load_experts<'a, B: Backend>(
     l: &Loader<'a, B>,
     p: &str,
     hidden: usize,
     e: usize,
     i: usize,
-) -> Result<(HostTensor<'a>, HostTensor<'a>)> {
+    down: bool,
+) -> Result<HostTensor<'a>> {
     let stacked = format!("{p}gate_up_proj");
-    if l.files.contains(&stacked) {
-        return Ok((
-            l.tensor(&stacked, &[e, 2 * i, hidden])?,
-            l.tensor(&format!("{p}down_proj"), &[e, hidden, i])?,
-        ));
+    if l.has(&stacked) {
+        return if down {
+            l.tensor(&format!("{p}down_proj"), &[e, hidden, i])
+        } else {
+            l.tensor(&stacked, &[e, 2 * i, hidden])
+        };
     }
-    if !l.files.contains(&format!("{p}0.gate_proj.weight")) {
+    if !l.has(&format!("{p}0.gate_proj.weight")) {
         bail!("missing tensor {stacked} (or per-expert {p}0.gate_proj.weight)");
     }
-    let mut gate_up = Vec::with_capacity(2 * e);
-    let mut down = Vec::with_capacity(e);
+    let mut parts = Vec::with_capacity(2 * e);
     for x in 0..e {
-        gate_up.push(l.tensor(&format!("{p}{x}.gate_proj.weight"), &[i, hidden])?);
-        gate_up.push(l.tensor(&format!("{p}{x}.up_proj.weight"), &[i, hidden])?);
-        down.push(l.tensor(&format!("{p}{x}.down_proj.weight"), &[hidden, i])?);
+        if down {
+            parts.push(l.tensor(&format!("{p}{x}.down_proj.weight"), &[hidden, i])?);
+        } else {
+            parts.push(l.tensor(&format!("{p}{x}.gate_proj.weight"), &[i, hidden])?);
+            parts.push(l.tensor(&format!("{p}{x}.up_proj.weight"), &[i, hidden])?);
+        }
     }
-    let gate_up = transform::reshape(transform::concat_rows(&gate_up)?, &[e, 2 * i, hidden])?;
-    let down = transform::reshape(transform::concat_rows(&down)?, &[e, hidden, i])?;
-    Ok((gate_up, down))
+    let shape = if down {
+        [e, hidden, i]
+    } else {
+        [e, 2 * i, hidden]
+    };
+    transform::reshape(transform::concat_rows(&parts)?, &shape)
 }

@@ -34,25 +34,29 @@ impl<B: Backend> GatedDeltaNet<B> {
         let spec = gdn_spec(cfg).expect("hybrid config has linear attention");
         let h = cfg.hidden_size;
         let (conv, vw, hv) = (spec.conv_dim(), spec.value_width(), spec.num_v_heads);
-        let in_proj = if cfg.arch == Arch::Qwen3Next {
-            Self::fused_from_next(l, p, &spec, h)?
-        } else {
-            let parts = [
-                l.tensor(&format!("{p}in_proj_qkv.weight"), &[conv, h])?,
-                l.tensor(&format!("{p}in_proj_z.weight"), &[vw, h])?,
-                l.tensor(&format!("{p}in_proj_b.weight"), &[hv, h])?,
-                l.tensor(&format!("{p}in_proj_a.weight"), &[hv, h])?,
-            ];
-            transform::concat_rows(&parts)?
-        };
+        let in_proj = l.materialize(&format!("{p}in_proj"), &[spec.proj_width(), h], || {
+            if cfg.arch == Arch::Qwen3Next {
+                Self::fused_from_next(l, p, &spec, h)
+            } else {
+                let parts = [
+                    l.tensor(&format!("{p}in_proj_qkv.weight"), &[conv, h])?,
+                    l.tensor(&format!("{p}in_proj_z.weight"), &[vw, h])?,
+                    l.tensor(&format!("{p}in_proj_b.weight"), &[hv, h])?,
+                    l.tensor(&format!("{p}in_proj_a.weight"), &[hv, h])?,
+                ];
+                transform::concat_rows(&parts)
+            }
+        })?;
         let conv_name = format!("{p}conv1d.weight");
-        let conv_w = l.tensor(&conv_name, &[conv, 1, spec.conv_kernel])?;
-        let conv_w = transform::reshape(conv_w, &[conv, spec.conv_kernel])?;
+        let conv_w = l.materialize(&conv_name, &[conv, spec.conv_kernel], || {
+            let w = l.tensor(&conv_name, &[conv, 1, spec.conv_kernel])?;
+            transform::reshape(w, &[conv, spec.conv_kernel])
+        })?;
         Ok(GatedDeltaNet {
-            in_proj: l.upload(&format!("{p}in_proj"), &in_proj)?,
+            in_proj,
             out_proj: l.weight(&format!("{p}out_proj.weight"), &[h, vw])?,
             weights: GdnWeights {
-                conv: l.upload(&conv_name, &conv_w)?,
+                conv: conv_w,
                 a_log: l.vector_f32(&format!("{p}A_log"), hv)?,
                 dt_bias: l.vector_f32(&format!("{p}dt_bias"), hv)?,
                 // The gated norm inside DeltaNet keeps the plain weight.
@@ -79,7 +83,9 @@ impl<B: Backend> GatedDeltaNet<B> {
         let qkvz = l.tensor(&format!("{p}in_proj_qkvz.weight"), &[hk * group, h])?;
         let ba = l.tensor(&format!("{p}in_proj_ba.weight"), &[hk * 2 * r, h])?;
         let pick = |offset: usize, len: usize, stride: usize| -> Vec<usize> {
-            (0..hk).flat_map(|g| (g * stride + offset)..(g * stride + offset + len)).collect()
+            (0..hk)
+                .flat_map(|g| (g * stride + offset)..(g * stride + offset + len))
+                .collect()
         };
         let mut order = pick(0, dk, group);
         order.extend(pick(dk, dk, group));
@@ -100,7 +106,14 @@ impl<B: Backend> GatedDeltaNet<B> {
         batch: &ForwardBatch,
     ) -> B::Tensor {
         let proj = b.matmul(x, &self.in_proj);
-        let out = b.gated_delta_net(&proj, &self.weights, &self.spec, cache, self.cache_layer, batch);
+        let out = b.gated_delta_net(
+            &proj,
+            &self.weights,
+            &self.spec,
+            cache,
+            self.cache_layer,
+            batch,
+        );
         b.matmul(&out, &self.out_proj)
     }
 }

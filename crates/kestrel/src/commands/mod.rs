@@ -1,1 +1,5 @@
+pub mod bench;
+pub mod bench_model;
+pub mod eval;
 pub mod generate;
+pub mod serve;

@@ -1,0 +1,303 @@
+//! The engine thread: owns the model, the device caches and the scheduler;
+//! takes commands, plans and runs steps, publishes statistics.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+
+use anyhow::{Context, Result, bail};
+use kestrel_core::Backend;
+use kestrel_models::Model;
+
+use crate::client::{Command, EngineHandle, Shared};
+use crate::handle::{EngineConfig, EngineEvent};
+use crate::scheduler::Scheduler;
+use crate::sequence::Sequence;
+use crate::step;
+
+/// Starts engines; see [`Engine::spawn`].
+pub struct Engine;
+
+/// Instrumentation: called with a request's `request_id` and each raw logits
+/// row the engine samples that request's next token from (before penalties).
+/// The tests use it to check that outputs are bitwise independent of
+/// batching, preemption and the prefix cache.
+pub type LogitsObserver = Box<dyn FnMut(&str, &[f32]) + Send>;
+
+impl Engine {
+    /// Starts the engine loop on its own thread; returns once the caches are
+    /// allocated (or with the reason they could not be).
+    pub fn spawn<B: Backend>(
+        backend: B,
+        model: Model<B>,
+        config: EngineConfig,
+    ) -> Result<EngineHandle> {
+        Self::spawn_inner(backend, model, config, None)
+    }
+
+    /// [`Engine::spawn`] with a [`LogitsObserver`] (for tests and debugging).
+    #[doc(hidden)]
+    pub fn spawn_with_logits_observer<B: Backend>(
+        backend: B,
+        model: Model<B>,
+        config: EngineConfig,
+        observer: LogitsObserver,
+    ) -> Result<EngineHandle> {
+        Self::spawn_inner(backend, model, config, Some(observer))
+    }
+
+    fn spawn_inner<B: Backend>(
+        backend: B,
+        model: Model<B>,
+        config: EngineConfig,
+        observer: Option<LogitsObserver>,
+    ) -> Result<EngineHandle> {
+        let model_config = model.config();
+        let hybrid = model_config.arch.is_hybrid();
+        check_config(&config, hybrid)?;
+        let shared = Arc::new(Shared::new(
+            config.clone(),
+            model_config.vocab_size,
+            model_config.eos_token_ids.clone(),
+            Default::default(),
+        ));
+        let scheduler = Scheduler::new(config.clone(), hybrid, Arc::clone(&shared))
+            .map_err(anyhow::Error::msg)
+            .context("invalid engine configuration")?;
+        shared.publish_stats(scheduler.stats());
+
+        let (commands, receiver) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<()>>(1);
+        let thread_shared = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("kestrel-engine".into())
+            .spawn(move || {
+                // The caches are made on the engine thread: device contexts
+                // may be bound to the thread that uses them.
+                let spec = model.decoder.cache_spec(
+                    config.num_blocks,
+                    config.block_size,
+                    config.num_state_slots,
+                );
+                let cache = match backend.new_cache(&spec) {
+                    Ok(cache) => cache,
+                    Err(e) => {
+                        thread_shared.alive.store(false, Ordering::Release);
+                        let _ = ready_tx.send(Err(anyhow::anyhow!(
+                            "cannot allocate the engine's caches: {e}"
+                        )));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                // However the loop ends (even by a panic outside a step),
+                // the handle must stop reporting a live engine.
+                let _guard = MarkDeadOnExit(Arc::clone(&thread_shared));
+                let mut engine = EngineLoop {
+                    backend,
+                    model,
+                    cache,
+                    scheduler,
+                    shared: thread_shared,
+                    commands: receiver,
+                    shutting_down: false,
+                    observer,
+                };
+                engine.run();
+            })
+            .context("cannot start the engine thread")?;
+        ready_rx
+            .recv()
+            .context("the engine thread exited during start-up")??;
+        Ok(EngineHandle { shared, commands })
+    }
+}
+
+struct MarkDeadOnExit(Arc<Shared>);
+
+impl Drop for MarkDeadOnExit {
+    fn drop(&mut self) {
+        self.0.alive.store(false, Ordering::Release);
+    }
+}
+
+fn check_config(config: &EngineConfig, hybrid: bool) -> Result<()> {
+    if config.max_num_seqs == 0 || config.num_blocks == 0 || config.max_model_len == 0 {
+        bail!("max_num_seqs, num_blocks and max_model_len must be positive");
+    }
+    if config.block_size == 0 {
+        bail!("block_size must be positive");
+    }
+    let capacity = config.num_blocks.saturating_mul(config.block_size);
+    if capacity < config.max_model_len {
+        bail!(
+            "the KV cache holds {capacity} tokens ({} pages of {}), less than max_model_len \
+             ({}): one request at full length could never run",
+            config.num_blocks,
+            config.block_size,
+            config.max_model_len
+        );
+    }
+    if hybrid && config.num_state_slots == 0 {
+        bail!("a hybrid model needs at least one recurrent-state slot");
+    }
+    if config.force_preempt_at.is_some_and(|n| n < 2) {
+        bail!("force_preempt_at must be at least 2 (with 1 no sequence could ever run)");
+    }
+    Ok(())
+}
+
+struct EngineLoop<B: Backend> {
+    backend: B,
+    model: Model<B>,
+    cache: B::Cache,
+    scheduler: Scheduler,
+    shared: Arc<Shared>,
+    commands: Receiver<Command>,
+    shutting_down: bool,
+    observer: Option<LogitsObserver>,
+}
+
+impl<B: Backend> EngineLoop<B> {
+    fn run(&mut self) {
+        loop {
+            if !self.take_commands() {
+                break;
+            }
+            let result = catch_unwind(AssertUnwindSafe(|| self.step()));
+            let failure = match result {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(format!("engine error: {e:#}")),
+                Err(panic) => Some(format!("engine panic: {}", panic_message(&*panic))),
+            };
+            if let Some(message) = failure {
+                // The device caches and the pools may be inconsistent now:
+                // fail every request and stop, rather than serve wrong tokens.
+                self.scheduler.fail_all(&message);
+                self.shared.alive.store(false, Ordering::Release);
+                self.publish();
+                return;
+            }
+            self.publish();
+            if self.shutting_down {
+                break;
+            }
+        }
+        if let Err(e) = self.scheduler.abort_all() {
+            self.scheduler
+                .fail_all(&format!("engine error at shutdown: {e}"));
+        }
+        self.shared.alive.store(false, Ordering::Release);
+        self.publish();
+    }
+
+    /// Apply pending commands, blocking while there is nothing to do.
+    /// `false` when the loop should end (every handle and stream dropped).
+    fn take_commands(&mut self) -> bool {
+        if self.scheduler.is_idle() && !self.shutting_down {
+            match self.commands.recv() {
+                Ok(command) => self.apply(command),
+                Err(_) => return false,
+            }
+        }
+        loop {
+            match self.commands.try_recv() {
+                Ok(command) => self.apply(command),
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return !self.scheduler.is_idle(),
+            }
+        }
+    }
+
+    fn apply(&mut self, command: Command) {
+        match command {
+            Command::Submit {
+                id,
+                request,
+                events,
+            } => {
+                let built = Sequence::new(
+                    id,
+                    request,
+                    events.clone(),
+                    &self.scheduler.config,
+                    &self.shared.eos_token_ids,
+                );
+                match built {
+                    Ok(seq) => self.scheduler.enqueue(seq),
+                    Err(message) => {
+                        self.shared.dequeued();
+                        self.scheduler.counters.failed += 1;
+                        let _ = events.send(EngineEvent::Error(message));
+                    }
+                }
+            }
+            Command::Abort(id) => {
+                // An abort that fails on bookkeeping is caught by the next
+                // step's checks; nothing else to do for an unknown id.
+                if let Err(e) = self.scheduler.abort(id) {
+                    self.scheduler.fail_all(&format!("engine error: {e}"));
+                    self.shared.alive.store(false, Ordering::Release);
+                    self.shutting_down = true;
+                }
+            }
+            Command::StopString(id) => {
+                if let Err(e) = self.scheduler.stop_on_client_request(id) {
+                    self.scheduler.fail_all(&format!("engine error: {e}"));
+                    self.shared.alive.store(false, Ordering::Release);
+                    self.shutting_down = true;
+                }
+            }
+            Command::Shutdown => {
+                self.shutting_down = true;
+                self.scheduler.stopping = true;
+            }
+        }
+    }
+
+    fn step(&mut self) -> Result<()> {
+        if self.shutting_down {
+            return Ok(());
+        }
+        self.scheduler.abort_disconnected()?;
+        if self.scheduler.is_idle() {
+            return Ok(());
+        }
+        let plan = self.scheduler.schedule()?;
+        if plan.chunks.is_empty() {
+            if self.scheduler.running.is_empty()
+                && let Some(head) = self.scheduler.waiting.front()
+            {
+                // Nothing runs and the head still does not fit: it never will.
+                let id = head.id;
+                self.scheduler
+                    .fail(id, "the request does not fit in the engine's cache");
+            }
+            return Ok(());
+        }
+        self.scheduler.counters.steps += 1;
+        step::execute(
+            &self.backend,
+            &self.model,
+            &mut self.cache,
+            &mut self.scheduler,
+            plan,
+            self.observer.as_mut(),
+        )
+    }
+
+    fn publish(&self) {
+        self.shared.publish_stats(self.scheduler.stats());
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}

@@ -1,0 +1,201 @@
+//! Where a sequence's prefill is split into chunks.
+//!
+//! Outputs must not depend on batching or on the prefix cache. Row-wise
+//! operations (matmul, attention) give each token the same result whatever
+//! else is in the batch, but a Gated DeltaNet layer's rounding depends on how
+//! a sequence's tokens are split into forward passes (its kernels process a
+//! chunk at a time). So the split points of a sequence are a function of that
+//! sequence alone, never of the step's token budget or of other requests:
+//!
+//! * inside the prompt, chunks end at every multiple of the grid `G` (a
+//!   multiple of the block size), at the prompt's last full-block boundary
+//!   `L` (the deepest point a prefix-cache hit can reach) and at the prompt's end;
+//! * tokens generated before a preemption are replayed as they were first
+//!   computed: one per step on hybrid models (as decode steps did), in grid
+//!   chunks otherwise;
+//! * a chunk is scheduled whole or not at all in a step.
+//!
+//! A hybrid-model prefix-cache hit may only resume at a point where this
+//! sequence would split anyway, and where the run that cached the state split
+//! too: the grid points and `L` (every run splits at grid points; a snapshot
+//! at a non-grid point exists only where another prompt had its `L` there,
+//! and both runs then split at the same grid points before it). Resuming
+//! there computes exactly what a cache miss computes after that point.
+
+use crate::handle::EngineConfig;
+
+/// Upper bound on the grid: prefill chunks of one sequence, and the spacing
+/// of the hybrid-model state snapshots that multi-turn prompts resume from.
+pub const MAX_PREFILL_CHUNK_TOKENS: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkPolicy {
+    block_size: usize,
+    grid: usize,
+    hybrid: bool,
+}
+
+impl ChunkPolicy {
+    /// The grid is the largest multiple of the block size that fits in a
+    /// step next to a decode token of every other running sequence (so a
+    /// prefill chunk always finds room), capped at [`MAX_PREFILL_CHUNK_TOKENS`].
+    pub fn new(config: &EngineConfig, hybrid: bool) -> Result<Self, String> {
+        let block_size = config.block_size;
+        if block_size == 0 {
+            return Err("block_size must be positive".into());
+        }
+        let others = config.max_num_seqs.saturating_sub(1);
+        let room = config.max_num_batched_tokens.saturating_sub(others);
+        let grid = room.min(MAX_PREFILL_CHUNK_TOKENS.max(block_size)) / block_size * block_size;
+        if grid == 0 {
+            return Err(format!(
+                "max_num_batched_tokens ({}) must be at least max_num_seqs - 1 + block_size ({})",
+                config.max_num_batched_tokens,
+                others + block_size
+            ));
+        }
+        Ok(Self {
+            block_size,
+            grid,
+            hybrid,
+        })
+    }
+
+    /// Tokens per grid cell.
+    pub fn grid(&self) -> usize {
+        self.grid
+    }
+
+    /// The prompt's last full-block boundary that still leaves a token to
+    /// compute (0 when the prompt fits in one block).
+    pub fn last_full_block(&self, prompt_len: usize) -> usize {
+        prompt_len.saturating_sub(1) / self.block_size * self.block_size
+    }
+
+    /// End of the next chunk of a sequence of `len` known tokens (the first
+    /// `prompt_len` its request's prompt) with `computed` already in the cache.
+    pub fn chunk_end(&self, computed: usize, len: usize, prompt_len: usize) -> usize {
+        let next_grid = (computed / self.grid + 1) * self.grid;
+        let end = if computed < prompt_len {
+            let last_full = self.last_full_block(prompt_len);
+            let mut end = next_grid.min(prompt_len);
+            if last_full > computed {
+                end = end.min(last_full);
+            }
+            end
+        } else if self.hybrid {
+            computed + 1
+        } else {
+            next_grid
+        };
+        end.min(len)
+    }
+
+    /// Split points of a prompt of `prompt_len` tokens (the chunk ends, in order).
+    pub fn prompt_chunk_ends(&self, prompt_len: usize) -> Vec<usize> {
+        let mut ends = Vec::new();
+        let mut computed = 0;
+        while computed < prompt_len {
+            computed = self.chunk_end(computed, prompt_len, prompt_len);
+            ends.push(computed);
+        }
+        ends
+    }
+
+    /// Can a sequence whose prompt has `prompt_len` tokens resume from a
+    /// cached prefix of `pos` tokens and compute exactly what a miss would?
+    pub fn is_resume_point(&self, pos: usize, prompt_len: usize) -> bool {
+        if !self.hybrid {
+            // Attention-only models: every cached block is exact.
+            return pos.is_multiple_of(self.block_size);
+        }
+        pos > 0
+            && pos <= self.last_full_block(prompt_len)
+            && (pos.is_multiple_of(self.grid) || pos == self.last_full_block(prompt_len))
+    }
+
+    /// Should the recurrent state be snapshotted after `computed` positions
+    /// (hybrid models: at the prompt's resume points)?
+    pub fn is_snapshot_point(&self, computed: usize, prompt_len: usize) -> bool {
+        self.hybrid && self.is_resume_point(computed, prompt_len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(budget: usize, seqs: usize, block: usize) -> EngineConfig {
+        EngineConfig {
+            max_num_seqs: seqs,
+            max_queued_requests: 8,
+            max_num_batched_tokens: budget,
+            block_size: block,
+            num_blocks: 64,
+            num_state_slots: 8,
+            enable_prefix_cache: true,
+            max_model_len: 512,
+            force_preempt_at: None,
+        }
+    }
+
+    #[test]
+    fn grid_leaves_room_for_decodes() {
+        let p = ChunkPolicy::new(&config(64, 4, 16), true).unwrap();
+        assert_eq!(p.grid(), 48, "64 - 3 decode tokens, rounded down to blocks");
+        let big = ChunkPolicy::new(&config(1 << 20, 256, 16), false).unwrap();
+        assert_eq!(big.grid(), MAX_PREFILL_CHUNK_TOKENS);
+        assert!(ChunkPolicy::new(&config(16, 4, 16), true).is_err());
+    }
+
+    #[test]
+    fn prompt_splits_at_grid_and_last_full_block() {
+        let p = ChunkPolicy::new(&config(64, 4, 16), true).unwrap();
+        assert_eq!(p.prompt_chunk_ends(130), vec![48, 96, 128, 130]);
+        assert_eq!(p.prompt_chunk_ends(128), vec![48, 96, 112, 128]);
+        assert_eq!(p.prompt_chunk_ends(96), vec![48, 80, 96]);
+        assert_eq!(p.prompt_chunk_ends(10), vec![10]);
+        assert_eq!(p.prompt_chunk_ends(17), vec![16, 17]);
+    }
+
+    #[test]
+    fn replay_after_preemption() {
+        let hybrid = ChunkPolicy::new(&config(64, 4, 16), true).unwrap();
+        assert_eq!(
+            hybrid.chunk_end(20, 30, 20),
+            21,
+            "one generated token per step"
+        );
+        let attn = ChunkPolicy::new(&config(64, 4, 16), false).unwrap();
+        assert_eq!(attn.chunk_end(20, 100, 20), 48);
+        assert_eq!(attn.chunk_end(48, 100, 20), 96);
+    }
+
+    #[test]
+    fn resume_points_are_split_points() {
+        let p = ChunkPolicy::new(&config(64, 4, 16), true).unwrap();
+        for prompt_len in 1..300 {
+            let ends = p.prompt_chunk_ends(prompt_len);
+            for pos in 0..prompt_len {
+                if p.is_resume_point(pos, prompt_len) {
+                    assert!(ends.contains(&pos), "{pos} of {prompt_len}");
+                    // A longer prompt sharing this prefix splits there too
+                    // when `pos` is on the grid.
+                    if pos % p.grid() == 0 {
+                        assert!(p.prompt_chunk_ends(prompt_len + 100).contains(&pos));
+                    }
+                }
+            }
+        }
+        assert!(p.is_resume_point(96, 200));
+        assert!(
+            !p.is_resume_point(112, 200),
+            "neither grid nor last full block"
+        );
+        assert!(p.is_resume_point(192, 200));
+        assert!(
+            !p.is_resume_point(192, 192),
+            "the last token must be computed"
+        );
+    }
+}

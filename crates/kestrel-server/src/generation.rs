@@ -1,0 +1,228 @@
+//! One request's generation as text: engine token events -> UTF-8 safe
+//! detokenised deltas -> stop strings. Chat and completions build on this;
+//! dropping a [`TextGeneration`] drops the engine stream, which aborts the
+//! request in the engine.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kestrel_api::stop::StopMatcher;
+use kestrel_api::types::{FinishReason, Usage};
+use kestrel_api::{ApiError, GenerationParams};
+use kestrel_engine::{EngineEvent, GenerateRequest, RequestStream};
+use kestrel_sampling::SamplingParams;
+use kestrel_text::Detokenizer;
+
+use crate::error::ServerResult;
+use crate::state::{AppState, LoadedModel};
+
+/// What a [`TextGeneration`] yields, in order: text pieces, then exactly one
+/// `Finished` or `Failed`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    Text(String),
+    Finished { reason: FinishReason, usage: Usage },
+    Failed(String),
+}
+
+/// The engine's sampling parameters for a validated request.
+pub fn sampling_params(p: &GenerationParams, max_tokens: u32) -> ServerResult<SamplingParams> {
+    let params = SamplingParams {
+        temperature: p.temperature,
+        top_k: i32::try_from(p.top_k).unwrap_or(i32::MAX),
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        seed: p.seed,
+        stop_token_ids: p.stop_token_ids.clone(),
+        ignore_eos: p.ignore_eos,
+        max_tokens: Some(max_tokens as usize),
+        min_tokens: p.min_tokens as usize,
+    };
+    params
+        .validate()
+        .map_err(|e| ApiError::invalid(e.param, e.to_string()))?;
+    Ok(params)
+}
+
+pub struct TextGeneration {
+    state: Arc<AppState>,
+    request_id: String,
+    stream: Option<RequestStream>,
+    detok: Detokenizer,
+    stop: StopMatcher,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    queue: VecDeque<Step>,
+    started: Instant,
+    last_token_at: Option<Instant>,
+    /// Whether the outcome went into the metrics already.
+    recorded: bool,
+}
+
+impl TextGeneration {
+    /// Submits the request; a full queue is 429, a request the engine can
+    /// never run is 400, a stopped engine 503.
+    pub fn submit(
+        state: &Arc<AppState>,
+        model: &LoadedModel,
+        request_id: String,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+        generation_params: &GenerationParams,
+    ) -> ServerResult<Self> {
+        let detok = Detokenizer::with_context(
+            &model.tokenizer,
+            generation_params.skip_special_tokens,
+            &prompt_ids,
+        );
+        let prompt_tokens = prompt_ids.len();
+        let stream = model.engine.submit(GenerateRequest {
+            request_id: request_id.clone(),
+            prompt_ids,
+            params,
+            cache_salt: Vec::new(),
+        })?;
+        Ok(TextGeneration {
+            state: state.clone(),
+            request_id,
+            stream: Some(stream),
+            detok,
+            stop: StopMatcher::new(
+                generation_params.stop.clone(),
+                generation_params.include_stop_str_in_output,
+            ),
+            prompt_tokens,
+            completion_tokens: 0,
+            queue: VecDeque::new(),
+            started: Instant::now(),
+            last_token_at: None,
+            recorded: false,
+        })
+    }
+
+    /// The next step; `None` after the final one. Cancel-safe: a step is
+    /// never lost if the future is dropped while waiting for the engine.
+    pub async fn next(&mut self) -> Option<Step> {
+        loop {
+            if let Some(step) = self.queue.pop_front() {
+                return Some(step);
+            }
+            let event = self.stream.as_mut()?.recv().await;
+            match event {
+                Some(EngineEvent::Tokens(ids)) => self.on_tokens(&ids),
+                Some(EngineEvent::Finished { reason, usage, .. }) => {
+                    let tail = self.detok.finish();
+                    let d = self.stop.push(&tail);
+                    let mut text = d.text;
+                    let reason = if d.stopped.is_some() {
+                        FinishReason::Stop
+                    } else {
+                        text.push_str(&self.stop.finish());
+                        engine_reason(reason)
+                    };
+                    let usage = Usage::new(
+                        usage.prompt_tokens as u32,
+                        usage.completion_tokens as u32,
+                        Some(usage.cached_tokens as u32),
+                    );
+                    self.end(text, Step::Finished { reason, usage });
+                }
+                Some(EngineEvent::Error(msg)) => self.end(String::new(), Step::Failed(msg)),
+                None => self.end(
+                    String::new(),
+                    Step::Failed("the engine stopped before the request finished".into()),
+                ),
+            }
+        }
+    }
+
+    fn on_tokens(&mut self, ids: &[u32]) {
+        let now = Instant::now();
+        match self.last_token_at {
+            None => self.state.metrics.observe_ttft(now - self.started),
+            Some(prev) => self.state.metrics.observe_inter_token(now - prev),
+        }
+        self.last_token_at = Some(now);
+        self.completion_tokens += ids.len();
+        let text = match self.detok.push_all(ids) {
+            Ok(t) => t,
+            Err(e) => return self.end(String::new(), Step::Failed(format!("{e:#}"))),
+        };
+        let d = self.stop.push(&text);
+        if d.stopped.is_some() {
+            // A stop string matched: dropping the stream aborts the request.
+            let usage = Usage::new(
+                self.prompt_tokens as u32,
+                self.completion_tokens as u32,
+                None,
+            );
+            self.end(
+                d.text,
+                Step::Finished {
+                    reason: FinishReason::Stop,
+                    usage,
+                },
+            );
+        } else if !d.text.is_empty() {
+            self.queue.push_back(Step::Text(d.text));
+        }
+    }
+
+    /// Queues the last text and the final step, drops the engine stream and
+    /// records the outcome.
+    fn end(&mut self, text: String, last: Step) {
+        self.stream = None;
+        if !text.is_empty() {
+            self.queue.push_back(Step::Text(text));
+        }
+        let label = match &last {
+            Step::Finished { reason, .. } => match reason {
+                FinishReason::Length => "length",
+                FinishReason::Abort => "abort",
+                FinishReason::Error => "error",
+                FinishReason::Stop | FinishReason::ToolCalls => "stop",
+            },
+            _ => "error",
+        };
+        if let Step::Failed(msg) = &last {
+            tracing::warn!(request_id = %self.request_id, "generation failed: {msg}");
+        }
+        self.record(label);
+        self.queue.push_back(last);
+    }
+
+    fn record(&mut self, label: &str) {
+        if !self.recorded {
+            self.recorded = true;
+            self.state
+                .metrics
+                .observe_finished(label, self.started.elapsed());
+        }
+    }
+}
+
+impl Drop for TextGeneration {
+    fn drop(&mut self) {
+        if !self.recorded {
+            // The client went away before the end; the stream's drop aborts.
+            tracing::info!(
+                request_id = %self.request_id,
+                completion_tokens = self.completion_tokens,
+                "client disconnected; request aborted"
+            );
+            self.record("abort");
+        }
+    }
+}
+
+fn engine_reason(r: kestrel_sampling::FinishReason) -> FinishReason {
+    match r {
+        kestrel_sampling::FinishReason::Stop => FinishReason::Stop,
+        kestrel_sampling::FinishReason::Length => FinishReason::Length,
+        kestrel_sampling::FinishReason::Abort => FinishReason::Abort,
+    }
+}

@@ -1,0 +1,177 @@
+//! Background model loading: the listener is already up (answering 503 on
+//! `/health`) while the tokenizer, template, weights and engine come up here.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use kestrel_api::SamplingDefaults;
+use kestrel_core::Backend;
+use kestrel_engine::{Engine, EngineConfig};
+use kestrel_models::Model;
+use kestrel_text::{ChatTemplate, Tokenizer};
+use serde_json::Value;
+
+use crate::config::ServerConfig;
+use crate::state::{AppState, LoadedModel, Phase};
+
+const STAGES: [&str; 4] = ["tokenizer", "chat template", "weights", "engine"];
+
+/// Loads the model on the current (blocking) thread and publishes the
+/// result in `state`.
+pub fn load_into<B: Backend>(state: &Arc<AppState>, backend: B) {
+    let started = Instant::now();
+    let bar = progress_bar(state.config.show_progress);
+    let report = |i: usize| {
+        state.set_phase(Phase::Loading {
+            stage: STAGES[i],
+            progress: i as f32 / STAGES.len() as f32,
+            started,
+        });
+        bar.set_position(i as u64);
+        bar.set_message(STAGES[i]);
+    };
+    match load(&state.config, backend, report) {
+        Ok(model) => {
+            bar.finish_and_clear();
+            tracing::info!(
+                max_model_len = model.max_model_len,
+                "model loaded in {:.2} s; serving as {:?}",
+                started.elapsed().as_secs_f64(),
+                state.model_names
+            );
+            state.set_phase(Phase::Ready(Arc::new(model)));
+        }
+        Err(e) => {
+            bar.abandon_with_message("failed");
+            tracing::error!("model failed to load: {e:#}");
+            state.set_phase(Phase::Failed(format!("{e:#}")));
+        }
+    }
+}
+
+fn progress_bar(visible: bool) -> ProgressBar {
+    if !visible {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(STAGES.len() as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("loading {msg:14} [{bar:30}] {pos}/{len} {elapsed}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+fn load<B: Backend>(
+    config: &ServerConfig,
+    backend: B,
+    report: impl Fn(usize),
+) -> Result<LoadedModel> {
+    let dir = config.model_dir.as_path();
+    report(0);
+    let tokenizer = Tokenizer::from_model_dir(dir)?;
+    report(1);
+    let template = ChatTemplate::from_model_dir(dir)?;
+    if template.is_none() {
+        tracing::warn!(
+            "{} has no chat template: /v1/chat/completions will answer 400",
+            dir.display()
+        );
+    }
+    report(2);
+    let model = Model::load(dir, &backend)?;
+    let max_model_len = model.config().max_position_embeddings;
+    report(3);
+    let engine_config = engine_config(config, max_model_len);
+    tracing::info!(
+        "KV cache: {} tokens ({} blocks of {}); max concurrency for {} tokens: {:.1}x",
+        engine_config.num_blocks * engine_config.block_size,
+        engine_config.num_blocks,
+        engine_config.block_size,
+        max_model_len,
+        (engine_config.num_blocks * engine_config.block_size) as f64 / max_model_len as f64
+    );
+    let engine = Engine::spawn(backend, model, engine_config).context("cannot start the engine")?;
+    Ok(LoadedModel {
+        engine,
+        tokenizer,
+        template,
+        max_model_len,
+        sampling_defaults: sampling_defaults(dir)?,
+    })
+}
+
+/// KV capacity when neither `--num-blocks` nor `--kv-cache-tokens` is given.
+const DEFAULT_KV_CACHE_TOKENS: usize = 65536;
+
+pub fn engine_config(config: &ServerConfig, max_model_len: usize) -> EngineConfig {
+    let block_size = config.block_size.max(1);
+    let num_blocks = config.num_blocks.unwrap_or_else(|| {
+        let tokens = config
+            .kv_cache_tokens
+            .unwrap_or(DEFAULT_KV_CACHE_TOKENS.max(max_model_len));
+        tokens.div_ceil(block_size)
+    });
+    // Running sequences each need a slot; as many again keep prefix-cache
+    // snapshots of hybrid models' recurrent state.
+    let num_state_slots = if config.enable_prefix_cache {
+        config.max_num_seqs * 2
+    } else {
+        config.max_num_seqs
+    };
+    EngineConfig {
+        max_num_seqs: config.max_num_seqs,
+        max_queued_requests: config.max_queued_requests,
+        max_num_batched_tokens: config.max_num_batched_tokens,
+        block_size,
+        num_blocks,
+        num_state_slots,
+        enable_prefix_cache: config.enable_prefix_cache,
+        max_model_len,
+        force_preempt_at: config.force_preempt_at,
+    }
+}
+
+/// vLLM's `--generation-config auto`: the model's `generation_config.json`
+/// supplies defaults for the sampling fields a request leaves out.
+fn sampling_defaults(dir: &Path) -> Result<SamplingDefaults> {
+    let mut d = SamplingDefaults::default();
+    let path = dir.join("generation_config.json");
+    if !path.exists() {
+        return Ok(d);
+    }
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let json: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let num = |key: &str| {
+        json.get(key)
+            .and_then(Value::as_f64)
+            .filter(|v| v.is_finite())
+    };
+    if let Some(v) = num("temperature") {
+        d.temperature = v as f32;
+    }
+    if let Some(v) = num("top_p") {
+        d.top_p = v as f32;
+    }
+    if let Some(v) = num("top_k").filter(|v| *v >= 0.0) {
+        d.top_k = v as u32;
+    }
+    if let Some(v) = num("min_p") {
+        d.min_p = v as f32;
+    }
+    if let Some(v) = num("repetition_penalty") {
+        d.repetition_penalty = v as f32;
+    }
+    if let Some(v) = num("presence_penalty") {
+        d.presence_penalty = v as f32;
+    }
+    if let Some(v) = num("frequency_penalty") {
+        d.frequency_penalty = v as f32;
+    }
+    Ok(d)
+}

@@ -1,0 +1,137 @@
+//! `POST /v1/chat/completions`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use kestrel_api::output::{OutputOptions, parse_chat_output};
+use kestrel_api::reasoning::prompt_opens_reasoning;
+use kestrel_api::types::{ChatChoice, ChatCompletionResponse};
+use kestrel_api::validate::check_context_length;
+use kestrel_api::{ApiError, ChatRequest, ToolChoice, parse_chat_request};
+use serde_json::Value;
+
+use super::prompt::{encode, render_chat, truncate_left};
+use super::validation_options;
+use crate::body::json_body;
+use crate::error::{ServerError, ServerResult};
+use crate::generation::{Step, TextGeneration, sampling_params};
+use crate::request_id::RequestId;
+use crate::sse::{ChatSse, sse_response};
+use crate::state::{AppState, unix_now};
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    Extension(request_id): Extension<RequestId>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ServerResult<Response> {
+    let body = json_body(&headers, body)?;
+    let req = parse_chat_request(&body, &validation_options())?;
+    let model_name = state.resolve_model_name(req.model.as_deref())?;
+    let model = state.ready()?;
+    if !req.ignored_keys.is_empty() {
+        tracing::debug!(request_id = %request_id.0, keys = ?req.ignored_keys, "ignored unknown request keys");
+    }
+    if req.continue_final_message {
+        return Err(ApiError::unsupported("continue_final_message").into());
+    }
+    let use_tools = req.tool_choice != ToolChoice::None && !req.tools.is_empty();
+
+    // Rendering and tokenising a large prompt is CPU work: keep it off the
+    // async workers.
+    let (prompt, prompt_ids, req) = {
+        let model = model.clone();
+        tokio::task::spawn_blocking(move || -> ServerResult<(String, Vec<u32>, ChatRequest)> {
+            let tools = if use_tools { req.tools.as_slice() } else { &[] };
+            let prompt = render_chat(
+                model.template.as_ref(),
+                &req.messages,
+                tools,
+                req.add_generation_prompt,
+                &template_kwargs(&req),
+            )?;
+            let mut ids = encode(&model, &prompt, false)?;
+            truncate_left(&mut ids, req.truncate_prompt_tokens);
+            Ok((prompt, ids, req))
+        })
+        .await
+        .map_err(|e| ServerError::internal(format!("prompt rendering failed: {e}")))??
+    };
+
+    let generation_params = req.sampling.resolve(&model.sampling_defaults);
+    let max_tokens = check_context_length(
+        prompt_ids.len(),
+        generation_params.max_tokens,
+        model.max_model_len,
+    )?;
+    let params = sampling_params(&generation_params, max_tokens)?;
+    let opts = OutputOptions {
+        reasoning: true,
+        starts_in_reasoning: prompt_opens_reasoning(&prompt),
+        tools: use_tools.then_some(req.tools.as_slice()),
+        parallel_tool_calls: req.parallel_tool_calls,
+    };
+    let id = format!("chatcmpl-{}", request_id.0);
+    let created = unix_now();
+    let mut generation = TextGeneration::submit(
+        &state,
+        &model,
+        request_id.0.clone(),
+        prompt_ids,
+        params,
+        &generation_params,
+    )?;
+
+    if req.stream {
+        let sse = ChatSse::new(id, model_name, created, &opts, req.include_usage);
+        return Ok(sse_response(
+            generation,
+            sse,
+            state.config.sse_ping_interval,
+        ));
+    }
+
+    // Non-streaming: if the client disconnects, axum drops this future and
+    // with it the generation, which aborts the request.
+    let mut text = String::new();
+    while let Some(step) = generation.next().await {
+        match step {
+            Step::Text(t) => text.push_str(&t),
+            Step::Finished { reason, usage } => {
+                let (message, reason) = parse_chat_output(&text, &opts, reason);
+                let response = ChatCompletionResponse {
+                    id,
+                    object: "chat.completion".into(),
+                    created,
+                    model: model_name,
+                    choices: vec![ChatChoice {
+                        index: 0,
+                        message,
+                        logprobs: None,
+                        finish_reason: Some(reason),
+                    }],
+                    usage,
+                };
+                return Ok(Json(response).into_response());
+            }
+            Step::Failed(msg) => return Err(ServerError::internal(msg)),
+        }
+    }
+    Err(ServerError::internal(
+        "the generation ended without a result",
+    ))
+}
+
+/// `chat_template_kwargs`, with a top-level `enable_thinking` folded in.
+fn template_kwargs(req: &ChatRequest) -> serde_json::Map<String, Value> {
+    let mut kwargs = req.chat_template_kwargs.clone();
+    if let Some(b) = req.enable_thinking {
+        kwargs.insert("enable_thinking".into(), Value::Bool(b));
+    }
+    kwargs
+}

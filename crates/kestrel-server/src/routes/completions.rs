@@ -1,0 +1,113 @@
+//! `POST /v1/completions`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use kestrel_api::types::{CompletionChoice, CompletionResponse};
+use kestrel_api::validate::{check_context_length, check_token_ids};
+use kestrel_api::{ApiError, Prompt, parse_completion_request};
+
+use super::prompt::{encode, truncate_left};
+use super::validation_options;
+use crate::body::json_body;
+use crate::error::{ServerError, ServerResult};
+use crate::generation::{Step, TextGeneration, sampling_params};
+use crate::request_id::RequestId;
+use crate::sse::{CompletionSse, sse_response};
+use crate::state::{AppState, unix_now};
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    Extension(request_id): Extension<RequestId>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ServerResult<Response> {
+    let body = json_body(&headers, body)?;
+    let req = parse_completion_request(&body, &validation_options())?;
+    let model_name = state.resolve_model_name(req.model.as_deref())?;
+    let model = state.ready()?;
+    if !req.ignored_keys.is_empty() {
+        tracing::debug!(request_id = %request_id.0, keys = ?req.ignored_keys, "ignored unknown request keys");
+    }
+    let mut prompt_ids = match &req.prompt {
+        Prompt::Tokens(ids) => {
+            check_token_ids(ids, model.engine.vocab_size(), "prompt")?;
+            ids.clone()
+        }
+        Prompt::Text(text) => {
+            let (model, text) = (model.clone(), text.clone());
+            tokio::task::spawn_blocking(move || encode(&model, &text, true))
+                .await
+                .map_err(|e| ServerError::internal(format!("tokenization failed: {e}")))??
+        }
+    };
+    truncate_left(&mut prompt_ids, req.truncate_prompt_tokens);
+    if prompt_ids.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt encodes to no tokens").into());
+    }
+
+    let generation_params = req.sampling.resolve(&model.sampling_defaults);
+    let max_tokens = check_context_length(
+        prompt_ids.len(),
+        generation_params.max_tokens,
+        model.max_model_len,
+    )
+    .map_err(|e| {
+        if e.param.as_deref() == Some("messages") {
+            e.with_param("prompt")
+        } else {
+            e
+        }
+    })?;
+    let params = sampling_params(&generation_params, max_tokens)?;
+    let id = format!("cmpl-{}", request_id.0);
+    let created = unix_now();
+    let mut generation = TextGeneration::submit(
+        &state,
+        &model,
+        request_id.0.clone(),
+        prompt_ids,
+        params,
+        &generation_params,
+    )?;
+
+    if req.stream {
+        let sse = CompletionSse::new(id, model_name, created, req.include_usage);
+        return Ok(sse_response(
+            generation,
+            sse,
+            state.config.sse_ping_interval,
+        ));
+    }
+    let mut text = String::new();
+    while let Some(step) = generation.next().await {
+        match step {
+            Step::Text(t) => text.push_str(&t),
+            Step::Finished { reason, usage } => {
+                let response = CompletionResponse {
+                    id,
+                    object: "text_completion".into(),
+                    created,
+                    model: model_name,
+                    choices: vec![CompletionChoice {
+                        index: 0,
+                        text,
+                        logprobs: None,
+                        finish_reason: Some(reason),
+                    }],
+                    usage,
+                };
+                return Ok(Json(response).into_response());
+            }
+            Step::Failed(msg) => return Err(ServerError::internal(msg)),
+        }
+    }
+    Err(ServerError::internal(
+        "the generation ended without a result",
+    ))
+}

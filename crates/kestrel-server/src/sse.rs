@@ -1,0 +1,196 @@
+//! Server-sent-event assembly. An assembler turns generated text into the
+//! event strings of one stream (chat or text completion); [`sse_response`]
+//! drives a [`TextGeneration`] through it, with `: ping` keep-alives while no
+//! tokens arrive. Dropping the response body (client gone) drops the
+//! generation and so aborts the request.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use kestrel_api::output::{ChatOutputParser, OutputOptions};
+use kestrel_api::types::sse::{
+    ChatStream, CompletionStream, SSE_DONE, SSE_PING, sse_error, sse_event,
+};
+use kestrel_api::types::{FinishReason, Usage};
+use kestrel_api::{ApiError, ErrorKind};
+
+use crate::generation::{Step, TextGeneration};
+
+/// The events of one stream, given its text.
+pub trait SseAssembler: Send + 'static {
+    /// Events sent before any token (the chat role chunk).
+    fn start(&mut self) -> Vec<String>;
+    /// Events for a piece of generated text (possibly none).
+    fn text(&mut self, text: &str) -> Vec<String>;
+    /// The closing events, ending with `data: [DONE]`.
+    fn finish(&mut self, reason: FinishReason, usage: Usage) -> Vec<String>;
+}
+
+/// A mid-stream failure: one error event, then `[DONE]`.
+pub fn error_events(message: &str) -> Vec<String> {
+    let e = ApiError::new(ErrorKind::Internal, message);
+    vec![sse_error(&e), SSE_DONE.to_string()]
+}
+
+pub struct ChatSse {
+    stream: ChatStream,
+    parser: ChatOutputParser,
+    include_usage: bool,
+}
+
+impl ChatSse {
+    pub fn new(
+        id: String,
+        model: String,
+        created: u64,
+        opts: &OutputOptions,
+        include_usage: bool,
+    ) -> Self {
+        ChatSse {
+            stream: ChatStream::new(id, model, created),
+            parser: ChatOutputParser::new(opts),
+            include_usage,
+        }
+    }
+}
+
+impl SseAssembler for ChatSse {
+    fn start(&mut self) -> Vec<String> {
+        vec![sse_event(&self.stream.start())]
+    }
+
+    fn text(&mut self, text: &str) -> Vec<String> {
+        let parts = self.parser.push(text);
+        self.stream
+            .delta(parts)
+            .map(|c| sse_event(&c))
+            .into_iter()
+            .collect()
+    }
+
+    fn finish(&mut self, reason: FinishReason, usage: Usage) -> Vec<String> {
+        let end = self.parser.finish();
+        let reason = self.parser.finish_reason(reason, &end);
+        let mut out: Vec<String> = self
+            .stream
+            .delta(end.parts)
+            .map(|c| sse_event(&c))
+            .into_iter()
+            .collect();
+        out.push(sse_event(&self.stream.finish(reason)));
+        if self.include_usage {
+            out.push(sse_event(&self.stream.usage(usage)));
+        }
+        out.push(SSE_DONE.to_string());
+        out
+    }
+}
+
+pub struct CompletionSse {
+    stream: CompletionStream,
+    include_usage: bool,
+}
+
+impl CompletionSse {
+    pub fn new(id: String, model: String, created: u64, include_usage: bool) -> Self {
+        CompletionSse {
+            stream: CompletionStream::new(id, model, created),
+            include_usage,
+        }
+    }
+}
+
+impl SseAssembler for CompletionSse {
+    fn start(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn text(&mut self, text: &str) -> Vec<String> {
+        self.stream
+            .delta(text.to_string())
+            .map(|c| sse_event(&c))
+            .into_iter()
+            .collect()
+    }
+
+    fn finish(&mut self, reason: FinishReason, usage: Usage) -> Vec<String> {
+        let mut out = vec![sse_event(&self.stream.finish(reason))];
+        if self.include_usage {
+            out.push(sse_event(&self.stream.usage(usage)));
+        }
+        out.push(SSE_DONE.to_string());
+        out
+    }
+}
+
+struct Driver<A> {
+    generation: TextGeneration,
+    assembler: A,
+    pending: VecDeque<String>,
+    done: bool,
+    ping: Duration,
+}
+
+impl<A: SseAssembler> Driver<A> {
+    /// The next bytes to send, or `None` when the stream is over.
+    async fn next_event(&mut self) -> Option<String> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                return Some(e);
+            }
+            if self.done {
+                return None;
+            }
+            // `next` is cancel-safe, so a ping never loses a token.
+            let step = match tokio::time::timeout(self.ping, self.generation.next()).await {
+                Err(_) => return Some(SSE_PING.to_string()),
+                Ok(step) => step,
+            };
+            match step {
+                Some(Step::Text(t)) => self.pending.extend(self.assembler.text(&t)),
+                Some(Step::Finished { reason, usage }) => {
+                    self.pending.extend(self.assembler.finish(reason, usage));
+                    self.done = true;
+                }
+                Some(Step::Failed(msg)) => {
+                    self.pending.extend(error_events(&msg));
+                    self.done = true;
+                }
+                None => self.done = true,
+            }
+        }
+    }
+}
+
+/// The streaming HTTP response for a submitted generation.
+pub fn sse_response<A: SseAssembler>(
+    generation: TextGeneration,
+    mut assembler: A,
+    ping: Duration,
+) -> Response {
+    let pending = assembler.start().into();
+    let driver = Driver {
+        generation,
+        assembler,
+        pending,
+        done: false,
+        ping,
+    };
+    let stream = futures_util::stream::unfold(driver, |mut d| async move {
+        let event = d.next_event().await?;
+        Some((Ok::<_, Infallible>(Bytes::from(event)), d))
+    });
+    let mut response = Body::from_stream(stream).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}

@@ -1,0 +1,169 @@
+//! The chat SSE assembly fed with scripted model text split one character
+//! at a time: reasoning, content and streamed tool calls must come out
+//! well framed and agree with the non-streaming parse of the same text.
+
+use kestrel_api::Tool;
+use kestrel_api::output::{OutputOptions, parse_chat_output};
+use kestrel_api::types::{FinishReason, Usage};
+use kestrel_server::sse::{ChatSse, SseAssembler};
+use serde_json::{Value, json};
+
+fn weather_tool() -> Tool {
+    let parameters = json!({
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    });
+    Tool {
+        name: "get_weather".into(),
+        description: Some("Weather forecast".into()),
+        parameters: parameters.clone(),
+        raw: json!({"type": "function", "function": {"name": "get_weather", "parameters": parameters}}),
+    }
+}
+
+struct Collected {
+    reasoning: String,
+    content: String,
+    /// Per call index: (id, name, concatenated arguments).
+    calls: Vec<(String, String, String)>,
+    finish: String,
+    usage: Value,
+}
+
+fn run(text: &str, opts: &OutputOptions, engine_reason: FinishReason) -> Collected {
+    let mut sse = ChatSse::new("chatcmpl-t".into(), "m".into(), 1, opts, true);
+    let mut events = sse.start();
+    for ch in text.chars() {
+        events.extend(sse.text(&ch.to_string()));
+    }
+    events.extend(sse.finish(engine_reason, Usage::new(10, 5, Some(0))));
+    assert_eq!(events.last().unwrap(), "data: [DONE]\n\n");
+    let mut c = Collected {
+        reasoning: String::new(),
+        content: String::new(),
+        calls: Vec::new(),
+        finish: String::new(),
+        usage: Value::Null,
+    };
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            let data = e
+                .strip_prefix("data: ")
+                .and_then(|d| d.strip_suffix("\n\n"))
+                .unwrap();
+            serde_json::from_str(data).unwrap()
+        })
+        .collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let choices = chunk["choices"].as_array().unwrap();
+        if choices.is_empty() {
+            assert_eq!(i, chunks.len() - 1, "the usage chunk comes last");
+            c.usage = chunk["usage"].clone();
+            continue;
+        }
+        let delta = &choices[0]["delta"];
+        assert_eq!(delta.get("role").is_some(), i == 0);
+        if let Some(r) = delta["reasoning_content"].as_str() {
+            assert_eq!(delta["reasoning"].as_str(), Some(r));
+            c.reasoning.push_str(r);
+        }
+        if let Some(t) = delta["content"].as_str() {
+            c.content.push_str(t);
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let index = call["index"].as_u64().unwrap() as usize;
+            if index == c.calls.len() {
+                // The first delta of a call names it.
+                assert!(call["id"].as_str().unwrap().starts_with("call_"));
+                assert_eq!(call["type"], "function");
+                let name = call["function"]["name"].as_str().unwrap().to_string();
+                c.calls
+                    .push((call["id"].as_str().unwrap().into(), name, String::new()));
+            } else {
+                assert!(call.get("id").is_none() && call["function"].get("name").is_none());
+            }
+            if let Some(a) = call["function"]["arguments"].as_str() {
+                c.calls[index].2.push_str(a);
+            }
+        }
+        if let Some(f) = choices[0]["finish_reason"].as_str() {
+            assert!(c.finish.is_empty(), "one finish chunk");
+            c.finish = f.into();
+        }
+    }
+    c
+}
+
+#[test]
+fn streamed_tool_calls_split_per_character() {
+    let tools = [weather_tool()];
+    let opts = OutputOptions {
+        reasoning: true,
+        starts_in_reasoning: true,
+        tools: Some(&tools),
+        parallel_tool_calls: true,
+    };
+    let text = "The user wants the weather.\n</think>\n\nLet me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n</function>\n</tool_call>";
+    let got = run(text, &opts, FinishReason::Stop);
+    assert_eq!(got.reasoning, "The user wants the weather.");
+    assert_eq!(got.content, "Let me check.");
+    assert_eq!(got.calls.len(), 2);
+    assert_eq!(got.calls[0].1, "get_weather");
+    let args0: Value = serde_json::from_str(&got.calls[0].2).unwrap();
+    assert_eq!(args0, json!({"city": "Paris", "days": 3}));
+    let args1: Value = serde_json::from_str(&got.calls[1].2).unwrap();
+    assert_eq!(args1, json!({"city": "São Paulo"}));
+    assert_ne!(got.calls[0].0, got.calls[1].0);
+    assert_eq!(got.finish, "tool_calls");
+    assert_eq!(got.usage["completion_tokens"], 5);
+
+    // The non-streaming parse of the same text agrees.
+    let (message, reason) = parse_chat_output(text, &opts, FinishReason::Stop);
+    assert_eq!(reason, FinishReason::ToolCalls);
+    assert_eq!(
+        message.reasoning_content.as_deref(),
+        Some(got.reasoning.as_str())
+    );
+    assert_eq!(message.content.as_deref(), Some(got.content.as_str()));
+    assert_eq!(message.tool_calls.len(), 2);
+    for (call, streamed) in message.tool_calls.iter().zip(&got.calls) {
+        assert_eq!(call.function.name, streamed.1);
+        let a: Value = serde_json::from_str(&call.function.arguments).unwrap();
+        let b: Value = serde_json::from_str(&streamed.2).unwrap();
+        assert_eq!(a, b);
+    }
+}
+
+#[test]
+fn unterminated_tool_call_ends_as_length_with_content() {
+    let tools = [weather_tool()];
+    let opts = OutputOptions {
+        reasoning: true,
+        starts_in_reasoning: false,
+        tools: Some(&tools),
+        parallel_tool_calls: true,
+    };
+    let text = "Sure.\n<tool_call>\n<function=get_wea";
+    let got = run(text, &opts, FinishReason::Stop);
+    assert_eq!(got.finish, "length");
+    assert!(got.calls.is_empty());
+    assert!(got.content.starts_with("Sure."), "{}", got.content);
+    assert!(got.content.contains("<tool_call>"), "{}", got.content);
+}
+
+#[test]
+fn plain_content_without_tools_or_reasoning() {
+    let opts = OutputOptions {
+        reasoning: true,
+        starts_in_reasoning: false,
+        tools: None,
+        parallel_tool_calls: true,
+    };
+    let text = "def f():\n    return '✓ ünïcödé'\n";
+    let got = run(text, &opts, FinishReason::Length);
+    assert_eq!(got.content, text);
+    assert!(got.reasoning.is_empty());
+    assert_eq!(got.finish, "length");
+}

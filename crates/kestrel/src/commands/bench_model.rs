@@ -1,0 +1,154 @@
+//! `kestrel bench-model`: in-process model benchmark. Prefill of one
+//! sequence at several lengths and decode at several batch sizes, each step
+//! compared with its memory floor (the bytes it must read over the measured
+//! bandwidth), plus a per-operation breakdown from an instrumented pass.
+//!
+//! Works on real checkpoints or, with `--load-format dummy`, on random
+//! weights of a config's real shapes (no download needed).
+
+mod bandwidth;
+mod report;
+mod run;
+mod timing;
+mod traffic;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use kestrel_cpu::CpuBackend;
+use kestrel_cuda::CudaBackend;
+
+use timing::Timed;
+use traffic::Storage;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadFormat {
+    /// Safetensors weights of the model folder.
+    Auto,
+    /// Random weights with the config's shapes, generated on the backend.
+    Dummy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Hugging Face model folder; the bundled model when neither this nor --config is given.
+    #[arg(long, conflicts_with = "config")]
+    model: Option<PathBuf>,
+    /// A config.json to build a random-weight model from (needs --load-format dummy).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "auto")]
+    load_format: LoadFormat,
+    /// Seed of the dummy weights.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: BackendKind,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Prompt lengths to prefill (one sequence each); longer than the model allows are
+    /// skipped. Given without a value, no prefill is measured.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1024,8192,32768")]
+    prefill: Vec<usize>,
+    /// Numbers of sequences decoding together. Given without a value, no decode is measured.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,2,4,8")]
+    decode_batch: Vec<usize>,
+    /// Tokens each decoding sequence holds before the timed steps.
+    #[arg(long, default_value_t = 1024)]
+    context: usize,
+    /// Timed decode steps per batch size (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// Untimed decode steps before the timed ones.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Timed prefill runs per length, after one untimed run.
+    #[arg(long, default_value_t = 3)]
+    prefill_runs: usize,
+    /// Instrumented steps (a device sync around every operation) for the breakdown; 0 turns it off.
+    #[arg(long, default_value_t = 3)]
+    breakdown_steps: usize,
+    /// Longest prefill that also gets an instrumented breakdown run.
+    #[arg(long, default_value_t = 8192)]
+    breakdown_max_prefill: usize,
+    /// Tokens per forward pass; longer prompts are prefilled in chunks, as the server does.
+    #[arg(long, default_value_t = 32768)]
+    max_batched_tokens: usize,
+    /// Memory bandwidth in GB/s for the floors, instead of measuring it.
+    #[arg(long)]
+    bandwidth_gbs: Option<f64>,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// What the model was loaded from, for the report.
+pub struct Source {
+    pub path: PathBuf,
+    pub dummy: bool,
+    /// How the report names it: the path given, or the bundled model's name
+    /// (its cache folder differs per machine).
+    pub label: String,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if args.steps == 0 || args.prefill_runs == 0 {
+        bail!("--steps and --prefill-runs must be at least 1");
+    }
+    if args.max_batched_tokens == 0 {
+        bail!("--max-batched-tokens must be at least 1");
+    }
+    if args.decode_batch.contains(&0) || args.prefill.contains(&0) {
+        bail!("--prefill lengths and --decode-batch sizes must be at least 1");
+    }
+    if args.context == 0 {
+        bail!("--context must be at least 1 (each sequence is prefilled before decoding)");
+    }
+    let source = match (&args.model, &args.config, args.load_format) {
+        (_, Some(_), LoadFormat::Auto) => bail!("--config needs --load-format dummy"),
+        (_, Some(c), LoadFormat::Dummy) => {
+            if !c.exists() {
+                bail!("config {} does not exist", c.display());
+            }
+            Source {
+                path: c.clone(),
+                dummy: true,
+                label: c.display().to_string(),
+            }
+        }
+        (m, None, format) => {
+            let path = crate::model_dir::resolve(m.clone())?;
+            let label = match m {
+                Some(dir) => dir.display().to_string(),
+                None => format!(
+                    "bundled model {}",
+                    path.file_name()
+                        .map_or(String::new(), |n| n.to_string_lossy().into_owned())
+                ),
+            };
+            Source {
+                path,
+                dummy: format == LoadFormat::Dummy,
+                label,
+            }
+        }
+    };
+    match args.backend {
+        BackendKind::Cpu => {
+            let b = Timed::new(CpuBackend::new());
+            run::bench(&b, Storage { matrix: 4, kv: 4 }, &source, &args)
+        }
+        BackendKind::Cuda => {
+            let cuda = CudaBackend::new(args.device).context("cannot open the CUDA backend")?;
+            let b = Timed::new(cuda);
+            run::bench(&b, Storage { matrix: 2, kv: 2 }, &source, &args)
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! A timing decorator: a `Backend` that forwards every call to an inner
+//! backend and, while switched on, accumulates wall time per operation.
+//!
+//! Switched on, it synchronises the device before and after each operation
+//! so that asynchronous (GPU) work is charged to the call that queued it.
+//! That adds a host round trip per call, so instrumented steps run slower
+//! than real ones: the breakdown tells where time goes, the plain timed
+//! steps tell how long a step takes.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use kestrel_core::{
+    AttentionSpec, AttentionWeights, Backend, CacheSpec, DType, ForwardBatch, GdnSpec, GdnWeights,
+    HostTensor, MoeSpec, MoeWeights, Result,
+};
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpTime {
+    pub seconds: f64,
+    pub calls: u64,
+}
+
+pub struct Timed<B: Backend> {
+    pub inner: B,
+    on: AtomicBool,
+    times: Mutex<BTreeMap<String, OpTime>>,
+}
+
+impl<B: Backend> Timed<B> {
+    pub fn new(inner: B) -> Self {
+        Timed {
+            inner,
+            on: AtomicBool::new(false),
+            times: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Start a fresh breakdown (`true`) or stop recording (`false`).
+    pub fn record(&self, on: bool) {
+        if on {
+            self.times.lock().unwrap().clear();
+        }
+        self.on.store(on, Ordering::SeqCst);
+    }
+
+    /// Time per operation recorded since the last `record(true)`.
+    pub fn breakdown(&self) -> BTreeMap<String, OpTime> {
+        self.times.lock().unwrap().clone()
+    }
+
+    fn sync(&self) {
+        if let Err(e) = self.inner.synchronize() {
+            panic!("device failed during a timed operation: {e}");
+        }
+    }
+
+    /// Run `f`, charging its time to the key `name()` builds (only when on).
+    fn time<T>(&self, name: impl FnOnce(&T) -> String, f: impl FnOnce() -> T) -> T {
+        if !self.on.load(Ordering::Relaxed) {
+            return f();
+        }
+        self.sync();
+        let start = Instant::now();
+        let out = f();
+        self.sync();
+        let seconds = start.elapsed().as_secs_f64();
+        let key = name(&out);
+        let mut times = self.times.lock().unwrap();
+        let t = times.entry(key).or_default();
+        t.seconds += seconds;
+        t.calls += 1;
+        out
+    }
+}
+
+fn fixed<T>(name: &'static str) -> impl FnOnce(&T) -> String {
+    move |_| name.to_string()
+}
+
+impl<B: Backend> Backend for Timed<B> {
+    type Tensor = B::Tensor;
+    type Weight = B::Weight;
+    type Cache = B::Cache;
+
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn upload(&self, t: &HostTensor) -> Result<B::Weight> {
+        self.inner.upload(t)
+    }
+
+    fn dummy_weight(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        seed: u64,
+        offset: f32,
+        scale: f32,
+    ) -> Result<B::Weight> {
+        self.inner.dummy_weight(shape, dtype, seed, offset, scale)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize()
+    }
+
+    fn measure_bandwidth_gbs(&self) -> Option<f64> {
+        self.inner.measure_bandwidth_gbs()
+    }
+
+    fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> B::Tensor {
+        self.time(fixed("from_host"), || {
+            self.inner.from_host(rows, cols, data)
+        })
+    }
+
+    fn to_host(&self, t: &B::Tensor) -> Vec<f32> {
+        self.time(fixed("to_host"), || self.inner.to_host(t))
+    }
+
+    fn dims(&self, t: &B::Tensor) -> (usize, usize) {
+        self.inner.dims(t)
+    }
+
+    fn new_cache(&self, spec: &CacheSpec) -> Result<B::Cache> {
+        self.inner.new_cache(spec)
+    }
+
+    fn zero_state(&self, cache: &mut B::Cache, slot: u32) {
+        self.inner.zero_state(cache, slot)
+    }
+
+    fn copy_state(&self, cache: &mut B::Cache, src: u32, dst: u32) {
+        self.inner.copy_state(cache, src, dst)
+    }
+
+    fn embedding(&self, table: &B::Weight, ids: &[u32]) -> B::Tensor {
+        self.time(fixed("embedding"), || self.inner.embedding(table, ids))
+    }
+
+    fn matmul(&self, x: &B::Tensor, w: &B::Weight) -> B::Tensor {
+        let k = self.inner.dims(x).1;
+        // Keyed by shape: the lm_head, projections and experts separate.
+        self.time(
+            |out| format!("matmul {k}->{}", self.inner.dims(out).1),
+            || self.inner.matmul(x, w),
+        )
+    }
+
+    fn rms_norm(&self, x: &B::Tensor, w: &B::Weight, eps: f32) -> B::Tensor {
+        self.time(fixed("rms_norm"), || self.inner.rms_norm(x, w, eps))
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut B::Tensor,
+        x: &B::Tensor,
+        w: &B::Weight,
+        eps: f32,
+    ) -> B::Tensor {
+        self.time(fixed("add_rms_norm"), || {
+            self.inner.add_rms_norm(residual, x, w, eps)
+        })
+    }
+
+    fn add_assign(&self, a: &mut B::Tensor, b: &B::Tensor) {
+        self.time(fixed("add_assign"), || self.inner.add_assign(a, b))
+    }
+
+    fn swiglu(&self, gate_up: &B::Tensor) -> B::Tensor {
+        self.time(fixed("swiglu"), || self.inner.swiglu(gate_up))
+    }
+
+    fn gather_rows(&self, x: &B::Tensor, rows: &[usize]) -> B::Tensor {
+        self.time(fixed("gather_rows"), || self.inner.gather_rows(x, rows))
+    }
+
+    fn attention(
+        &self,
+        proj: &B::Tensor,
+        w: &AttentionWeights<B::Weight>,
+        spec: &AttentionSpec,
+        cache: &mut B::Cache,
+        layer: usize,
+        batch: &ForwardBatch,
+    ) -> B::Tensor {
+        self.time(fixed("attention"), || {
+            self.inner.attention(proj, w, spec, cache, layer, batch)
+        })
+    }
+
+    fn moe(&self, x: &B::Tensor, w: &MoeWeights<B::Weight>, spec: &MoeSpec) -> B::Tensor {
+        self.time(fixed("moe"), || self.inner.moe(x, w, spec))
+    }
+
+    fn gated_delta_net(
+        &self,
+        proj: &B::Tensor,
+        w: &GdnWeights<B::Weight>,
+        spec: &GdnSpec,
+        cache: &mut B::Cache,
+        layer: usize,
+        batch: &ForwardBatch,
+    ) -> B::Tensor {
+        self.time(fixed("gated_delta_net"), || {
+            self.inner
+                .gated_delta_net(proj, w, spec, cache, layer, batch)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kestrel_cpu::CpuBackend;
+
+    #[test]
+    fn records_only_while_on_and_forwards_results() {
+        let t = Timed::new(CpuBackend::new());
+        let w = t
+            .upload(&HostTensor::from_f32(vec![3, 2], &[1., 0., 0., 1., 1., 1.]))
+            .unwrap();
+        let x = t.from_host(1, 2, &[2.0, 5.0]);
+        assert_eq!(t.to_host(&t.matmul(&x, &w)), vec![2.0, 5.0, 7.0]);
+        assert!(t.breakdown().is_empty());
+        t.record(true);
+        let y = t.matmul(&x, &w);
+        let _ = t.matmul(
+            &y,
+            &t.upload(&HostTensor::from_f32(vec![1, 3], &[1., 1., 1.]))
+                .unwrap(),
+        );
+        t.record(false);
+        let _ = t.matmul(&x, &w);
+        let b = t.breakdown();
+        assert_eq!(b["matmul 2->3"].calls, 1);
+        assert_eq!(b["matmul 3->1"].calls, 1);
+        assert_eq!(b.len(), 2);
+    }
+}

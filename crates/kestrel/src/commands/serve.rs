@@ -1,0 +1,86 @@
+//! `kestrel serve`: the OpenAI-compatible HTTP server.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use kestrel_cpu::CpuBackend;
+use kestrel_server::ServerConfig;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Hugging Face model folder; the bundled model when omitted.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to bind. Anything but loopback without --api-key logs a warning.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Name clients use in `model` (repeat for aliases); defaults to the folder name.
+    #[arg(long = "served-model-name")]
+    served_model_names: Vec<String>,
+    /// Required as `Authorization: Bearer KEY` on every route but /health (repeatable).
+    #[arg(long = "api-key")]
+    api_keys: Vec<String>,
+    /// Sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    max_num_seqs: usize,
+    /// Waiting requests before new ones get 429.
+    #[arg(long, default_value_t = 256)]
+    max_queued_requests: usize,
+    /// Tokens per forward step (prefill chunks + decode tokens).
+    #[arg(long, default_value_t = 32768)]
+    max_num_batched_tokens: usize,
+    /// KV pages in the pool (overrides --kv-cache-tokens).
+    #[arg(long)]
+    num_blocks: Option<usize>,
+    /// KV-cache capacity in tokens.
+    #[arg(long)]
+    kv_cache_tokens: Option<usize>,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Turn prefix caching off.
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// Largest request body in bytes (larger ones get 413).
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Seconds between SSE keep-alive comments while a stream waits.
+    #[arg(long, default_value_t = 15.0)]
+    sse_ping_interval: f64,
+    /// Test knob: preempt the newest sequence whenever this many run.
+    #[arg(long, hide = true)]
+    force_preempt_at: Option<usize>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    kestrel_server::init_logging();
+    let dir = crate::model_dir::resolve(args.model.clone())?;
+    let mut config = ServerConfig::new(dir);
+    config.addr = SocketAddr::new(args.host, args.port);
+    config.served_model_names = args.served_model_names;
+    config.api_keys = args
+        .api_keys
+        .into_iter()
+        .filter(|k| !k.is_empty())
+        .collect();
+    config.max_num_seqs = args.max_num_seqs.max(1);
+    config.max_queued_requests = args.max_queued_requests;
+    config.max_num_batched_tokens = args.max_num_batched_tokens.max(1);
+    config.num_blocks = args.num_blocks;
+    config.kv_cache_tokens = args.kv_cache_tokens;
+    config.block_size = args.block_size.max(1);
+    config.enable_prefix_cache = !args.no_prefix_cache;
+    config.max_body_bytes = args.max_body_bytes;
+    config.sse_ping_interval = Duration::from_secs_f64(args.sse_ping_interval.clamp(0.1, 3600.0));
+    config.force_preempt_at = args.force_preempt_at;
+    config.show_progress = true;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(kestrel_server::run(config, CpuBackend::new()))
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates the git-ignored virtualenv .venv/ with the pinned packages the
+# Python integration tests need (the official openai client and pytest).
+# Usage: scripts/setup-python.sh [python-interpreter]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${1:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check \
+    "openai==2.54.0" "pytest==9.0.2"
+.venv/bin/python -c "import openai, pytest; print('python test env: openai', openai.__version__, 'pytest', pytest.__version__)"
