@@ -40,6 +40,9 @@ pub struct ChatSse {
     stream: ChatStream,
     parser: ChatOutputParser,
     include_usage: bool,
+    /// Text the server wrote at the start of the reply (a forced tool call's
+    /// opening), parsed as if the model had generated it.
+    reply_prefix: String,
 }
 
 impl ChatSse {
@@ -54,13 +57,22 @@ impl ChatSse {
             stream: ChatStream::new(id, model, created),
             parser: ChatOutputParser::new(opts),
             include_usage,
+            reply_prefix: String::new(),
         }
+    }
+
+    pub fn with_reply_prefix(mut self, prefix: &str) -> Self {
+        self.reply_prefix = prefix.to_string();
+        self
     }
 }
 
 impl SseAssembler for ChatSse {
     fn start(&mut self) -> Vec<String> {
-        vec![sse_event(&self.stream.start())]
+        let mut events = vec![sse_event(&self.stream.start())];
+        let prefix = std::mem::take(&mut self.reply_prefix);
+        events.extend(self.text(&prefix));
+        events
     }
 
     fn text(&mut self, text: &str) -> Vec<String> {

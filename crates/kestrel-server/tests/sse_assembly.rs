@@ -167,3 +167,35 @@ fn plain_content_without_tools_or_reasoning() {
     assert!(got.reasoning.is_empty());
     assert_eq!(got.finish, "length");
 }
+
+/// A forced tool call: the server writes the call's opening, the model
+/// continues; the streamed and non-streamed parses see the same call.
+#[test]
+fn forced_call_prefix_is_parsed_as_model_output() {
+    let tools = [weather_tool()];
+    let opts = OutputOptions {
+        reasoning: true,
+        starts_in_reasoning: false,
+        tools: Some(&tools),
+        parallel_tool_calls: true,
+    };
+    let prefix = "<tool_call>\n<function=get_weather>\n";
+    let rest = "<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
+    let mut sse = ChatSse::new("c".into(), "m".into(), 1, &opts, false).with_reply_prefix(prefix);
+    let mut events = sse.start();
+    for ch in rest.chars() {
+        events.extend(sse.text(&ch.to_string()));
+    }
+    events.extend(sse.finish(FinishReason::Stop, Usage::new(10, 5, Some(0))));
+    let joined = events.concat();
+    assert!(joined.contains("\"name\":\"get_weather\""), "{joined}");
+    assert!(
+        joined.contains("\"finish_reason\":\"tool_calls\""),
+        "{joined}"
+    );
+    let (message, reason) =
+        parse_chat_output(&format!("{prefix}{rest}"), &opts, FinishReason::Stop);
+    assert_eq!(reason, FinishReason::ToolCalls);
+    let args: Value = serde_json::from_str(&message.tool_calls[0].function.arguments).unwrap();
+    assert_eq!(args, json!({"city": "Oslo"}));
+}

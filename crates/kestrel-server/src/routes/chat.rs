@@ -41,21 +41,28 @@ pub async fn chat_completions(
         return Err(ApiError::unsupported("continue_final_message").into());
     }
     let use_tools = req.tool_choice != ToolChoice::None && !req.tools.is_empty();
+    let xml_tool_calls = model
+        .template
+        .as_ref()
+        .is_some_and(|t| t.source_contains("<function="));
+    let reply_prefix = forced_tool_prefix(&req.tool_choice, xml_tool_calls);
 
     // Rendering and tokenising a large prompt is CPU work: keep it off the
     // async workers.
     let (prompt, prompt_ids, req) = {
         let model = model.clone();
+        let reply_prefix = reply_prefix.clone();
         tokio::task::spawn_blocking(move || -> ServerResult<(String, Vec<u32>, ChatRequest)> {
+            let forced = reply_prefix.as_deref();
             let tools = if use_tools { req.tools.as_slice() } else { &[] };
             let prompt = render_chat(
                 model.template.as_ref(),
                 &req.messages,
                 tools,
                 req.add_generation_prompt,
-                &template_kwargs(&req),
+                &template_kwargs(&req, forced),
             )?;
-            let mut ids = encode(&model, &prompt, false)?;
+            let mut ids = encode(&model, &format!("{prompt}{}", forced.unwrap_or("")), false)?;
             truncate_left(&mut ids, req.truncate_prompt_tokens);
             Ok((prompt, ids, req))
         })
@@ -88,7 +95,8 @@ pub async fn chat_completions(
     )?;
 
     if req.stream {
-        let sse = ChatSse::new(id, model_name, created, &opts, req.include_usage);
+        let sse = ChatSse::new(id, model_name, created, &opts, req.include_usage)
+            .with_reply_prefix(reply_prefix.as_deref().unwrap_or(""));
         return Ok(sse_response(
             generation,
             sse,
@@ -98,7 +106,7 @@ pub async fn chat_completions(
 
     // Non-streaming: if the client disconnects, axum drops this future and
     // with it the generation, which aborts the request.
-    let mut text = String::new();
+    let mut text = reply_prefix.unwrap_or_default();
     while let Some(step) = generation.next().await {
         match step {
             Step::Text(t) => text.push_str(&t),
@@ -128,10 +136,32 @@ pub async fn chat_completions(
 }
 
 /// `chat_template_kwargs`, with a top-level `enable_thinking` folded in.
-fn template_kwargs(req: &ChatRequest) -> serde_json::Map<String, Value> {
+fn template_kwargs(req: &ChatRequest, forced_call: Option<&str>) -> serde_json::Map<String, Value> {
     let mut kwargs = req.chat_template_kwargs.clone();
     if let Some(b) = req.enable_thinking {
         kwargs.insert("enable_thinking".into(), Value::Bool(b));
+    } else if forced_call.is_some() && !kwargs.contains_key("enable_thinking") {
+        // The reply starts with the forced call, so an open thinking block
+        // would be left dangling before it.
+        kwargs.insert("enable_thinking".into(), Value::Bool(false));
     }
     kwargs
+}
+
+/// The opening of the reply when `tool_choice` forces a call: the server
+/// writes it after the generation prompt and the model continues inside the
+/// call, in the format its template uses (Qwen3.5/3.6 XML, Qwen3 JSON). This
+/// forces a call to begin (and names it); it does not constrain the
+/// arguments the model then writes.
+fn forced_tool_prefix(choice: &ToolChoice, xml: bool) -> Option<String> {
+    match choice {
+        ToolChoice::Required if xml => Some("<tool_call>\n<function=".into()),
+        ToolChoice::Named(name) if xml => Some(format!("<tool_call>\n<function={name}>\n")),
+        ToolChoice::Required => Some("<tool_call>\n{\"name\": \"".into()),
+        ToolChoice::Named(name) => Some(format!(
+            "<tool_call>\n{{\"name\": {}, \"arguments\": ",
+            Value::String(name.clone())
+        )),
+        ToolChoice::Auto | ToolChoice::None => None,
+    }
 }

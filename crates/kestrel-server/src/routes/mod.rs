@@ -12,5 +12,9 @@ use kestrel_api::ValidationOptions;
 
 /// What this server implements; requests for anything else get a 400.
 pub fn validation_options() -> ValidationOptions {
-    ValidationOptions::default()
+    ValidationOptions {
+        // Enforced by starting the reply with the call (routes/chat.rs).
+        forced_tool_choice_supported: true,
+        ..ValidationOptions::default()
+    }
 }

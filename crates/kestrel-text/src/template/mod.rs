@@ -66,6 +66,16 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
+    /// Whether the template's source mentions `needle`; tells, for one,
+    /// which tool-call format a model was trained on.
+    pub fn source_contains(&self, needle: &str) -> bool {
+        self.names.iter().any(|name| {
+            self.env
+                .get_template(name)
+                .is_ok_and(|t| t.source().contains(needle))
+        })
+    }
+
     /// Loads the template of a model folder: `chat_template.jinja` if present
     /// (it takes precedence, as in transformers), else the `chat_template`
     /// field of `tokenizer_config.json`, which is a string or a list of
