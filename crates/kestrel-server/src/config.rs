@@ -32,6 +32,11 @@ pub struct ServerConfig {
     pub sse_ping_interval: Duration,
     /// Draw a progress bar on stderr while loading.
     pub show_progress: bool,
+    /// Random weights with the real shapes (vLLM's `--load-format dummy`):
+    /// the folder needs only `config.json` and the tokenizer files.
+    pub dummy_weights: bool,
+    /// Cap on the context length (vLLM `--max-model-len`); `None`: the model's.
+    pub max_model_len: Option<usize>,
 }
 
 impl ServerConfig {
@@ -52,6 +57,8 @@ impl ServerConfig {
             max_body_bytes: 64 * 1024 * 1024,
             sse_ping_interval: Duration::from_secs(15),
             show_progress: false,
+            dummy_weights: false,
+            max_model_len: None,
         }
     }
 

@@ -82,8 +82,15 @@ fn load<B: Backend>(
         );
     }
     report(2);
-    let model = Model::load(dir, &backend)?;
-    let max_model_len = model.config().max_position_embeddings;
+    let model = if config.dummy_weights {
+        Model::load_dummy(dir, &backend, 0)?
+    } else {
+        Model::load(dir, &backend)?
+    };
+    let max_model_len = match config.max_model_len {
+        Some(cap) => cap.clamp(1, model.config().max_position_embeddings),
+        None => model.config().max_position_embeddings,
+    };
     report(3);
     let engine_config = engine_config(config, max_model_len);
     tracing::info!(

@@ -51,9 +51,34 @@ pub struct Args {
     /// Seconds between SSE keep-alive comments while a stream waits.
     #[arg(long, default_value_t = 15.0)]
     sse_ping_interval: f64,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// CUDA device ordinal (with --backend cuda).
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// `dummy`: random weights with the real shapes (the folder needs only
+    /// config.json and the tokenizer), for benchmarking without downloads.
+    #[arg(long, value_enum, default_value = "auto")]
+    load_format: LoadFormat,
+    /// Cap on the context length (prompt + output); the model's own by default.
+    #[arg(long)]
+    max_model_len: Option<usize>,
     /// Test knob: preempt the newest sequence whenever this many run.
     #[arg(long, hide = true)]
     force_preempt_at: Option<usize>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Backend {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum LoadFormat {
+    Auto,
+    Dummy,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -78,9 +103,18 @@ pub fn run(args: Args) -> Result<()> {
     config.sse_ping_interval = Duration::from_secs_f64(args.sse_ping_interval.clamp(0.1, 3600.0));
     config.force_preempt_at = args.force_preempt_at;
     config.show_progress = true;
+    config.dummy_weights = args.load_format == LoadFormat::Dummy;
+    config.max_model_len = args.max_model_len;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(kestrel_server::run(config, CpuBackend::new()))
+    match args.backend {
+        Backend::Cpu => runtime.block_on(kestrel_server::run(config, CpuBackend::new())),
+        Backend::Cuda => {
+            let cuda = kestrel_cuda::CudaBackend::new(args.device)
+                .context("cannot open the CUDA backend")?;
+            runtime.block_on(kestrel_server::run(config, cuda))
+        }
+    }
 }
