@@ -29,6 +29,9 @@ enum Command {
     BenchModel(commands::bench_model::Args),
     /// Benchmark an OpenAI-compatible server; lock, reproduce and verify results.
     Bench(commands::bench::Args),
+    /// Re-run a release lock: verify the environment and model files against
+    /// it, run its rounds, print the outcome (same as `bench reproduce`).
+    Reproduce(kestrel_bench::ReproduceArgs),
     /// Download a model (REPO[@REVISION]); only missing or corrupt files are fetched.
     Pull(commands::bench::PullArgs),
 }
@@ -41,6 +44,7 @@ fn main() {
         Command::Serve(args) => commands::serve::run(args),
         Command::BenchModel(args) => commands::bench_model::run(args),
         Command::Bench(args) => commands::bench::run(args),
+        Command::Reproduce(args) => commands::bench::reproduce(args),
         Command::Pull(args) => commands::bench::pull(args),
     };
     if let Err(e) = result {

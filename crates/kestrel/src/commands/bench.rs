@@ -54,6 +54,13 @@ pub fn run(args: Args) -> Result<()> {
     finish(kestrel_bench::run_command(&command)?)
 }
 
+/// `kestrel reproduce`: the top-level name for `kestrel bench reproduce`.
+pub fn reproduce(args: kestrel_bench::ReproduceArgs) -> Result<()> {
+    run(Args {
+        command: BenchCommand::Reproduce(args),
+    })
+}
+
 pub fn pull(args: PullArgs) -> Result<()> {
     let (repo, revision) = split_repo_revision(&args.repo)?;
     let name = repo.rsplit('/').next().unwrap_or(repo);
