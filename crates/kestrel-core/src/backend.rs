@@ -80,6 +80,52 @@ pub struct MoeWeights<W> {
     pub shared_gate: Option<W>,
 }
 
+impl<W> MoeWeights<W> {
+    /// Panics with a clear message when a weight's size does not fit `spec`
+    /// for hidden size `h` (`numel` reads a backend weight's element count).
+    /// Backends call it before running the block.
+    pub fn check_shapes(&self, h: usize, spec: &MoeSpec, numel: impl Fn(&W) -> usize) {
+        let (e, i) = (spec.num_experts, spec.intermediate);
+        assert!(
+            spec.top_k >= 1 && spec.top_k <= e,
+            "top_k {} must be in 1..={e}",
+            spec.top_k
+        );
+        assert_eq!(numel(&self.router), e * h, "router must be [{e}, {h}]");
+        assert_eq!(
+            numel(&self.gate_up),
+            e * 2 * i * h,
+            "experts' gate_up must be [{e}, {}, {h}]",
+            2 * i
+        );
+        assert_eq!(
+            numel(&self.down),
+            e * h * i,
+            "experts' down must be [{e}, {h}, {i}]"
+        );
+        match (
+            &self.shared_gate_up,
+            &self.shared_down,
+            spec.shared_intermediate,
+        ) {
+            (Some(gu), Some(d), Some(si)) => {
+                assert_eq!(
+                    numel(gu),
+                    2 * si * h,
+                    "shared gate_up must be [{}, {h}]",
+                    2 * si
+                );
+                assert_eq!(numel(d), h * si, "shared down must be [{h}, {si}]");
+            }
+            (None, None, _) => {}
+            _ => panic!("shared expert needs both weights and shared_intermediate"),
+        }
+        if let Some(g) = &self.shared_gate {
+            assert_eq!(numel(g), h, "shared expert gate must be [1, {h}]");
+        }
+    }
+}
+
 /// Gated DeltaNet (linear attention) dimensions.
 ///
 /// Input rows hold the fused projection `[qkv (conv_dim) | z (Hv*Dv) | b (Hv) | a (Hv)]`

@@ -47,43 +47,6 @@ pub fn route(logits: &[f32], top_k: usize, renormalise: bool) -> Route {
     Route { experts, weights }
 }
 
-fn validate(h: usize, w: &MoeWeights<CpuWeight>, spec: &MoeSpec) {
-    let (e, i) = (spec.num_experts, spec.intermediate);
-    assert!(
-        spec.top_k >= 1 && spec.top_k <= e,
-        "top_k {} must be in 1..={e}",
-        spec.top_k
-    );
-    assert_eq!(w.router.numel(), e * h, "router must be [{e}, {h}]");
-    assert_eq!(
-        w.gate_up.numel(),
-        e * 2 * i * h,
-        "experts' gate_up must be [{e}, {}, {h}]",
-        2 * i
-    );
-    assert_eq!(
-        w.down.numel(),
-        e * h * i,
-        "experts' down must be [{e}, {h}, {i}]"
-    );
-    match (&w.shared_gate_up, &w.shared_down, spec.shared_intermediate) {
-        (Some(gu), Some(d), Some(si)) => {
-            assert_eq!(
-                gu.numel(),
-                2 * si * h,
-                "shared gate_up must be [{}, {h}]",
-                2 * si
-            );
-            assert_eq!(d.numel(), h * si, "shared down must be [{h}, {si}]");
-        }
-        (None, None, _) => {}
-        _ => panic!("shared expert needs both weights and shared_intermediate"),
-    }
-    if let Some(g) = &w.shared_gate {
-        assert_eq!(g.numel(), h, "shared expert gate must be [1, {h}]");
-    }
-}
-
 /// `down(silu(gate) * up)` for `n` rows of `x` with one expert's (or the shared
 /// expert's) weights: `gate_up [2I, H]`, `down [H, I]`.
 fn expert_mlp(
@@ -105,7 +68,7 @@ fn expert_mlp(
 
 /// The MoE block for `x [T, H]`; returns `[T, H]`.
 pub fn moe(x: &[f32], h: usize, w: &MoeWeights<CpuWeight>, spec: &MoeSpec) -> Vec<f32> {
-    validate(h, w, spec);
+    w.check_shapes(h, spec, |x| x.numel());
     let t_total = x.len().checked_div(h).unwrap_or(0);
     let (ne, inter) = (spec.num_experts, spec.intermediate);
 

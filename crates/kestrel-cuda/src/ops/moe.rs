@@ -12,41 +12,6 @@ use crate::tensor::{CudaTensor, CudaWeight};
 
 const THREADS: u32 = 256;
 
-fn validate(h: usize, w: &MoeWeights<CudaWeight>, spec: &MoeSpec) {
-    let (e, i) = (spec.num_experts, spec.intermediate);
-    assert!(
-        spec.top_k >= 1 && spec.top_k <= e,
-        "top_k {} must be in 1..={e}",
-        spec.top_k
-    );
-    assert_eq!(w.router.numel(), e * h, "router must be [{e}, {h}]");
-    assert_eq!(
-        w.gate_up.numel(),
-        e * 2 * i * h,
-        "experts' gate_up must be [{e}, {}, {h}]",
-        2 * i
-    );
-    assert_eq!(
-        w.down.numel(),
-        e * h * i,
-        "experts' down must be [{e}, {h}, {i}]"
-    );
-    if let (Some(gu), Some(d), Some(si)) =
-        (&w.shared_gate_up, &w.shared_down, spec.shared_intermediate)
-    {
-        assert_eq!(
-            gu.numel(),
-            2 * si * h,
-            "shared gate_up must be [{}, {h}]",
-            2 * si
-        );
-        assert_eq!(d.numel(), h * si, "shared down must be [{h}, {si}]");
-    }
-    if let Some(g) = &w.shared_gate {
-        assert_eq!(g.numel(), h, "shared expert gate must be [1, {h}]");
-    }
-}
-
 /// `logits[t, e] = x[t] . w[e]` in f32 (bf16 weights), `rows` experts.
 fn router_logits(
     gpu: &Gpu,
@@ -120,7 +85,7 @@ fn expert_mlp(
 
 pub fn moe(gpu: &Gpu, x: &CudaTensor, w: &MoeWeights<CudaWeight>, spec: &MoeSpec) -> CudaTensor {
     let (t, h) = (x.rows, x.cols);
-    validate(h, w, spec);
+    w.check_shapes(h, spec, |x| x.numel());
     let (ne, k, inter) = (spec.num_experts, spec.top_k, spec.intermediate);
     let s = &gpu.stream;
 
