@@ -123,10 +123,10 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
     /// the target's state at t and token t+1. Feeds the whole sequence (the
     /// runner must be fresh). Returns `[n-1, vocab]` flat.
     pub fn mtp_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        Ok(self
-            .teacher_forced(tokens)?
-            .1
-            .expect("checked by teacher_forced"))
+        match self.teacher_forced(tokens)?.1 {
+            Some(logits) => Ok(logits),
+            None => bail!("this model has no MTP head"),
+        }
     }
 
     /// Feeds a fresh runner the whole of `tokens` and returns the logits of
