@@ -14,7 +14,7 @@ use kestrel_engine::{EngineEvent, GenerateRequest, RequestStream};
 use kestrel_sampling::SamplingParams;
 use kestrel_text::Detokenizer;
 
-use crate::error::ServerResult;
+use crate::error::{ServerError, ServerResult};
 use crate::state::{AppState, LoadedModel};
 
 /// What a [`TextGeneration`] yields, in order: text pieces, then exactly one
@@ -106,6 +106,23 @@ impl TextGeneration {
 
     /// The next step; `None` after the final one. Cancel-safe: a step is
     /// never lost if the future is dropped while waiting for the engine.
+    /// Runs the generation to its end (non-streaming responses) and returns
+    /// `prefix` followed by all generated text, the finish reason and usage.
+    /// Dropping the future (the client went away) aborts the request.
+    pub async fn collect(mut self, prefix: String) -> ServerResult<(String, FinishReason, Usage)> {
+        let mut text = prefix;
+        while let Some(step) = self.next().await {
+            match step {
+                Step::Text(t) => text.push_str(&t),
+                Step::Finished { reason, usage } => return Ok((text, reason, usage)),
+                Step::Failed(msg) => return Err(ServerError::internal(msg)),
+            }
+        }
+        Err(ServerError::internal(
+            "the generation ended without a result",
+        ))
+    }
+
     pub async fn next(&mut self) -> Option<Step> {
         loop {
             if let Some(step) = self.queue.pop_front() {

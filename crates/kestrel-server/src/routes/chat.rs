@@ -19,7 +19,7 @@ use super::prompt::{encode, render_chat, truncate_left};
 use super::validation_options;
 use crate::body::json_body;
 use crate::error::{ServerError, ServerResult};
-use crate::generation::{Step, TextGeneration, sampling_params};
+use crate::generation::{TextGeneration, sampling_params};
 use crate::request_id::RequestId;
 use crate::sse::{ChatSse, sse_response};
 use crate::state::{AppState, unix_now};
@@ -85,7 +85,7 @@ pub async fn chat_completions(
     };
     let id = format!("chatcmpl-{}", request_id.0);
     let created = unix_now();
-    let mut generation = TextGeneration::submit(
+    let generation = TextGeneration::submit(
         &state,
         &model,
         request_id.0.clone(),
@@ -106,33 +106,22 @@ pub async fn chat_completions(
 
     // Non-streaming: if the client disconnects, axum drops this future and
     // with it the generation, which aborts the request.
-    let mut text = reply_prefix.unwrap_or_default();
-    while let Some(step) = generation.next().await {
-        match step {
-            Step::Text(t) => text.push_str(&t),
-            Step::Finished { reason, usage } => {
-                let (message, reason) = parse_chat_output(&text, &opts, reason);
-                let response = ChatCompletionResponse {
-                    id,
-                    object: "chat.completion".into(),
-                    created,
-                    model: model_name,
-                    choices: vec![ChatChoice {
-                        index: 0,
-                        message,
-                        logprobs: None,
-                        finish_reason: Some(reason),
-                    }],
-                    usage,
-                };
-                return Ok(Json(response).into_response());
-            }
-            Step::Failed(msg) => return Err(ServerError::internal(msg)),
-        }
-    }
-    Err(ServerError::internal(
-        "the generation ended without a result",
-    ))
+    let (text, reason, usage) = generation.collect(reply_prefix.unwrap_or_default()).await?;
+    let (message, reason) = parse_chat_output(&text, &opts, reason);
+    let response = ChatCompletionResponse {
+        id,
+        object: "chat.completion".into(),
+        created,
+        model: model_name,
+        choices: vec![ChatChoice {
+            index: 0,
+            message,
+            logprobs: None,
+            finish_reason: Some(reason),
+        }],
+        usage,
+    };
+    Ok(Json(response).into_response())
 }
 
 /// `chat_template_kwargs`, with a top-level `enable_thinking` folded in.

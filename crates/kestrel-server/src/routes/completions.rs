@@ -16,7 +16,7 @@ use super::prompt::{encode, truncate_left};
 use super::validation_options;
 use crate::body::json_body;
 use crate::error::{ServerError, ServerResult};
-use crate::generation::{Step, TextGeneration, sampling_params};
+use crate::generation::{TextGeneration, sampling_params};
 use crate::request_id::RequestId;
 use crate::sse::{CompletionSse, sse_response};
 use crate::state::{AppState, unix_now};
@@ -67,7 +67,7 @@ pub async fn completions(
     let params = sampling_params(&generation_params, max_tokens)?;
     let id = format!("cmpl-{}", request_id.0);
     let created = unix_now();
-    let mut generation = TextGeneration::submit(
+    let generation = TextGeneration::submit(
         &state,
         &model,
         request_id.0.clone(),
@@ -84,30 +84,19 @@ pub async fn completions(
             state.config.sse_ping_interval,
         ));
     }
-    let mut text = String::new();
-    while let Some(step) = generation.next().await {
-        match step {
-            Step::Text(t) => text.push_str(&t),
-            Step::Finished { reason, usage } => {
-                let response = CompletionResponse {
-                    id,
-                    object: "text_completion".into(),
-                    created,
-                    model: model_name,
-                    choices: vec![CompletionChoice {
-                        index: 0,
-                        text,
-                        logprobs: None,
-                        finish_reason: Some(reason),
-                    }],
-                    usage,
-                };
-                return Ok(Json(response).into_response());
-            }
-            Step::Failed(msg) => return Err(ServerError::internal(msg)),
-        }
-    }
-    Err(ServerError::internal(
-        "the generation ended without a result",
-    ))
+    let (text, reason, usage) = generation.collect(String::new()).await?;
+    let response = CompletionResponse {
+        id,
+        object: "text_completion".into(),
+        created,
+        model: model_name,
+        choices: vec![CompletionChoice {
+            index: 0,
+            text,
+            logprobs: None,
+            finish_reason: Some(reason),
+        }],
+        usage,
+    };
+    Ok(Json(response).into_response())
 }
