@@ -178,6 +178,30 @@ pub struct CacheSpec {
     pub gdn: Option<GdnSpec>,
 }
 
+/// Identifies a step whose work a backend may record once and replay (see
+/// [`Backend::run_step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StepKey(pub u64);
+
+/// Row-wise argmax of a host matrix with `cols` columns (lowest index on ties,
+/// NaN never wins).
+pub fn argmax_host(values: &[f32], cols: usize) -> Vec<u32> {
+    values
+        .chunks_exact(cols.max(1))
+        .map(|row| {
+            let mut best = 0usize;
+            let mut best_v = f32::NEG_INFINITY;
+            for (i, &v) in row.iter().enumerate() {
+                if v > best_v {
+                    best = i;
+                    best_v = v;
+                }
+            }
+            best as u32
+        })
+        .collect()
+}
+
 pub trait Backend: Send + Sync + Sized + 'static {
     /// Activations, `[rows, cols]`, f32 semantics.
     type Tensor: Send;
@@ -244,6 +268,35 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Snapshot a sequence's recurrent and conv state (all GDN layers).
     fn copy_state(&self, cache: &mut Self::Cache, src: u32, dst: u32);
 
+    /// Run one forward step: `f` computes it over `batch`, whose new tokens are
+    /// `ids`. Backends use the call to stage the step's layout (positions,
+    /// pages, state slots) on the device once for all layers.
+    ///
+    /// With a `key`, a backend may record the work `f` queues the first times
+    /// it sees that key and afterwards replay the recording instead of calling
+    /// `f` (CUDA graphs). The caller promises that for one key the queued work
+    /// differs only in the values of `ids`, `batch` and the cache contents:
+    /// same model, same number of sequences and tokens, same returned shape,
+    /// and that `f` reads nothing back to the host.
+    fn run_step(
+        &self,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut Self::Cache,
+        key: Option<StepKey>,
+        f: &mut dyn FnMut(&mut Self::Cache) -> Self::Tensor,
+    ) -> Self::Tensor {
+        let _ = (ids, batch, key);
+        f(cache)
+    }
+
+    /// Index of the largest value in each row (the lowest index on ties; NaN
+    /// never wins): greedy sampling without copying logits to the host.
+    fn argmax_rows(&self, x: &Self::Tensor) -> Vec<u32> {
+        let (_, cols) = self.dims(x);
+        argmax_host(&self.to_host(x), cols)
+    }
+
     // ---- operations ----------------------------------------------------
     fn embedding(&self, table: &Self::Weight, ids: &[u32]) -> Self::Tensor;
     /// `x @ w^T` for `w` stored `[out, in]`.
@@ -294,4 +347,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
         layer: usize,
         batch: &ForwardBatch,
     ) -> Self::Tensor;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_is_per_row_with_lowest_index_on_ties_and_nan_never_winning() {
+        let v = [0.0, 2.0, 2.0, 5.0, -1.0, 4.0, f32::NAN, -3.0, f32::NAN];
+        assert_eq!(argmax_host(&v, 3), vec![1, 0, 1]);
+    }
 }

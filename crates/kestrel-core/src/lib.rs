@@ -11,7 +11,7 @@ pub mod host;
 
 pub use backend::{
     AttentionSpec, AttentionWeights, Backend, CacheSpec, GdnSpec, GdnWeights, MoeSpec, MoeWeights,
-    RopeSpec,
+    RopeSpec, StepKey, argmax_host,
 };
 pub use batch::{ForwardBatch, SeqChunk};
 pub use host::{DType, HostTensor};

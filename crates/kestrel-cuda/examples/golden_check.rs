@@ -163,6 +163,68 @@ fn check_dummy<B: Backend>(b: &B) -> Value {
     json!({ "pass": mismatches == 0, "mismatches": mismatches })
 }
 
+/// Greedy decode of every golden model with recorded steps (CUDA graphs)
+/// and without: the logits of every step must be identical bit for bit, and
+/// the recorded run must really have replayed steps.
+fn check_graph_replay(root: &Path) -> Value {
+    const STEPS: usize = 24;
+    type Decoded = (Vec<Vec<f32>>, (u64, u64));
+    let decode = |graphs: bool, arch: &str| -> Result<Decoded, String> {
+        let mut b = CudaBackend::new(0).map_err(|e| e.to_string())?;
+        b.set_graphs(graphs);
+        let model =
+            Model::load(&root.join(arch).join("model"), &b).map_err(|e| format!("{e:#}"))?;
+        let prompt: Vec<u32> = (0..7).map(|i| (i * 37 + 5) % 200).collect();
+        let mut runner =
+            SequenceRunner::new(&b, &model, prompt.len() + STEPS).map_err(|e| e.to_string())?;
+        let mut logits = runner
+            .feed_last_logits(&prompt)
+            .map_err(|e| e.to_string())?;
+        let mut all = vec![logits.clone()];
+        for _ in 1..STEPS {
+            logits = runner
+                .feed_last_logits(&[argmax(&logits)])
+                .map_err(|e| e.to_string())?;
+            all.push(logits.clone());
+        }
+        drop(runner);
+        drop(model);
+        Ok((all, b.graph_counts()))
+    };
+    let mut out = serde_json::Map::new();
+    let mut ok = true;
+    for arch in ARCHS {
+        let r = match (decode(false, arch), decode(true, arch)) {
+            (Ok((eager, _)), Ok((replayed, (captures, replays)))) => {
+                let differing = eager
+                    .iter()
+                    .zip(&replayed)
+                    .filter(|(a, b)| {
+                        a.len() != b.len()
+                            || a.iter()
+                                .zip(b.iter())
+                                .any(|(x, y)| x.to_bits() != y.to_bits())
+                    })
+                    .count();
+                let pass = differing == 0 && replays > 0;
+                json!({ "steps": STEPS, "differing_steps": differing, "captures": captures,
+                        "replays": replays, "pass": pass })
+            }
+            (Err(e), _) | (_, Err(e)) => json!({ "pass": false, "error": e }),
+        };
+        let pass = r["pass"].as_bool().unwrap_or(false);
+        ok &= pass;
+        println!(
+            "graph replay {arch:<12} {}  {}",
+            if pass { "PASS" } else { "FAIL" },
+            r
+        );
+        out.insert(arch.to_string(), r);
+    }
+    out.insert("pass".into(), json!(ok));
+    Value::Object(out)
+}
+
 fn run<B: Backend>(b: &B, root: &Path) -> (Value, bool) {
     let dummy = check_dummy(b);
     let mut all_ok = dummy["pass"].as_bool().unwrap_or(false);
@@ -235,7 +297,13 @@ fn main() -> ExitCode {
     let (report, ok) = match backend.as_str() {
         "cpu" => run(&CpuBackend::new(), &root),
         "cuda" => match CudaBackend::new(0) {
-            Ok(b) => run(&b, &root),
+            Ok(b) => {
+                let (mut report, ok) = run(&b, &root);
+                let graphs = check_graph_replay(&root);
+                let graphs_ok = graphs["pass"].as_bool().unwrap_or(false);
+                report["graph_replay"] = graphs;
+                (report, ok && graphs_ok)
+            }
             Err(e) => {
                 eprintln!("cannot open the CUDA backend: {e}");
                 return ExitCode::FAILURE;

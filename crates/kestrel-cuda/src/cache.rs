@@ -5,12 +5,16 @@
 //! `[slots, conv_dim, kernel - 1]` (oldest input first) and recurrent state
 //! `[slots, Hv, Dk, Dv]`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use cudarc::driver::CudaSlice;
-use kestrel_core::{BackendError, CacheSpec, GdnSpec, Result};
+use kestrel_core::{BackendError, CacheSpec, ForwardBatch, GdnSpec, Result};
 
 use crate::device::{Gpu, ptr};
 
 pub struct CudaCache {
+    /// Unique per cache of this process: recorded steps name the cache they read.
+    pub id: u64,
     pub spec: CacheSpec,
     pub k: Vec<CudaSlice<u16>>,
     pub v: Vec<CudaSlice<u16>>,
@@ -53,13 +57,42 @@ impl CudaCache {
         }
         let zeros_u16 = |n: usize| gpu.alloc_zeros::<u16>(n);
         let zeros_f32 = |n: usize| gpu.alloc_zeros::<f32>(n);
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Ok(CudaCache {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             spec: spec.clone(),
             k: (0..spec.attn_layers).map(|_| zeros_u16(kv_len)).collect(),
             v: (0..spec.attn_layers).map(|_| zeros_u16(kv_len)).collect(),
             conv: (0..spec.gdn_layers).map(|_| zeros_f32(conv_len)).collect(),
             recurrent: (0..spec.gdn_layers).map(|_| zeros_f32(rec_len)).collect(),
         })
+    }
+
+    /// Panics with a clear message when `batch` names pages or state slots
+    /// this cache does not have (kernels would read out of bounds).
+    pub fn check_batch(&self, batch: &ForwardBatch) {
+        let bs = self.spec.block_size;
+        for (s, seq) in batch.seqs.iter().enumerate() {
+            if self.spec.attn_layers > 0 {
+                let pages_needed = seq.total_len().div_ceil(bs);
+                assert!(
+                    seq.block_table.len() >= pages_needed,
+                    "sequence {s} holds {} tokens but its block table has {} of {pages_needed} pages",
+                    seq.total_len(),
+                    seq.block_table.len()
+                );
+                if let Some(&bad) = seq
+                    .block_table
+                    .iter()
+                    .find(|&&p| p as usize >= self.spec.num_blocks)
+                {
+                    panic!("page {bad} out of range ({} pages)", self.spec.num_blocks);
+                }
+            }
+            if self.spec.gdn_layers > 0 {
+                self.check_slot(seq.state_slot);
+            }
+        }
     }
 
     fn check_slot(&self, slot: u32) {

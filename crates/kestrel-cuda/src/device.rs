@@ -48,6 +48,10 @@ pub struct Kernels {
     pub add_rms_norm: CudaFunction,
     pub qk_norm_rope_kv_write: CudaFunction,
     pub paged_attention: CudaFunction,
+    /// Tensor-core attention per head dim of `ops::attention::FAST_HEAD_DIMS`.
+    pub attention_decode: [CudaFunction; 3],
+    pub attention_decode_combine: CudaFunction,
+    pub attention_prefill: [CudaFunction; 3],
     pub router_logits: CudaFunction,
     pub router_topk: CudaFunction,
     pub gather_rows_to_bf16: CudaFunction,
@@ -57,8 +61,20 @@ pub struct Kernels {
     pub gdn_conv: CudaFunction,
     pub gdn_recurrent: CudaFunction,
     pub gdn_gated_norm: CudaFunction,
+    /// Fused decode step per Hv/Hk group size (1, 2, 4).
+    pub gdn_decode_g1: CudaFunction,
+    pub gdn_decode_g2: CudaFunction,
+    pub gdn_decode_g4: CudaFunction,
+    pub gdn_chunk_prep: CudaFunction,
+    pub gdn_chunk_state: CudaFunction,
     pub dummy_fill_bf16: CudaFunction,
     pub dummy_fill_f32: CudaFunction,
+    /// `gemv[m - 1]`: the decode matrix product for `m` rows (1..=8).
+    pub gemv: [CudaFunction; 8],
+    pub moe_topk: CudaFunction,
+    pub moe_gate_up: CudaFunction,
+    pub moe_down: CudaFunction,
+    pub argmax_rows: CudaFunction,
 }
 
 impl Kernels {
@@ -72,9 +88,15 @@ impl Kernels {
         let elementwise = module(kestrel_kernels::ELEMENTWISE, "elementwise")?;
         let norm = module(kestrel_kernels::NORM, "norm")?;
         let attention = module(kestrel_kernels::ATTENTION, "attention")?;
+        let attention_decode = module(kestrel_kernels::ATTENTION_DECODE, "attention_decode")?;
+        let attention_prefill = module(kestrel_kernels::ATTENTION_PREFILL, "attention_prefill")?;
         let moe = module(kestrel_kernels::MOE, "moe")?;
         let gdn = module(kestrel_kernels::GDN, "gdn")?;
+        let gdn_decode = module(kestrel_kernels::GDN_DECODE, "gdn_decode")?;
+        let gdn_chunk = module(kestrel_kernels::GDN_CHUNK, "gdn_chunk")?;
         let dummy = module(kestrel_kernels::DUMMY, "dummy")?;
+        let gemv = module(kestrel_kernels::GEMV, "gemv")?;
+        let sample = module(kestrel_kernels::SAMPLE, "sample")?;
         let f = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
             m.load_function(name).map_err(|e| {
                 BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}"))
@@ -90,6 +112,17 @@ impl Kernels {
             add_rms_norm: f(&norm, "add_rms_norm_f32")?,
             qk_norm_rope_kv_write: f(&attention, "qk_norm_rope_kv_write")?,
             paged_attention: f(&attention, "paged_attention")?,
+            attention_decode: crate::ops::attention::fast_kernels(
+                &attention_decode,
+                "attention_decode",
+                crate::ops::attention::decode_smem_bytes,
+            )?,
+            attention_decode_combine: f(&attention_decode, "attention_decode_combine")?,
+            attention_prefill: crate::ops::attention::fast_kernels(
+                &attention_prefill,
+                "attention_prefill",
+                crate::ops::attention::prefill_smem_bytes,
+            )?,
             router_logits: f(&moe, "router_logits")?,
             router_topk: f(&moe, "router_topk")?,
             gather_rows_to_bf16: f(&moe, "gather_rows_to_bf16")?,
@@ -99,10 +132,58 @@ impl Kernels {
             gdn_conv: f(&gdn, "gdn_conv")?,
             gdn_recurrent: f(&gdn, "gdn_recurrent")?,
             gdn_gated_norm: f(&gdn, "gdn_gated_norm")?,
+            gdn_decode_g1: f(&gdn_decode, "gdn_decode_g1")?,
+            gdn_decode_g2: f(&gdn_decode, "gdn_decode_g2")?,
+            gdn_decode_g4: f(&gdn_decode, "gdn_decode_g4")?,
+            gdn_chunk_prep: f(&gdn_chunk, "gdn_chunk_prep")?,
+            gdn_chunk_state: f(&gdn_chunk, "gdn_chunk_state")?,
             dummy_fill_bf16: f(&dummy, "dummy_fill_bf16")?,
             dummy_fill_f32: f(&dummy, "dummy_fill_f32")?,
+            gemv: [
+                f(&gemv, "gemv_m1")?,
+                f(&gemv, "gemv_m2")?,
+                f(&gemv, "gemv_m3")?,
+                f(&gemv, "gemv_m4")?,
+                f(&gemv, "gemv_m5")?,
+                f(&gemv, "gemv_m6")?,
+                f(&gemv, "gemv_m7")?,
+                f(&gemv, "gemv_m8")?,
+            ],
+            moe_topk: f(&moe, "moe_topk")?,
+            moe_gate_up: f(&moe, "moe_gate_up")?,
+            moe_down: f(&moe, "moe_down")?,
+            argmax_rows: f(&sample, "argmax_rows")?,
         })
     }
+}
+
+/// Let the device's stream-ordered memory pool keep freed memory instead of
+/// returning it to the driver at every synchronisation (its default): each
+/// step frees and reallocates the same activation sizes, and giving the
+/// memory back makes every step pay for fresh mappings (about 1-2 ms per 1 GB
+/// on a long prefill).
+fn keep_freed_memory(ctx: &Arc<CudaContext>) -> Result<()> {
+    let fail = |what: &str, e: sys::CUresult| {
+        BackendError::Unavailable(format!("configuring the CUDA memory pool ({what}): {e:?}"))
+    };
+    check(ctx.bind_to_thread(), "bind context");
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(fail("default pool", r));
+    }
+    let mut threshold = u64::MAX;
+    let r = unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut threshold as *mut u64 as *mut c_void,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(fail("release threshold", r));
+    }
+    Ok(())
 }
 
 pub struct Gpu {
@@ -112,6 +193,11 @@ pub struct Gpu {
     pub k: Kernels,
     /// Fill fresh outputs with NaN so that an unwritten element shows up in checks.
     pub poison: bool,
+    /// The layout of the step in progress (see `step.rs`).
+    pub step: crate::step::SharedStep,
+    /// Set while a step is being recorded into a graph: host copies would
+    /// not be recorded, so they are refused with a clear message.
+    pub capturing: std::sync::atomic::AtomicBool,
 }
 
 impl Gpu {
@@ -149,6 +235,7 @@ impl Gpu {
             .map_err(|e| BackendError::Unavailable(format!("creating CUDA stream: {e:?}")))?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| BackendError::Unavailable(format!("creating cuBLAS handle: {e:?}")))?;
+        keep_freed_memory(&ctx)?;
         let k = Kernels::load(&ctx)?;
         Ok(Gpu {
             ctx,
@@ -156,6 +243,8 @@ impl Gpu {
             blas,
             k,
             poison: false,
+            step: Default::default(),
+            capturing: Default::default(),
         })
     }
 
@@ -190,7 +279,17 @@ impl Gpu {
         );
     }
 
+    /// Panics when called while a step is recorded: the copy would not be
+    /// part of the recording (an operation on the replayed path is missing
+    /// its device-side input).
+    fn assert_not_capturing(&self, what: &str) {
+        if self.capturing.load(std::sync::atomic::Ordering::Relaxed) {
+            panic!("{what} while recording a CUDA graph: this operation is not replayable");
+        }
+    }
+
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> CudaSlice<T> {
+        self.assert_not_capturing("host-to-device copy");
         if data.is_empty() {
             return self.alloc_zeros(1);
         }
@@ -198,6 +297,7 @@ impl Gpu {
     }
 
     pub fn download<T: DeviceRepr>(&self, buf: &CudaSlice<T>, n: usize) -> Vec<T> {
+        self.assert_not_capturing("device-to-host copy");
         if n == 0 {
             return Vec::new();
         }

@@ -4,11 +4,15 @@
 //! cuBLAS and NVRTC at run time, so it builds and links without a toolkit).
 //! Kernels come precompiled from `kestrel-kernels`.
 //!
-//! Numerics of this first version: activations are f32 on the device; matrix
-//! weights are bf16 (F16/F32 checkpoints are rounded on upload) and vectors
-//! f32; matrix products round activations to bf16 and accumulate in f32
-//! (cuBLAS); the KV cache is bf16; Gated DeltaNet state is f32. Everything
-//! else (norms, router, softmax, recurrence) computes in f32.
+//! Numerics: activations are f32 on the device; matrix weights are bf16
+//! (F16/F32 checkpoints are rounded on upload) and vectors f32. Products of
+//! up to 8 rows (decode) keep the activations in f32 (our GEMV kernels);
+//! larger products round them to bf16 for cuBLAS; both accumulate in f32.
+//! The KV cache is bf16; Gated DeltaNet state is f32. Everything else (norms,
+//! router, softmax, recurrence) computes in f32.
+//!
+//! Decode steps are recorded once as CUDA graphs and replayed (`graph.rs`);
+//! the step's layout is uploaded once per step (`step.rs`).
 //!
 //! The `Backend` operations are infallible by contract: shapes are validated
 //! with clear panics, and a CUDA failure inside an operation (a lost device)
@@ -16,24 +20,32 @@
 
 mod cache;
 mod device;
+mod graph;
 mod ops;
 mod probe;
+mod step;
 mod tensor;
 
 use kestrel_core::{
     AttentionSpec, AttentionWeights, Backend, BackendError, CacheSpec, DType, ForwardBatch,
-    GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, Result,
+    GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, Result, StepKey,
 };
 
 pub use cache::CudaCache;
 pub use tensor::{CudaTensor, CudaWeight};
 
+use std::sync::Mutex;
+
 use device::Gpu;
+use graph::Recordings;
 use tensor::{Converted, WeightData};
 
 pub struct CudaBackend {
     gpu: Gpu,
     ordinal: usize,
+    /// Replay recorded decode steps (CUDA graphs); on unless turned off.
+    graphs: bool,
+    recordings: Mutex<Recordings>,
 }
 
 impl CudaBackend {
@@ -43,7 +55,21 @@ impl CudaBackend {
         Ok(CudaBackend {
             gpu: Gpu::new(ordinal)?,
             ordinal,
+            graphs: std::env::var("KESTREL_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            recordings: Mutex::new(Recordings::default()),
         })
+    }
+
+    /// Record and replay keyed steps as CUDA graphs (the default), or run
+    /// every step eagerly. `KESTREL_CUDA_GRAPHS=0` turns them off at start.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs = on;
+    }
+
+    /// Steps recorded and replayed so far.
+    pub fn graph_counts(&self) -> (u64, u64) {
+        let r = self.recordings.lock().unwrap();
+        (r.captures, r.replays)
     }
 
     /// Fill every freshly allocated output with NaN before the kernels run, so
@@ -155,6 +181,32 @@ impl Backend for CudaBackend {
 
     fn copy_state(&self, cache: &mut CudaCache, src: u32, dst: u32) {
         cache.copy_state(&self.gpu, src, dst);
+    }
+
+    fn run_step(
+        &self,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut CudaCache,
+        key: Option<StepKey>,
+        f: &mut dyn FnMut(&mut CudaCache) -> CudaTensor,
+    ) -> CudaTensor {
+        cache.check_batch(batch);
+        self.gpu.begin_step(ids, batch, cache.spec.block_size);
+        let out = match key {
+            Some(key) if self.graphs => self
+                .recordings
+                .lock()
+                .unwrap()
+                .run(&self.gpu, key, cache, f),
+            _ => f(cache),
+        };
+        self.gpu.end_step();
+        out
+    }
+
+    fn argmax_rows(&self, x: &CudaTensor) -> Vec<u32> {
+        ops::sample::argmax_rows_host(&self.gpu, x)
     }
 
     fn embedding(&self, table: &CudaWeight, ids: &[u32]) -> CudaTensor {

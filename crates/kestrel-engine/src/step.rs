@@ -51,26 +51,38 @@ pub(crate) fn execute<B: Backend>(
             state_slot: seq.cache.state_slot().unwrap_or(0),
         });
     }
-    let hidden = model.decoder.forward(backend, &ids, &batch, cache);
-
     // Logits only for chunks that end at their sequence's last known token.
     let last_rows = batch.last_token_rows();
     let mut sampled_rows = Vec::new();
     let mut sampling = Vec::with_capacity(plan.chunks.len());
+    // Rows whose token is the raw argmax can be picked on the device, which
+    // saves copying a vocabulary-sized row per sequence to the host.
+    let mut all_plain_argmax = observer.is_none();
     for (chunk, &row) in plan.chunks.iter().zip(&last_rows) {
         let seq = sched.running_seq(chunk.id).context("sequence vanished")?;
         let samples = chunk.end == seq.tokens.len();
         if samples {
             sampled_rows.push(row);
+            all_plain_argmax &= seq.sampler.is_plain_argmax(&seq.tokens);
         }
         sampling.push(samples);
     }
-    let mut logits = if sampled_rows.is_empty() {
-        Vec::new()
+    // One step either way; ending in logits lets decode steps be replayed.
+    let mut device_argmax = Vec::new().into_iter();
+    let mut logits = Vec::new();
+    if sampled_rows.is_empty() {
+        model.decoder.forward(backend, &ids, &batch, cache);
     } else {
-        backend.to_host(&model.decoder.logits(backend, &hidden, &sampled_rows))
-    };
-    let vocab = if sampled_rows.is_empty() {
+        let out = model
+            .decoder
+            .step_logits(backend, &ids, &batch, cache, &sampled_rows);
+        if all_plain_argmax {
+            device_argmax = backend.argmax_rows(&out).into_iter();
+        } else {
+            logits = backend.to_host(&out);
+        }
+    }
+    let vocab = if sampled_rows.is_empty() || all_plain_argmax {
         0
     } else {
         logits.len() / sampled_rows.len()
@@ -84,11 +96,16 @@ pub(crate) fn execute<B: Backend>(
             .context("sequence vanished")?;
         seq.cache.set_num_tokens(chunk.end, block_size)?;
         if samples {
-            let row = logits_rows.next().context("missing logits row")?;
-            if let Some(observe) = observer.as_mut() {
-                observe(&seq.request_id, row);
-            }
-            match seq.sampler.sample(row, &seq.tokens) {
+            let sampled = if all_plain_argmax {
+                device_argmax.next().context("missing argmax row").map(Ok)?
+            } else {
+                let row = logits_rows.next().context("missing logits row")?;
+                if let Some(observe) = observer.as_mut() {
+                    observe(&seq.request_id, row);
+                }
+                seq.sampler.sample(row, &seq.tokens)
+            };
+            match sampled {
                 Ok(token) => {
                     seq.tokens.push(token);
                     seq.emit(EngineEvent::Tokens(vec![token]));

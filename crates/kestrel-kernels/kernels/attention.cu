@@ -1,30 +1,39 @@
-// Full attention over a paged bf16 KV cache. Exact math (no fast math): the
-// rotary angles and the softmax must track the f32 reference.
+// Full attention over a paged bf16 KV cache: the q/k norm + RoPE + cache write
+// shared by every path, and a generic attention kernel for head dims that the
+// tensor-core kernels (attention_decode.cu, attention_prefill.cu) do not cover.
+// Exact math (no fast math): the rotary angles and the softmax must track the
+// f32 reference.
 #include "common.cuh"
 
 // Per-head RMSNorm + RoPE for q and k, then k and v are written into the
-// cache. Grid (Hq + 2*Hkv, T): blockIdx.x picks a q head, a k head or a v
-// head. q goes to `q_out` [T, Hq*D]; k/v go to cache slot `slot_mapping[t]`
+// cache. One warp per (token, head) item, items = T * (Hq + 2*Hkv) in order
+// (token, then q heads, k heads, v heads); QKN_WARPS items per block, no block
+// barriers (a prefill has hundreds of thousands of items).
+// q goes to `q_out` [T, Hq*D]; k/v go to cache slot `slot_mapping[t]`
 // (page * block_size + offset) of a cache laid out [slots, Hkv, D].
-// Dynamic shared memory: D floats.
+// Dynamic shared memory: QKN_WARPS * (D + D/2) floats.
+constexpr int QKN_WARPS = 4;
 KESTREL_EXTERN void qk_norm_rope_kv_write(const float* __restrict__ proj, int proj_stride, float* __restrict__ q_out,
                                           __nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache,
                                           const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                                          const int* __restrict__ positions, const int64_t* __restrict__ slot_mapping,
-                                          int hq, int hkv, int d, int rotary_dim, float theta, float eps,
+                                          const int* __restrict__ positions, const int* __restrict__ slot_mapping,
+                                          int tokens, int hq, int hkv, int d, int rotary_dim, float theta, float eps,
                                           int k_offset, int v_offset) {
-    extern __shared__ float buf[];
-    __shared__ float scratch[32];
-    const int t = blockIdx.y;
-    const int head = blockIdx.x;
+    extern __shared__ float smem_qkn[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int heads = hq + 2 * hkv;
+    const int64_t item = (int64_t)blockIdx.x * QKN_WARPS + warp;
+    if (item >= (int64_t)tokens * heads) return;
+    const int t = (int)(item / heads), head = (int)(item % heads);
+    float* buf = smem_qkn + warp * (d + d / 2);
     const float* row = proj + (size_t)t * proj_stride;
-    const int64_t slot = slot_mapping[t];
+    const int64_t slot = slot_mapping[t];  // 64-bit: slot * hkv * d can pass 2^31
 
     if (head >= hq + hkv) {  // v head: copy into the cache as is
         const int h = head - hq - hkv;
         const float* src = row + v_offset + h * d;
         __nv_bfloat16* dst = v_cache + (slot * hkv + h) * d;
-        for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = f32_to_bf16(src[i]);
+        for (int i = lane; i < d; i += 32) dst[i] = f32_to_bf16(src[i]);
         return;
     }
     const bool is_q = head < hq;
@@ -33,20 +42,25 @@ KESTREL_EXTERN void qk_norm_rope_kv_write(const float* __restrict__ proj, int pr
     const float* w = is_q ? q_norm : k_norm;
 
     float ss = 0.f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    for (int i = lane; i < d; i += 32) {
         const float v = src[i];
         buf[i] = v;
         ss += v * v;
     }
-    const float inv = rsqrtf(block_sum(ss, scratch) / d + eps);  // block_sum syncs: buf is complete
+    const float inv = rsqrtf(warp_sum(ss) / d + eps);
+    // inv_freq[j] = theta^(-2j/rotary_dim), rounded once from double; one
+    // power per lane (dims j and j + half share it), kept in the buffer's tail.
     const int half = rotary_dim / 2;
+    float* freq = buf + d;
+    for (int j = lane; j < half; j += 32) freq[j] = (float)pow((double)theta, -2.0 * j / rotary_dim);
+    __syncwarp();  // buf and freq are complete
     const float pos = (float)positions[t];
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    for (int i = lane; i < d; i += 32) {
         float v = buf[i] * inv * w[i];
         if (i < rotary_dim) {
-            // rotate-half pairing (i, i + half) with inv_freq = theta^(-2j/rotary_dim)
+            // rotate-half pairing (i, i + half)
             const int j = i < half ? i : i - half;
-            const float inv_freq = (float)pow((double)theta, -2.0 * j / rotary_dim);
+            const float inv_freq = freq[j];
             float s, c;
             sincosf(pos * inv_freq, &s, &c);
             const int pair = i < half ? i + half : i - half;
@@ -61,6 +75,7 @@ KESTREL_EXTERN void qk_norm_rope_kv_write(const float* __restrict__ proj, int pr
     }
 }
 
+// The generic kernel below is simple and slow (no K/V reuse across queries).
 constexpr int ATTN_THREADS = 128;
 constexpr int ATTN_MAX_DIMS_PER_THREAD = 4;  // head_dim <= 512
 

@@ -1,36 +1,70 @@
-// Gated DeltaNet: causal depthwise conv with carried state, the delta-rule
-// recurrence with f32 state, and the gated RMSNorm. Exact math throughout:
-// the decay exp(-exp(A_log) * softplus(a + dt_bias)) compounds over tokens.
-#include "common.cuh"
+// Gated DeltaNet, the general kernels: the causal depthwise conv with carried
+// state (all steps), the token-by-token delta rule (the fallback for shapes the
+// specialised kernels of gdn_decode.cu / gdn_chunk.cu do not cover), and the
+// gated RMSNorm. Exact math throughout: the decay
+// exp(-exp(A_log) * softplus(a + dt_bias)) compounds over tokens.
+#include "gdn.cuh"
 
-constexpr int GDN_MAX_KERNEL = 8;
+constexpr int GDN_CONV_TOKENS = 64;  // tokens per block of gdn_conv
 
-// Per (sequence, channel): out[t, c] = silu(sum_j w[c, j] * x[t - (K-1) + j, c])
-// where x before the chunk comes from conv_state[slot, c, 0..K-1] (oldest
-// first). The state is then advanced to the chunk's last K-1 inputs.
-// Grid (ceil(C/128), S), block 128.
+// Per (sequence, channel, tile of 64 new tokens):
+//   out[t, c] = silu(sum_j w[c, j] * x[t - (K-1) + j, c])
+// where inputs before the sequence's new tokens come from
+// conv_state[slot, c, 0..K-1] (oldest first). Tiling the tokens keeps long
+// prompts parallel; only tile 0 reads the old state, so tile 0 also writes the
+// new one (the last K-1 inputs) once it has read it.
+// Grid (ceil(C/128), ceil(max_new/64), S), block 128.
 KESTREL_EXTERN void gdn_conv(float* __restrict__ out, const float* __restrict__ proj, int proj_stride,
                              const __nv_bfloat16* __restrict__ conv_w, float* __restrict__ conv_state,
                              const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int channels,
                              int kernel) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    const int s = blockIdx.y;
-    if (c >= channels) return;
+    const int tile = blockIdx.y, s = blockIdx.z;
+    const int start = seq_start[s], n = seq_start[s + 1] - start;
+    const int t0 = tile * GDN_CONV_TOKENS;
+    if (c >= channels || t0 >= n) return;
     const int hist = kernel - 1;
-    float window[GDN_MAX_KERNEL];  // window[0..hist) = previous inputs, oldest first
-    float w[GDN_MAX_KERNEL];
     float* st = conv_state + ((size_t)seq_slot[s] * channels + c) * hist;
-    for (int j = 0; j < hist; ++j) window[j] = st[j];
-    for (int j = 0; j < kernel; ++j) w[j] = bf16_to_f32(conv_w[(size_t)c * kernel + j]);
-    for (int t = seq_start[s]; t < seq_start[s + 1]; ++t) {
-        const float x = proj[(size_t)t * proj_stride + c];
-        float acc = w[hist] * x;
-        for (int j = 0; j < hist; ++j) acc += w[j] * window[j];
-        out[(size_t)t * channels + c] = siluf_exact(acc);
-        for (int j = 0; j + 1 < hist; ++j) window[j] = window[j + 1];
-        if (hist > 0) window[hist - 1] = x;
+    const float* x = proj + (size_t)start * proj_stride + c;  // x[i * proj_stride]: new input i
+    float window[GDN_MAX_KERNEL];  // the `hist` inputs before the current token, oldest first
+    float w[GDN_MAX_KERNEL];
+#pragma unroll
+    for (int j = 0; j < GDN_MAX_KERNEL; ++j) {
+        if (j < kernel) w[j] = bf16_to_f32(conv_w[(size_t)c * kernel + j]);
+        if (j < hist) {
+            const int i = t0 - hist + j;
+            window[j] = i >= 0 ? x[(size_t)i * proj_stride] : st[hist + i];
+        }
     }
-    for (int j = 0; j < hist; ++j) st[j] = window[j];
+    const int t1 = min(t0 + GDN_CONV_TOKENS, n);
+    // Unrolled so that several tokens' loads are in flight at once.
+#pragma unroll 8
+    for (int t = t0; t < t1; ++t) {
+        const float xt = x[(size_t)t * proj_stride];
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < GDN_MAX_KERNEL - 1; ++j)
+            if (j < hist) acc += w[j] * window[j];
+        acc += w[hist] * xt;
+        out[(size_t)(start + t) * channels + c] = siluf_exact(acc);
+#pragma unroll
+        for (int j = 0; j < GDN_MAX_KERNEL - 1; ++j)
+            if (j < hist) window[j] = j + 1 < hist ? window[j + 1] : xt;
+    }
+    if (tile == 0) {
+        // New state: inputs n-hist..n-1 of [old state ; new inputs].
+        float next[GDN_MAX_KERNEL];
+#pragma unroll
+        for (int j = 0; j < GDN_MAX_KERNEL - 1; ++j) {
+            if (j < hist) {
+                const int i = n - hist + j;
+                next[j] = i >= 0 ? x[(size_t)i * proj_stride] : st[hist + i];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < GDN_MAX_KERNEL - 1; ++j)
+            if (j < hist) st[j] = next[j];
+    }
 }
 
 constexpr int GDN_COLS = 32;    // value columns per block
@@ -82,9 +116,7 @@ KESTREL_EXTERN void gdn_recurrent(float* __restrict__ core, const float* __restr
         const float k_inv = rsqrtf(block_sum(kk, scratch) + 1e-6f);
         if (threadIdx.x == 0) {
             const float* pr = proj + (size_t)t * proj_stride;
-            const float x = pr[a_offset + h] + dt_bias[h];
-            const float softplus = x > 20.f ? x : log1pf(expf(x));
-            gate[0] = expf(-expf(a_log[h]) * softplus);
+            gate[0] = expf(gdn_log_decay(pr[a_offset + h], a_log[h], dt_bias[h]));
             gate[1] = sigmoidf_exact(pr[b_offset + h]);
         }
         __syncthreads();

@@ -1,7 +1,12 @@
-// Mixture-of-experts pieces: f32 router logits, softmax + top-k, and the row
-// gathers/scatters around the per-expert matrix products. Exact math: the
-// router decides which experts run, so it must agree with the reference.
-#include "common.cuh"
+// Mixture-of-experts pieces. Exact math: the router decides which experts
+// run, so it must agree with the reference.
+//
+// Two paths. Prefill (many tokens): f32 router logits, softmax + top-k, and
+// the row gathers/scatters around per-expert cuBLAS products, routed on the
+// host. Decode (1..8 tokens): routing stays on the device and the experts run
+// as streaming dot products (gemv.cuh) that read the selected experts'
+// weights by id, so the whole block is a fixed sequence of launches.
+#include "gemv.cuh"
 
 // logits[t, e] = x[t, :] . w[e, :] with f32 accumulation (bf16 weights).
 // One warp per (t, e): grid ceil(T*E / 8), block 256.
@@ -93,4 +98,172 @@ KESTREL_EXTERN void add_gated_rows(float* __restrict__ out, const float* __restr
     if (c >= cols) return;
     const float g = gate ? sigmoidf_exact(gate[t]) : 1.f;
     out[(size_t)t * cols + c] += g * y[(size_t)t * cols + c];
+}
+
+// ---- decode path (1..8 tokens) ---------------------------------------------
+
+// Largest expert count the decode top-k takes (one thread per expert).
+#define MOE_MAX_EXPERTS 512
+
+// Softmax over the E logits of one token, the k largest probabilities (lowest
+// index wins ties), optional renormalisation (summed in selection order, as
+// the reference does), and the k picks written in ascending expert id so that
+// the combine adds them in the reference's order. Logit rows are `ld` apart
+// (the router may append the shared-expert gate as column E).
+//
+// Each expert's rank (how many experts come before it) is counted against all
+// others at once rather than in k sequential arg-max rounds: one warp doing k
+// rounds of shuffles took ~12 us, a latency the whole decode step waits for;
+// this takes ~4 us with a launch (H200). Splitting the count over more
+// threads per expert measured slower. A NaN probability sorts below every
+// number, so the ranks stay a permutation.
+// Grid T, block 32 * ceil(E / 32); E <= 512, k <= 32.
+KESTREL_EXTERN void __launch_bounds__(MOE_MAX_EXPERTS)
+    moe_topk(int* __restrict__ ids, float* __restrict__ weights, const float* __restrict__ logits, int ld,
+             int experts, int top_k, int renormalize) {
+    __shared__ float key[MOE_MAX_EXPERTS];  // order key per expert; padding sorts last
+    __shared__ float by_rank[32];           // picked probabilities, best first
+    __shared__ int picks_before[MOE_MAX_EXPERTS / 32];
+    __shared__ float scratch[32];
+    __shared__ float total;
+    const int t = blockIdx.x, e = threadIdx.x, lane = e & 31, warp = e >> 5;
+    const bool valid = e < experts;
+    const float l = valid ? logits[(size_t)t * ld + e] : -INFINITY;
+    const float mx = block_max(l, scratch);
+    const float ex = valid ? expf(l - mx) : 0.f;
+    const float p = ex / block_sum(ex, scratch);
+    const float mine = valid ? (isnan(p) ? -1.f : p) : -2.f;
+    key[e] = mine;
+    __syncthreads();
+
+    // rank = #{o : key[o] > mine, or equal and o < e}; past k the exact value
+    // does not matter, so a thread stops counting there.
+    int rank = 0;
+    for (int o0 = 0; o0 < (int)blockDim.x && rank < top_k; o0 += 32) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            const float other = key[o0 + j];
+            rank += (other > mine) || (other == mine && o0 + j < e);
+        }
+    }
+    const bool picked = valid && rank < top_k;
+    if (picked) by_rank[rank] = p;
+    // Position among the picks by ascending id: picks in earlier warps, then
+    // picks in earlier lanes of this warp.
+    const unsigned ballot = __ballot_sync(0xffffffffu, picked);
+    if (lane == 0) picks_before[warp] = __popc(ballot);
+    __syncthreads();
+    if (e == 0) {
+        float sum = 0.f;
+        for (int r = 0; r < top_k; ++r) sum += by_rank[r];
+        total = sum;
+        int run = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+            const int n = picks_before[w];
+            picks_before[w] = run;
+            run += n;
+        }
+    }
+    __syncthreads();
+    if (picked) {
+        const int pos = picks_before[warp] + __popc(ballot & ((1u << lane) - 1u));
+        ids[t * top_k + pos] = e;
+        weights[t * top_k + pos] = renormalize ? p / total : p;
+    }
+}
+
+// Per token, its "items": the k routed experts (ids[t, j]) and then, when
+// present, the shared expert. Warp j of a block serves item j; blocks of the
+// same row range for all T tokens are adjacent (token = blockIdx.x), so an
+// expert chosen by several tokens, and the shared expert, are read from HBM
+// about once and served to the others by L2.
+
+// act[t, j, a] = silu(gate[a]) * up[a] with gate/up = W_gate_up[item] . x[t]
+// (rows a and I + a of the item's [2I, H] matrix; I differs for the shared
+// expert). Each warp step produces two act rows from four weight rows.
+// Grid (T, ceil(max(I, SI) / rows_per_block)), block 32 * items;
+// rows_per_block even. act rows are `act_ld` floats apart.
+KESTREL_EXTERN void __launch_bounds__(512)
+    moe_gate_up(float* __restrict__ act, const float* __restrict__ x, const int* __restrict__ ids,
+                const __nv_bfloat16* __restrict__ w_gate_up, const __nv_bfloat16* __restrict__ w_shared,
+                int hidden, int inter, int shared_inter, int top_k, int act_ld, int rows_per_block) {
+    const int t = blockIdx.x, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int items = blockDim.x >> 5;
+    const bool shared = j >= top_k;
+    const int rows = shared ? shared_inter : inter;
+    const __nv_bfloat16* w =
+        shared ? w_shared : w_gate_up + (size_t)ids[t * top_k + j] * 2 * inter * hidden;
+    const float* xt = x + (size_t)t * hidden;
+    float* out = act + ((size_t)t * items + j) * act_ld;
+    const int a_end = min((int)(blockIdx.y + 1) * rows_per_block, rows);
+    for (int a = blockIdx.y * rows_per_block; a < a_end; a += 2) {
+        const int a1 = min(a + 1, rows - 1);
+        const uint4* wr[4] = {
+            reinterpret_cast<const uint4*>(w + (size_t)a * hidden),
+            reinterpret_cast<const uint4*>(w + (size_t)a1 * hidden),
+            reinterpret_cast<const uint4*>(w + (size_t)(rows + a) * hidden),
+            reinterpret_cast<const uint4*>(w + (size_t)(rows + a1) * hidden),
+        };
+        float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+        dot_chunks<1, 4, 4>(acc, wr, xt, 0, lane, 32, hidden >> 3);
+        const float g0 = warp_sum(acc[0][0]), g1 = warp_sum(acc[0][1]);
+        const float u0 = warp_sum(acc[0][2]), u1 = warp_sum(acc[0][3]);
+        if (lane == 0) out[a] = siluf_exact(g0) * u0;
+        if (lane == 1 && a + 1 < a_end) out[a + 1] = siluf_exact(g1) * u1;
+    }
+}
+
+// Weight rows per down-kernel warp step: with I = 512 each lane holds two
+// chunks per row, so 8 rows keep 16 loads in flight.
+#define MOE_DOWN_R 8
+
+// out[t, h] = sum_j w[t, j] * (W_down[e_j] . act[t, j])[h] over the routed
+// experts in ascending id order, then + g * (shared down . act[t, k])[h] with
+// g = sigmoid(gate logit) (1 without a gate): each product rounded, then
+// added, as the reference does. The expert outputs of a block's rows meet in
+// shared memory, so the combine needs no atomics and no extra launch.
+// Grid (T, ceil(H / rows_per_block)), block 32 * items, dynamic shared memory
+// items * rows_per_block floats; rows_per_block a multiple of MOE_DOWN_R.
+// gate_col < 0: no shared-expert gate; else its logit is logits[t, gate_col].
+KESTREL_EXTERN void __launch_bounds__(512)
+    moe_down(float* __restrict__ out, const float* __restrict__ act, const int* __restrict__ ids,
+             const float* __restrict__ weights, const float* __restrict__ logits, int logits_ld, int gate_col,
+             const __nv_bfloat16* __restrict__ w_down, const __nv_bfloat16* __restrict__ w_shared, int hidden,
+             int inter, int shared_inter, int top_k, int act_ld, int rows_per_block) {
+    extern __shared__ float ys[];  // [items][rows_per_block]
+    const int t = blockIdx.x, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int items = blockDim.x >> 5;
+    const bool shared = j >= top_k;
+    const int k_len = shared ? shared_inter : inter;
+    const __nv_bfloat16* w = shared ? w_shared : w_down + (size_t)ids[t * top_k + j] * hidden * inter;
+    const float* a = act + ((size_t)t * items + j) * act_ld;
+    const int h0 = blockIdx.y * rows_per_block;
+    for (int r0 = 0; r0 < rows_per_block; r0 += MOE_DOWN_R) {
+        const uint4* wr[MOE_DOWN_R];
+#pragma unroll
+        for (int r = 0; r < MOE_DOWN_R; ++r)
+            wr[r] = reinterpret_cast<const uint4*>(w + (size_t)min(h0 + r0 + r, hidden - 1) * k_len);
+        float acc[1][MOE_DOWN_R];
+#pragma unroll
+        for (int r = 0; r < MOE_DOWN_R; ++r) acc[0][r] = 0.f;
+        dot_chunks<1, MOE_DOWN_R, 2>(acc, wr, a, 0, lane, 32, k_len >> 3);
+#pragma unroll
+        for (int r = 0; r < MOE_DOWN_R; ++r) {
+            const float v = warp_sum(acc[0][r]);
+            if (lane == r) ys[j * rows_per_block + r0 + r] = v;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < rows_per_block; i += blockDim.x) {
+        const int h = h0 + i;
+        if (h >= hidden) break;
+        float o = 0.f;
+        for (int jj = 0; jj < top_k; ++jj)
+            o = __fadd_rn(o, __fmul_rn(weights[t * top_k + jj], ys[jj * rows_per_block + i]));
+        if (items > top_k) {
+            const float g = gate_col >= 0 ? sigmoidf_exact(logits[(size_t)t * logits_ld + gate_col]) : 1.f;
+            o = __fadd_rn(o, __fmul_rn(g, ys[top_k * rows_per_block + i]));
+        }
+        out[(size_t)t * hidden + h] = o;
+    }
 }

@@ -16,14 +16,20 @@ pub fn available() -> Result<(), &'static str> {
 }
 
 /// Every embedded module, by name (the `.cu` file stem).
-pub fn modules() -> [(&'static str, &'static [u8]); 6] {
+pub fn modules() -> [(&'static str, &'static [u8]); 12] {
     [
         ("dummy", DUMMY),
         ("elementwise", ELEMENTWISE),
         ("norm", NORM),
         ("attention", ATTENTION),
+        ("attention_decode", ATTENTION_DECODE),
+        ("attention_prefill", ATTENTION_PREFILL),
         ("moe", MOE),
         ("gdn", GDN),
+        ("gdn_decode", GDN_DECODE),
+        ("gdn_chunk", GDN_CHUNK),
+        ("gemv", GEMV),
+        ("sample", SAMPLE),
     ]
 }
 

@@ -4,13 +4,18 @@
 //! and in checkpoint layouts, which the blocks' loaders absorb.
 
 use anyhow::Result;
-use kestrel_core::{Backend, CacheSpec, ForwardBatch};
+use std::hash::{Hash, Hasher};
+
+use kestrel_core::{Backend, CacheSpec, ForwardBatch, StepKey};
 
 use crate::blocks::{
     Attention, FeedForward, GatedDeltaNet, attention::attention_spec, gdn::gdn_spec,
 };
 use crate::config::{LayerKind, ModelConfig};
 use crate::loader::Loader;
+
+/// Largest number of decoding sequences whose steps are keyed for replay.
+pub const MAX_REPLAYED_BATCH: usize = 8;
 
 pub enum Mixer<B: Backend> {
     Attention(Attention<B>),
@@ -156,6 +161,49 @@ impl<B: Backend> Decoder<B> {
     /// Runs the new tokens of `batch` through every layer and returns the
     /// hidden states before the final norm (what the MTP head consumes).
     pub fn forward(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut B::Cache,
+    ) -> B::Tensor {
+        b.run_step(ids, batch, cache, None, &mut |cache| {
+            self.forward_layers(b, ids, batch, cache)
+        })
+    }
+
+    /// One step that ends in logits of the given `rows`. Decode steps (one
+    /// new token per sequence, up to [`MAX_REPLAYED_BATCH`] sequences) are
+    /// keyed so that a backend can record them once and replay them.
+    pub fn step_logits(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut B::Cache,
+        rows: &[usize],
+    ) -> B::Tensor {
+        let key = self.decode_key(batch, rows);
+        b.run_step(ids, batch, cache, key, &mut |cache| {
+            let hidden = self.forward_layers(b, ids, batch, cache);
+            self.logits(b, &hidden, rows)
+        })
+    }
+
+    /// The replay key of a decode step: this model, the number of sequences
+    /// and which rows get logits. Prefill chunks are not keyed (their shapes
+    /// vary too much for recordings to pay off).
+    fn decode_key(&self, batch: &ForwardBatch, rows: &[usize]) -> Option<StepKey> {
+        let n = batch.seqs.len();
+        if n == 0 || n > MAX_REPLAYED_BATCH || batch.seqs.iter().any(|s| s.num_tokens != 1) {
+            return None;
+        }
+        let mut h = std::hash::DefaultHasher::new();
+        (self as *const Self as usize, n, rows).hash(&mut h);
+        Some(StepKey(h.finish()))
+    }
+
+    fn forward_layers(
         &self,
         b: &B,
         ids: &[u32],

@@ -75,8 +75,7 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
         }
     }
 
-    /// Appends `tokens` and returns the pre-final-norm hidden state of each.
-    pub fn feed(&mut self, tokens: &[u32]) -> Result<B::Tensor> {
+    fn check_feed(&self, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             bail!("nothing to feed");
         }
@@ -91,6 +90,12 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
         if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
             bail!("token id {bad} is outside the vocabulary (size {vocab})");
         }
+        Ok(())
+    }
+
+    /// Appends `tokens` and returns the pre-final-norm hidden state of each.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<B::Tensor> {
+        self.check_feed(tokens)?;
         let batch = self.batch(tokens.len());
         let hidden = self
             .model
@@ -100,14 +105,19 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
         Ok(hidden)
     }
 
-    /// Appends `tokens` and returns the logits of the last one.
+    /// Appends `tokens` and returns the logits of the last one. One-token
+    /// feeds are decode steps, which a backend may record and replay.
     pub fn feed_last_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let hidden = self.feed(tokens)?;
-        let rows = self.backend.dims(&hidden).0;
-        let logits = self
-            .model
-            .decoder
-            .logits(self.backend, &hidden, &[rows - 1]);
+        self.check_feed(tokens)?;
+        let batch = self.batch(tokens.len());
+        let logits = self.model.decoder.step_logits(
+            self.backend,
+            tokens,
+            &batch,
+            &mut self.cache,
+            &[tokens.len() - 1],
+        );
+        self.len += tokens.len();
         Ok(self.backend.to_host(&logits))
     }
 

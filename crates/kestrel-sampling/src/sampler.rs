@@ -33,6 +33,7 @@ pub struct Sampler {
     candidates: Vec<u32>,
     /// Indexed by token id; only candidates' entries are meaningful.
     weights: Vec<f32>,
+    prompt_len: usize,
 }
 
 impl Sampler {
@@ -55,11 +56,26 @@ impl Sampler {
             stopping_ids: StopConditions::new(params, eos_token_ids).stopping_ids(),
             candidates: Vec::new(),
             weights: Vec::new(),
+            prompt_len,
         })
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
+    }
+
+    /// Whether the next token is simply the argmax of the raw logits: greedy,
+    /// no penalties, and no end token masked by `min_tokens`. A backend can
+    /// then pick it without copying the logits to the host; [`Sampler::sample`]
+    /// would return the same token (except that it reports a row without any
+    /// finite logit as an error). `history` as for `sample`.
+    pub fn is_plain_argmax(&self, history: &[u32]) -> bool {
+        let p = &self.params;
+        p.is_greedy()
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && history.len().saturating_sub(self.prompt_len) >= p.min_tokens
     }
 
     /// Choose the next token. `logits` is the raw row for the next position

@@ -344,3 +344,39 @@ fn unseeded_samplers_work() {
     let t = s.sample(&mut [0.0, 0.0, 0.0], &[]).unwrap();
     assert!(t < 3);
 }
+
+#[test]
+fn plain_argmax_only_when_sample_would_take_the_raw_argmax() {
+    let prompt = [5, 6, 7];
+    assert!(sampler(SamplingParams::greedy(), 3).is_plain_argmax(&prompt));
+    let sampled = SamplingParams {
+        temperature: 0.7,
+        ..SamplingParams::greedy()
+    };
+    assert!(!sampler(sampled, 3).is_plain_argmax(&prompt));
+    for penalised in [
+        SamplingParams {
+            repetition_penalty: 1.2,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            frequency_penalty: 0.5,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            presence_penalty: -0.5,
+            ..SamplingParams::greedy()
+        },
+    ] {
+        assert!(!sampler(penalised, 3).is_plain_argmax(&prompt));
+    }
+    // min_tokens masks the end token until enough were generated.
+    let min2 = SamplingParams {
+        min_tokens: 2,
+        ..SamplingParams::greedy()
+    };
+    let s = sampler(min2, 3);
+    assert!(!s.is_plain_argmax(&[5, 6, 7]));
+    assert!(!s.is_plain_argmax(&[5, 6, 7, 1]));
+    assert!(s.is_plain_argmax(&[5, 6, 7, 1, 2]));
+}

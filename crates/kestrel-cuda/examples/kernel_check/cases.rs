@@ -2,8 +2,8 @@
 //! reference and on CUDA, and records every output's error.
 
 use kestrel_core::{
-    AttentionSpec, AttentionWeights, Backend, CacheSpec, DType, ForwardBatch, GdnSpec, GdnWeights,
-    HostTensor, MoeSpec, MoeWeights, Result, RopeSpec, SeqChunk,
+    AttentionSpec, AttentionWeights, Backend, BackendError, CacheSpec, DType, ForwardBatch,
+    GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, Result, RopeSpec, SeqChunk,
 };
 use kestrel_cpu::CpuBackend;
 use kestrel_cuda::CudaBackend;
@@ -190,6 +190,61 @@ pub fn matmul(c: &mut Ctx) {
             gpu,
         );
     }
+    matmul_decode(c);
+}
+
+/// The same output twice from one backend, bit for bit: decode kernels must
+/// not depend on timing (no atomics), or graph replays would drift from eager runs.
+fn repeatable(name: &str, first: Vec<f32>, again: Vec<f32>) -> Result<(String, Vec<f32>)> {
+    if first
+        .iter()
+        .map(|v| v.to_bits())
+        .ne(again.iter().map(|v| v.to_bits()))
+    {
+        return Err(BackendError::Invalid(format!(
+            "{name}: two runs on the same input differ"
+        )));
+    }
+    Ok((name.to_string(), first))
+}
+
+/// Decode-sized products (1..8 rows), which take the `gemv` kernels: shapes of
+/// Qwen3.6 projections, a short K, an N that no row-group size divides, and a
+/// K that is not a multiple of 8 (cuBLAS fallback).
+fn matmul_decode(c: &mut Ctx) {
+    for (k, n, row_counts) in [
+        (2048, 12352, &[1usize, 2, 3, 5, 8][..]),
+        (4096, 2048, &[1, 2, 3, 5, 8]),
+        (512, 2048, &[1, 2, 3, 5, 8]),
+        (1024, 1001, &[1, 2, 3, 5, 8]),
+        (8, 37, &[1, 8]),
+        (1004, 300, &[2]),
+    ] {
+        let w = c.data.mat_bf16(&[n, k], 0.05);
+        for &rows in row_counts {
+            let x = c.data.randn(rows * k, 1.0);
+            fn run<B: Backend>(
+                b: &B,
+                rows: usize,
+                k: usize,
+                x: &[f32],
+                w: &HostTensor,
+            ) -> Result<Outputs> {
+                let w = b.upload(w)?;
+                let xt = b.from_host(rows, k, x);
+                let first = b.to_host(&b.matmul(&xt, &w));
+                let again = b.to_host(&b.matmul(&xt, &w));
+                Ok(vec![repeatable("out", first, again)?])
+            }
+            let (cpu, gpu) = (run(&c.cpu, rows, k, &x, &w), run(&c.gpu, rows, k, &x, &w));
+            c.record(
+                &format!("matmul decode [{rows}x{k}]x[{n}x{k}]^T"),
+                TOL_BF16_MATMUL,
+                cpu,
+                gpu,
+            );
+        }
+    }
 }
 
 /// Two steps over two sequences with scattered pages: a prefill of both, then
@@ -214,7 +269,7 @@ fn attention_steps(block_size: usize, pages: &[u32]) -> Vec<ForwardBatch> {
 }
 
 pub fn attention(c: &mut Ctx) {
-    let configs = [
+    let configs: [AttnShape; 2] = [
         ("qwen3-like Hq8 Hkv2 D128", 8, 2, 128, 128, 1e6f32, false),
         (
             "next-like Hq4 Hkv1 D256 rot64 gate",
@@ -226,65 +281,155 @@ pub fn attention(c: &mut Ctx) {
             true,
         ),
     ];
-    for (label, hq, hkv, d, rot, theta, gate) in configs {
-        let spec = AttentionSpec {
-            num_q_heads: hq,
-            num_kv_heads: hkv,
-            head_dim: d,
-            rope: RopeSpec {
-                theta,
-                rotary_dim: rot,
-            },
-            norm_eps: 1e-6,
-            output_gate: gate,
-            scale: (d as f32).powf(-0.5),
-        };
-        let block_size = 16;
-        let cache = CacheSpec {
-            attn_layers: 2,
-            num_blocks: 12,
-            block_size,
-            num_kv_heads: hkv,
-            head_dim: d,
-            gdn_layers: 0,
-            num_state_slots: 0,
-            gdn: None,
-        };
-        let steps = attention_steps(block_size, &[7, 2, 9, 4, 11]);
-        let inputs: Vec<Vec<f32>> = steps
-            .iter()
-            .map(|s| c.data.randn(s.num_tokens() * spec.proj_width(), 1.0))
-            .collect();
-        let q_norm = c.data.vector(d, 1.0, 0.2);
-        let k_norm = c.data.vector(d, 1.0, 0.2);
-        #[allow(clippy::too_many_arguments)]
-        fn run<B: Backend>(
-            b: &B,
-            spec: &AttentionSpec,
-            cache: &CacheSpec,
-            steps: &[ForwardBatch],
-            inputs: &[Vec<f32>],
-            q_norm: &HostTensor,
-            k_norm: &HostTensor,
-        ) -> Result<Outputs> {
-            let w = AttentionWeights {
-                q_norm: b.upload(q_norm)?,
-                k_norm: b.upload(k_norm)?,
-            };
-            let mut cache = b.new_cache(cache)?;
-            let mut outs = Vec::new();
-            for (i, (batch, x)) in steps.iter().zip(inputs).enumerate() {
-                let proj = b.from_host(batch.num_tokens(), spec.proj_width(), x);
-                // Layer 1: the other pool must stay untouched by layer 0's writes.
-                let o = b.attention(&proj, &w, spec, &mut cache, 1, batch);
-                outs.push(out(b, &format!("step{i}"), &o));
-            }
-            Ok(outs)
-        }
-        let cpu = run(&c.cpu, &spec, &cache, &steps, &inputs, &q_norm, &k_norm);
-        let gpu = run(&c.gpu, &spec, &cache, &steps, &inputs, &q_norm, &k_norm);
-        c.record(&format!("attention {label}"), TOL_ATTENTION, cpu, gpu);
+    for shape in configs {
+        let steps = attention_steps(16, &[7, 2, 9, 4, 11]);
+        check_attention_steps(c, &format!("attention {}", shape.0), &shape, 12, &steps);
     }
+    for shape in [QWEN3_SHAPE, QWEN36_SHAPE] {
+        attention_decode(c, &shape);
+        attention_prefill(c, &shape);
+    }
+}
+
+/// (label, hq, hkv, head_dim, rotary_dim, theta, output gate).
+type AttnShape = (&'static str, usize, usize, usize, usize, f32, bool);
+const QWEN3_SHAPE: AttnShape = ("Hq32 Hkv4 D128", 32, 4, 128, 128, 1e6, false);
+const QWEN36_SHAPE: AttnShape = ("Hq16 Hkv2 D256 rot64 gate", 16, 2, 256, 64, 1e7, true);
+
+/// Decode steps of 8, 3, 1 and 5 sequences (lengths 1 to 2003) after a
+/// prefill that fills their caches; pages scattered over the pool.
+fn attention_decode(c: &mut Ctx, shape: &AttnShape) {
+    const BS: usize = 16;
+    let lens = [1, 17, 300, 2000, 45, 129, 700, 3];
+    let tables = scattered_tables(c, &lens.map(|l| l + 3), BS, 256);
+    let seq = |i: usize, n: usize, cached: usize| SeqChunk {
+        num_tokens: n,
+        cached_len: cached,
+        block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
+        state_slot: 0,
+    };
+    let prefill = (0..8)
+        .filter(|&i| lens[i] > 1)
+        .map(|i| seq(i, lens[i] - 1, 0));
+    let mut steps = vec![ForwardBatch {
+        seqs: prefill.collect(),
+    }];
+    let mut cached = lens.map(|l| l - 1);
+    for group in [
+        &[0, 1, 2, 3, 4, 5, 6, 7][..],
+        &[3, 1, 6],
+        &[3],
+        &[7, 0, 2, 5, 3],
+    ] {
+        let seqs = group.iter().map(|&i| seq(i, 1, cached[i])).collect();
+        steps.push(ForwardBatch { seqs });
+        for &i in group {
+            cached[i] += 1;
+        }
+    }
+    let label = format!("attention decode {}", shape.0);
+    check_attention_steps(c, &label, shape, 256, &steps);
+}
+
+/// Prefill chunks of about 300 tokens on top of about 100 cached ones.
+fn attention_prefill(c: &mut Ctx, shape: &AttnShape) {
+    const BS: usize = 16;
+    let tables = scattered_tables(c, &[400, 370], BS, 64);
+    let seq = |i: usize, n: usize, cached: usize| SeqChunk {
+        num_tokens: n,
+        cached_len: cached,
+        block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
+        state_slot: 0,
+    };
+    let steps = vec![
+        ForwardBatch {
+            seqs: vec![seq(0, 100, 0), seq(1, 90, 0)],
+        },
+        ForwardBatch {
+            seqs: vec![seq(0, 300, 100), seq(1, 280, 90)],
+        },
+    ];
+    let label = format!("attention prefill {}", shape.0);
+    check_attention_steps(c, &label, shape, 64, &steps);
+}
+
+/// Block tables for sequences of `lens` tokens, drawn from a shuffled pool.
+fn scattered_tables(c: &mut Ctx, lens: &[usize], bs: usize, num_blocks: usize) -> Vec<Vec<u32>> {
+    let mut pool: Vec<u32> = (0..num_blocks as u32).collect();
+    for i in (1..pool.len()).rev() {
+        pool.swap(i, c.data.index(i + 1));
+    }
+    let mut next = pool.into_iter();
+    lens.iter()
+        .map(|l| next.by_ref().take(l.div_ceil(bs)).collect())
+        .collect()
+}
+
+/// Runs `steps` through layer 1 of a fresh two-layer cache on both backends
+/// and records each step's output.
+fn check_attention_steps(
+    c: &mut Ctx,
+    label: &str,
+    shape: &AttnShape,
+    num_blocks: usize,
+    steps: &[ForwardBatch],
+) {
+    let &(_, hq, hkv, d, rot, theta, gate) = shape;
+    let spec = AttentionSpec {
+        num_q_heads: hq,
+        num_kv_heads: hkv,
+        head_dim: d,
+        rope: RopeSpec {
+            theta,
+            rotary_dim: rot,
+        },
+        norm_eps: 1e-6,
+        output_gate: gate,
+        scale: (d as f32).powf(-0.5),
+    };
+    let cache = CacheSpec {
+        attn_layers: 2,
+        num_blocks,
+        block_size: 16,
+        num_kv_heads: hkv,
+        head_dim: d,
+        gdn_layers: 0,
+        num_state_slots: 0,
+        gdn: None,
+    };
+    let inputs: Vec<Vec<f32>> = steps
+        .iter()
+        .map(|s| c.data.randn(s.num_tokens() * spec.proj_width(), 1.0))
+        .collect();
+    let q_norm = c.data.vector(d, 1.0, 0.2);
+    let k_norm = c.data.vector(d, 1.0, 0.2);
+    #[allow(clippy::too_many_arguments)]
+    fn run<B: Backend>(
+        b: &B,
+        spec: &AttentionSpec,
+        cache: &CacheSpec,
+        steps: &[ForwardBatch],
+        inputs: &[Vec<f32>],
+        q_norm: &HostTensor,
+        k_norm: &HostTensor,
+    ) -> Result<Outputs> {
+        let w = AttentionWeights {
+            q_norm: b.upload(q_norm)?,
+            k_norm: b.upload(k_norm)?,
+        };
+        let mut cache = b.new_cache(cache)?;
+        let mut outs = Vec::new();
+        for (i, (batch, x)) in steps.iter().zip(inputs).enumerate() {
+            let proj = b.from_host(batch.num_tokens(), spec.proj_width(), x);
+            // Layer 1: the other pool must stay untouched by layer 0's writes.
+            let o = b.attention(&proj, &w, spec, &mut cache, 1, batch);
+            outs.push(out(b, &format!("step{i}"), &o));
+        }
+        Ok(outs)
+    }
+    let cpu = run(&c.cpu, &spec, &cache, steps, &inputs, &q_norm, &k_norm);
+    let gpu = run(&c.gpu, &spec, &cache, steps, &inputs, &q_norm, &k_norm);
+    c.record(label, TOL_ATTENTION, cpu, gpu);
 }
 
 pub fn moe(c: &mut Ctx) {
@@ -354,6 +499,138 @@ pub fn moe(c: &mut Ctx) {
             run(&c.gpu, &spec, t, h, &x, &w),
         );
         c.record(&format!("moe {label}"), TOL_MOE, cpu, gpu);
+    }
+    moe_decode(c);
+}
+
+/// Decode-sized MoE blocks (1..8 tokens), which route on the device: Qwen3.6-
+/// and Qwen3-30B-like layouts scaled down, with and without the shared expert,
+/// its gate and renormalisation, a shared expert wider or narrower than the
+/// routed ones, and a Qwen3-Next-like 512 experts with 10 picks.
+fn moe_decode(c: &mut Ctx) {
+    type Config = (
+        &'static str,
+        usize,
+        usize,
+        usize,
+        usize,
+        bool,
+        Option<usize>,
+        bool,
+    );
+    let configs: [(Config, &[usize]); 5] = [
+        (
+            (
+                "3.6-like E64 k8 renorm shared+gate",
+                64,
+                8,
+                128,
+                512,
+                true,
+                Some(128),
+                true,
+            ),
+            &[1, 2, 5, 8],
+        ),
+        (
+            (
+                "3.6-like E64 k8 shared Is192",
+                64,
+                8,
+                128,
+                512,
+                false,
+                Some(192),
+                false,
+            ),
+            &[1, 2, 5, 8],
+        ),
+        (
+            (
+                "30B-like E32 k8 I192 renorm",
+                32,
+                8,
+                192,
+                512,
+                true,
+                None,
+                false,
+            ),
+            &[1, 2, 5, 8],
+        ),
+        (
+            (
+                "E48 k4 shared Is64+gate",
+                48,
+                4,
+                160,
+                256,
+                false,
+                Some(64),
+                true,
+            ),
+            &[1, 8],
+        ),
+        (
+            (
+                "next-like E512 k10 shared+gate",
+                512,
+                10,
+                64,
+                256,
+                true,
+                Some(64),
+                true,
+            ),
+            &[3],
+        ),
+    ];
+    for ((label, e, k, inter, h, renorm, shared, shared_gate), tokens) in configs {
+        let spec = MoeSpec {
+            num_experts: e,
+            top_k: k,
+            intermediate: inter,
+            norm_topk_prob: renorm,
+            shared_intermediate: shared,
+        };
+        let w = MoeWeights {
+            router: c.data.mat_bf16(&[e, h], 0.1),
+            gate_up: c.data.mat_bf16(&[e, 2 * inter, h], 0.06),
+            down: c.data.mat_bf16(&[e, h, inter], 0.1),
+            shared_gate_up: shared.map(|si| c.data.mat_bf16(&[2 * si, h], 0.06)),
+            shared_down: shared.map(|si| c.data.mat_bf16(&[h, si], 0.1)),
+            shared_gate: shared_gate.then(|| c.data.mat_bf16(&[1, h], 0.1)),
+        };
+        for &t in tokens {
+            let x = c.data.randn(t * h, 1.0);
+            fn run<B: Backend>(
+                b: &B,
+                spec: &MoeSpec,
+                t: usize,
+                h: usize,
+                x: &[f32],
+                w: &MoeWeights<HostTensor>,
+            ) -> Result<Outputs> {
+                let up = |o: &Option<HostTensor>| o.as_ref().map(|t| b.upload(t)).transpose();
+                let w = MoeWeights {
+                    router: b.upload(&w.router)?,
+                    gate_up: b.upload(&w.gate_up)?,
+                    down: b.upload(&w.down)?,
+                    shared_gate_up: up(&w.shared_gate_up)?,
+                    shared_down: up(&w.shared_down)?,
+                    shared_gate: up(&w.shared_gate)?,
+                };
+                let xt = b.from_host(t, h, x);
+                let first = b.to_host(&b.moe(&xt, &w, spec));
+                let again = b.to_host(&b.moe(&xt, &w, spec));
+                Ok(vec![repeatable("out", first, again)?])
+            }
+            let (cpu, gpu) = (
+                run(&c.cpu, &spec, t, h, &x, &w),
+                run(&c.gpu, &spec, t, h, &x, &w),
+            );
+            c.record(&format!("moe decode {label} H{h} T{t}"), TOL_MOE, cpu, gpu);
+        }
     }
 }
 
@@ -442,4 +719,125 @@ pub fn gated_delta_net(c: &mut Ctx) {
     let cpu = run(&c.cpu, &spec, &cache, &steps, &inputs, &w);
     let gpu = run(&c.gpu, &spec, &cache, &steps, &inputs, &w);
     c.record("gated_delta_net Hk2 Hv4 D128 K4", TOL_GDN, cpu, gpu);
+    gated_delta_net_paths(c);
+}
+
+/// The CUDA GDN paths on carried state: decode steps of 1..=8 sequences (the
+/// fused decode kernel), single prefills of 1, 63, 64, 65 and 300 tokens (the
+/// chunked kernels), a mixed batch, and decode after all of them; for each
+/// Hv/Hk group the decode kernel has, and a head size that takes the general
+/// kernels. The GPU side runs twice: the outputs must agree bit for bit.
+fn gated_delta_net_paths(c: &mut Ctx) {
+    for (hk, hv, d) in [(2, 4, 128), (4, 4, 128), (1, 4, 128), (2, 4, 64)] {
+        let spec = GdnSpec {
+            num_k_heads: hk,
+            num_v_heads: hv,
+            head_k_dim: d,
+            head_v_dim: d,
+            conv_kernel: 4,
+            norm_eps: 1e-6,
+        };
+        let slots = 8;
+        let cache = CacheSpec {
+            attn_layers: 0,
+            num_blocks: 0,
+            block_size: 16,
+            num_kv_heads: 0,
+            head_dim: 0,
+            gdn_layers: 2,
+            num_state_slots: slots,
+            gdn: Some(spec),
+        };
+        let batch = |seqs: &[(usize, u32)]| ForwardBatch {
+            seqs: seqs
+                .iter()
+                .map(|&(n, slot)| SeqChunk {
+                    num_tokens: n,
+                    cached_len: 0,
+                    block_table: vec![],
+                    state_slot: slot,
+                })
+                .collect(),
+        };
+        let mut steps = vec![batch(&[
+            (5, 0),
+            (17, 1),
+            (64, 2),
+            (1, 3),
+            (40, 4),
+            (3, 5),
+            (70, 6),
+            (9, 7),
+        ])];
+        // Decode: n sequences on slots in a shuffled order.
+        for n in 1..=8u32 {
+            let seqs: Vec<(usize, u32)> = (0..n).map(|i| (1, (i * 5 + n) % slots as u32)).collect();
+            steps.push(batch(&seqs));
+        }
+        for (n, slot) in [(1, 3), (63, 1), (64, 0), (65, 5), (300, 6)] {
+            steps.push(batch(&[(n, slot)]));
+        }
+        steps.push(batch(&[(1, 2), (130, 4), (1, 7), (64, 0), (2, 6)]));
+        steps.push(batch(&(0..8).map(|i| (1, 7 - i)).collect::<Vec<_>>()));
+        let inputs: Vec<Vec<f32>> = steps
+            .iter()
+            .map(|s| c.data.randn(s.num_tokens() * spec.proj_width(), 1.0))
+            .collect();
+        let w = GdnWeights {
+            conv: c.data.mat_bf16(&[spec.conv_dim(), spec.conv_kernel], 0.5),
+            a_log: HostTensor::from_f32(vec![hv], &c.data.uniform(hv, -1.0, 2.7)),
+            dt_bias: c.data.vector(hv, 0.0, 1.0),
+            norm: c.data.vector(d, 1.0, 0.2),
+        };
+        fn run<B: Backend>(
+            b: &B,
+            spec: &GdnSpec,
+            cache: &CacheSpec,
+            steps: &[ForwardBatch],
+            inputs: &[Vec<f32>],
+            w: &GdnWeights<HostTensor>,
+        ) -> Result<Outputs> {
+            let w = GdnWeights {
+                conv: b.upload(&w.conv)?,
+                a_log: b.upload(&w.a_log)?,
+                dt_bias: b.upload(&w.dt_bias)?,
+                norm: b.upload(&w.norm)?,
+            };
+            let slots = cache.num_state_slots as u32;
+            let mut cache = b.new_cache(cache)?;
+            for slot in 0..slots {
+                b.zero_state(&mut cache, slot);
+            }
+            let mut outs = Vec::new();
+            for (i, (batch, x)) in steps.iter().zip(inputs).enumerate() {
+                let proj = b.from_host(batch.num_tokens(), spec.proj_width(), x);
+                // Layer 1 only: layer 0's state must stay untouched.
+                let o = b.gated_delta_net(&proj, &w, spec, &mut cache, 1, batch);
+                let sizes: Vec<String> = batch
+                    .seqs
+                    .iter()
+                    .map(|q| q.num_tokens.to_string())
+                    .collect();
+                outs.push(out(b, &format!("step{i} [{}]", sizes.join(",")), &o));
+            }
+            Ok(outs)
+        }
+        let cpu = run(&c.cpu, &spec, &cache, &steps, &inputs, &w);
+        let gpu = run(&c.gpu, &spec, &cache, &steps, &inputs, &w).and_then(|first| {
+            let again = run(&c.gpu, &spec, &cache, &steps, &inputs, &w)?;
+            let same = first.iter().zip(&again).all(|((_, a), (_, b))| {
+                a.iter()
+                    .map(|v| v.to_bits())
+                    .eq(b.iter().map(|v| v.to_bits()))
+            });
+            if same {
+                Ok(first)
+            } else {
+                Err(kestrel_core::BackendError::Invalid(
+                    "two runs on the same input differ".into(),
+                ))
+            }
+        });
+        c.record(&format!("gdn paths Hk{hk} Hv{hv} D{d}"), TOL_GDN, cpu, gpu);
+    }
 }

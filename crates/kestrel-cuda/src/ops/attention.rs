@@ -1,34 +1,109 @@
 //! Full attention over the paged KV cache: one kernel normalises q/k, applies
-//! RoPE and writes k/v into the pages; a second attends causally.
+//! RoPE and writes k/v into the pages; then either
+//! - decode (every sequence has one new token): split-KV flash decoding on
+//!   tensor cores plus a combine kernel, replayable as a CUDA graph (the grid
+//!   depends only on the sequence count and the heads; lengths are read on
+//!   the device), or
+//! - prefill (anything else): causal flash attention on tensor cores, tiles of
+//!   64 queries x 64 keys.
+//!
+//! Head dims without a tensor-core kernel fall back to a generic kernel.
 
-use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaFunction, CudaModule};
+use kestrel_core::{AttentionSpec, AttentionWeights, BackendError, ForwardBatch, Result};
 
 use crate::cache::CudaCache;
-use crate::device::{Arg, Gpu, ptr};
+use crate::device::{Arg, Gpu, blocks, ptr};
+use crate::step::StepLayout;
 use crate::tensor::{CudaTensor, CudaWeight};
 
 const THREADS: u32 = 128;
-/// The attention kernel keeps at most 4 output dims per thread.
+/// Mirrors `QKN_WARPS` in `kernels/attention.cu`: (token, head) items per block.
+const QKN_WARPS: usize = 4;
+/// The generic kernel keeps at most 4 output dims per thread.
 const MAX_HEAD_DIM: usize = 4 * THREADS as usize;
+/// Head dims of the tensor-core kernels (`_d64`, `_d128`, `_d256`), in the
+/// order of `Kernels::attention_decode` / `attention_prefill`.
+pub const FAST_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
-/// Per-token indices the kernels read, flattened over the batch.
-struct TokenLayout {
-    positions: Vec<i32>,
-    token_seq: Vec<i32>,
-    slot_mapping: Vec<i64>,
-    seq_table_offset: Vec<i32>,
-    block_tables: Vec<i32>,
+/// Mirror `kernels/attention_decode.cu`.
+const DECODE_HEADS: usize = 8;
+const DECODE_MAX_SPLITS: usize = 128;
+const COMBINE_THREADS: u32 = 256;
+/// Mirror `kernels/attention_prefill.cu`.
+const PREFILL_ROWS: usize = 64;
+const PREFILL_KEYS: usize = 64;
+
+/// Dynamic shared memory of the prefill kernel: Q, K and V tiles of bf16.
+pub fn prefill_smem_bytes(d: usize) -> u32 {
+    ((PREFILL_ROWS + 2 * PREFILL_KEYS) * d * 2) as u32
 }
 
-fn layout(batch: &ForwardBatch, cache: &CudaCache) -> TokenLayout {
-    let bs = cache.spec.block_size;
-    let mut l = TokenLayout {
-        positions: Vec::new(),
-        token_seq: Vec::new(),
-        slot_mapping: Vec::new(),
-        seq_table_offset: Vec::new(),
-        block_tables: Vec::new(),
+/// Warps per decode block (`dec_warps` in `kernels/attention_decode.cu`).
+fn decode_warps(d: usize) -> usize {
+    if d >= 256 { 2 } else { 4 }
+}
+
+/// Dynamic shared memory of the decode kernel: per warp a ring of 3 steps of
+/// 16 K rows and 16 V rows of bf16.
+pub fn decode_smem_bytes(d: usize) -> u32 {
+    (decode_warps(d) * 3 * 2 * 16 * d * 2) as u32
+}
+
+/// The tensor-core kernels `{prefix}_d{D}` for every D of `FAST_HEAD_DIMS`,
+/// allowed the dynamic shared memory they need (above the default 48 KiB).
+pub fn fast_kernels(
+    m: &Arc<CudaModule>,
+    prefix: &str,
+    smem: fn(usize) -> u32,
+) -> Result<[CudaFunction; 3]> {
+    let load = |d: usize| {
+        let name = format!("{prefix}_d{d}");
+        let f = m
+            .load_function(&name)
+            .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem(d) as i32,
+        )
+        .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
+        Ok(f)
     };
+    Ok([
+        load(FAST_HEAD_DIMS[0])?,
+        load(FAST_HEAD_DIMS[1])?,
+        load(FAST_HEAD_DIMS[2])?,
+    ])
+}
+
+/// Splits of the decode kernel: a function of the launch shape and the
+/// device only, never of sequence lengths (recorded steps replay with other
+/// lengths). At most one wave of blocks (a second, partial wave would leave
+/// most of the device idle): enough to stream the cache of a single long
+/// sequence at full bandwidth, while a batch that fills the device on its own
+/// is not split (fewer partials to merge).
+fn decode_splits(target_blocks: usize, seqs: usize, blocks_per_seq: usize) -> usize {
+    (target_blocks / (seqs * blocks_per_seq)).clamp(1, DECODE_MAX_SPLITS)
+}
+
+/// Decode blocks that fit on the device at once (two per SM at 96 KiB of
+/// shared memory each).
+fn decode_target_blocks(gpu: &Gpu) -> usize {
+    let sms = gpu
+        .ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .unwrap_or(132);
+    2 * sms.max(1) as usize
+}
+
+/// Pages every sequence needs must exist (kernels read them unchecked).
+/// `CudaCache::check_batch` does the same for whole steps; this op can be
+/// called on its own.
+fn check_pages(cache: &CudaCache, batch: &ForwardBatch) {
+    let bs = cache.spec.block_size;
     for (s, seq) in batch.seqs.iter().enumerate() {
         let pages_needed = seq.total_len().div_ceil(bs);
         assert!(
@@ -37,24 +112,13 @@ fn layout(batch: &ForwardBatch, cache: &CudaCache) -> TokenLayout {
             seq.total_len(),
             seq.block_table.len()
         );
-        if let Some(&bad) = seq
-            .block_table
+        if let Some(&bad) = seq.block_table[..pages_needed]
             .iter()
             .find(|&&p| p as usize >= cache.spec.num_blocks)
         {
             panic!("page {bad} out of range ({} pages)", cache.spec.num_blocks);
         }
-        l.seq_table_offset.push(l.block_tables.len() as i32);
-        l.block_tables
-            .extend(seq.block_table.iter().map(|&p| p as i32));
-        for pos in seq.cached_len..seq.total_len() {
-            l.positions.push(pos as i32);
-            l.token_seq.push(s as i32);
-            l.slot_mapping
-                .push((seq.block_table[pos / bs] as usize * bs + pos % bs) as i64);
-        }
     }
-    l
 }
 
 pub fn attention(
@@ -105,27 +169,21 @@ pub fn attention(
     );
     assert_eq!(w.q_norm.numel(), d, "q_norm must have head_dim values");
     assert_eq!(w.k_norm.numel(), d, "k_norm must have head_dim values");
+    check_pages(cache, batch);
 
-    let l = layout(batch, cache);
+    let l = gpu.layout(batch, cache.spec.block_size);
     let s = &gpu.stream;
-    let positions = gpu.upload(&l.positions);
-    let token_seq = gpu.upload(&l.token_seq);
-    let slot_mapping = gpu.upload(&l.slot_mapping);
-    let seq_table_offset = gpu.upload(&l.seq_table_offset);
-    let block_tables = gpu.upload(&l.block_tables);
-
     let q_width = spec.q_width();
     let k_offset = q_width * if spec.output_gate { 2 } else { 1 };
     let v_offset = k_offset + spec.kv_width();
-    let gate_offset = if spec.output_gate { q_width as i32 } else { -1 };
     let (k_cache, v_cache) = (ptr(&cache.k[layer], s), ptr(&cache.v[layer], s));
 
     let q = gpu.alloc::<f32>(t * q_width);
     gpu.launch(
         &gpu.k.qk_norm_rope_kv_write,
-        ((hq + 2 * hkv) as u32, t as u32, 1),
-        THREADS,
-        (d * 4) as u32,
+        (blocks(t * (hq + 2 * hkv), QKN_WARPS), 1, 1),
+        32 * QKN_WARPS as u32,
+        (QKN_WARPS * (d + d / 2) * 4) as u32,
         &[
             Arg::Ptr(ptr(&proj.buf, s)),
             Arg::I32(proj.cols as i32),
@@ -134,8 +192,9 @@ pub fn attention(
             Arg::Ptr(v_cache),
             Arg::Ptr(ptr(w.q_norm.f32("q_norm"), s)),
             Arg::Ptr(ptr(w.k_norm.f32("k_norm"), s)),
-            Arg::Ptr(ptr(&positions, s)),
-            Arg::Ptr(ptr(&slot_mapping, s)),
+            Arg::Ptr(l.positions()),
+            Arg::Ptr(l.slot_mapping()),
+            Arg::I32(t as i32),
             Arg::I32(hq as i32),
             Arg::I32(hkv as i32),
             Arg::I32(d as i32),
@@ -148,33 +207,198 @@ pub fn attention(
     );
 
     let out = gpu.alloc::<f32>(t * q_width);
-    gpu.launch(
-        &gpu.k.paged_attention,
-        (hq as u32, t as u32, 1),
-        THREADS,
-        ((d + THREADS as usize) * 4) as u32,
-        &[
-            Arg::Ptr(ptr(&out, s)),
-            Arg::Ptr(ptr(&q, s)),
-            Arg::Ptr(k_cache),
-            Arg::Ptr(v_cache),
-            Arg::Ptr(ptr(&positions, s)),
-            Arg::Ptr(ptr(&token_seq, s)),
-            Arg::Ptr(ptr(&seq_table_offset, s)),
-            Arg::Ptr(ptr(&block_tables, s)),
-            Arg::I32(hq as i32),
-            Arg::I32(hkv as i32),
-            Arg::I32(d as i32),
-            Arg::I32(cache.spec.block_size as i32),
-            Arg::F32(spec.scale),
-            Arg::Ptr(ptr(&proj.buf, s)),
-            Arg::I32(proj.cols as i32),
-            Arg::I32(gate_offset),
-        ],
-    );
+    let a = Attend {
+        gpu,
+        spec,
+        l: &l,
+        out: ptr(&out, s),
+        q: ptr(&q, s),
+        k_cache,
+        v_cache,
+        block_size: cache.spec.block_size,
+        proj: ptr(&proj.buf, s),
+        proj_stride: proj.cols,
+        gate_offset: if spec.output_gate { q_width as i32 } else { -1 },
+    };
+    match FAST_HEAD_DIMS.iter().position(|&x| x == d) {
+        // Sequences without new tokens (if any) have no output row: not decode.
+        Some(i) if l.max_new == 1 && l.tokens == l.seqs => a.decode(i),
+        Some(i) => a.prefill(i),
+        None => a.generic(),
+    }
     CudaTensor {
         rows: t,
         cols: q_width,
         buf: out,
+    }
+}
+
+/// Everything the attention kernels read, by device address.
+struct Attend<'a> {
+    gpu: &'a Gpu,
+    spec: &'a AttentionSpec,
+    l: &'a StepLayout,
+    out: u64,
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    block_size: usize,
+    proj: u64,
+    proj_stride: usize,
+    gate_offset: i32,
+}
+
+impl Attend<'_> {
+    fn scale_log2(&self) -> f32 {
+        self.spec.scale * std::f32::consts::LOG2_E
+    }
+
+    /// One token per sequence: split-KV partials, then the combine kernel.
+    fn decode(&self, dim_index: usize) {
+        let (gpu, l) = (self.gpu, self.l);
+        let (hq, hkv, d) = (
+            self.spec.num_q_heads,
+            self.spec.num_kv_heads,
+            self.spec.head_dim,
+        );
+        let seqs = l.seqs;
+        let blocks_per_seq = hkv * (hq / hkv).div_ceil(DECODE_HEADS);
+        let splits = decode_splits(decode_target_blocks(gpu), seqs, blocks_per_seq);
+        // Stream-ordered allocations: part of a recorded graph when captured.
+        let part_o = gpu.alloc::<f32>(seqs * hq * splits * d);
+        let part_ml = gpu.alloc::<f32>(seqs * hq * splits * 2);
+        let s = &gpu.stream;
+        gpu.launch(
+            &gpu.k.attention_decode[dim_index],
+            (blocks_per_seq as u32, seqs as u32, splits as u32),
+            32 * decode_warps(d) as u32,
+            decode_smem_bytes(d),
+            &[
+                Arg::Ptr(ptr(&part_o, s)),
+                Arg::Ptr(ptr(&part_ml, s)),
+                Arg::Ptr(self.q),
+                Arg::Ptr(self.k_cache),
+                Arg::Ptr(self.v_cache),
+                Arg::Ptr(l.seq_start()),
+                Arg::Ptr(l.seq_len()),
+                Arg::Ptr(l.table_offset()),
+                Arg::Ptr(l.block_tables()),
+                Arg::I32(hq as i32),
+                Arg::I32(hkv as i32),
+                Arg::I32(self.block_size as i32),
+                Arg::F32(self.scale_log2()),
+                Arg::I32(splits as i32),
+            ],
+        );
+        gpu.launch(
+            &gpu.k.attention_decode_combine,
+            (hq as u32, seqs as u32, 1),
+            COMBINE_THREADS,
+            0,
+            &[
+                Arg::Ptr(self.out),
+                Arg::Ptr(ptr(&part_o, s)),
+                Arg::Ptr(ptr(&part_ml, s)),
+                Arg::Ptr(l.seq_start()),
+                Arg::I32(hq as i32),
+                Arg::I32(d as i32),
+                Arg::I32(splits as i32),
+                Arg::Ptr(self.proj),
+                Arg::I32(self.proj_stride as i32),
+                Arg::I32(self.gate_offset),
+            ],
+        );
+    }
+
+    /// Causal tiles of 64 queries per (sequence, q head); eager only: the grid
+    /// follows this step's longest chunk.
+    fn prefill(&self, dim_index: usize) {
+        let (gpu, l) = (self.gpu, self.l);
+        let (hq, d) = (self.spec.num_q_heads, self.spec.head_dim);
+        gpu.launch(
+            &gpu.k.attention_prefill[dim_index],
+            (
+                l.max_new.div_ceil(PREFILL_ROWS) as u32,
+                hq as u32,
+                l.seqs as u32,
+            ),
+            THREADS,
+            prefill_smem_bytes(d),
+            &[
+                Arg::Ptr(self.out),
+                Arg::Ptr(self.q),
+                Arg::Ptr(self.k_cache),
+                Arg::Ptr(self.v_cache),
+                Arg::Ptr(l.seq_start()),
+                Arg::Ptr(l.seq_len()),
+                Arg::Ptr(l.table_offset()),
+                Arg::Ptr(l.block_tables()),
+                Arg::I32(hq as i32),
+                Arg::I32(self.spec.num_kv_heads as i32),
+                Arg::I32(self.block_size as i32),
+                Arg::F32(self.scale_log2()),
+                Arg::Ptr(self.proj),
+                Arg::I32(self.proj_stride as i32),
+                Arg::I32(self.gate_offset),
+            ],
+        );
+    }
+
+    /// Any head dim up to `MAX_HEAD_DIM`, one block per (q head, token).
+    fn generic(&self) {
+        let (gpu, l) = (self.gpu, self.l);
+        let (hq, d) = (self.spec.num_q_heads, self.spec.head_dim);
+        gpu.launch(
+            &gpu.k.paged_attention,
+            (hq as u32, l.tokens as u32, 1),
+            THREADS,
+            ((d + THREADS as usize) * 4) as u32,
+            &[
+                Arg::Ptr(self.out),
+                Arg::Ptr(self.q),
+                Arg::Ptr(self.k_cache),
+                Arg::Ptr(self.v_cache),
+                Arg::Ptr(l.positions()),
+                Arg::Ptr(l.token_seq()),
+                Arg::Ptr(l.table_offset()),
+                Arg::Ptr(l.block_tables()),
+                Arg::I32(hq as i32),
+                Arg::I32(self.spec.num_kv_heads as i32),
+                Arg::I32(d as i32),
+                Arg::I32(self.block_size as i32),
+                Arg::F32(self.spec.scale),
+                Arg::Ptr(self.proj),
+                Arg::I32(self.proj_stride as i32),
+                Arg::I32(self.gate_offset),
+            ],
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_splits_depend_on_shape_only() {
+        // One long sequence on a 2-kv-head model gets the most splits.
+        assert_eq!(decode_splits(264, 1, 2), DECODE_MAX_SPLITS);
+        assert_eq!(decode_splits(264, 1, 4), 66);
+        // A batch that fills the device is not split.
+        assert_eq!(decode_splits(264, 64, 8), 1);
+        assert_eq!(decode_splits(264, 8, 4), 8);
+        assert_eq!(decode_splits(264, 64, 2), 2);
+    }
+
+    #[test]
+    fn tiles_fit_in_shared_memory() {
+        // Two blocks per SM on Hopper (228 KiB), and one block within the
+        // 99 KiB of sm_121, at every head dim.
+        for d in FAST_HEAD_DIMS {
+            for bytes in [prefill_smem_bytes(d), decode_smem_bytes(d)] {
+                assert!(2 * bytes <= 228 * 1024 - 4 * 1024, "{d}: {bytes}");
+                assert!(bytes <= 99 * 1024 - 2 * 1024, "{d}: {bytes}");
+            }
+        }
     }
 }

@@ -17,8 +17,16 @@ pub fn embedding(gpu: &Gpu, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
         panic!("token id {bad} out of range for a vocabulary of {vocab}");
     }
     let out = gpu.alloc::<f32>(ids.len() * cols);
-    let ids_dev = gpu.upload(ids);
+    // Inside a step the ids are already on the device (and must be read
+    // from there for the step to be replayable).
+    let staged = gpu.step_ids(ids);
+    let ids_dev = if staged.is_none() {
+        Some(gpu.upload(ids))
+    } else {
+        None
+    };
     let s = &gpu.stream;
+    let ids_ptr = staged.unwrap_or_else(|| ptr(ids_dev.as_ref().unwrap(), s));
     gpu.launch(
         &gpu.k.embedding_bf16,
         (blocks(cols, THREADS as usize), ids.len() as u32, 1),
@@ -27,7 +35,7 @@ pub fn embedding(gpu: &Gpu, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
         &[
             Arg::Ptr(ptr(&out, s)),
             Arg::Ptr(ptr(table.bf16("embedding"), s)),
-            Arg::Ptr(ptr(&ids_dev, s)),
+            Arg::Ptr(ids_ptr),
             Arg::I32(cols as i32),
         ],
     );
@@ -41,6 +49,18 @@ pub fn embedding(gpu: &Gpu, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
 pub fn gather_rows(gpu: &Gpu, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
     if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows) {
         panic!("gather_rows: row {bad} out of range for {} rows", x.rows);
+    }
+    if rows.iter().copied().eq(0..x.rows) {
+        // Every row in order (a decode step's logits): a plain copy, which
+        // needs no index upload and so stays replayable.
+        let out = gpu.alloc::<f32>(x.rows * x.cols);
+        let s = &gpu.stream;
+        gpu.copy_dtod(ptr(&out, s), ptr(&x.buf, s), x.rows * x.cols * 4);
+        return CudaTensor {
+            rows: x.rows,
+            cols: x.cols,
+            buf: out,
+        };
     }
     let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
     let idx_dev = gpu.upload(&idx);

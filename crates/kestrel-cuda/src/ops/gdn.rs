@@ -1,16 +1,44 @@
-//! Gated DeltaNet: conv1d with carried state, the per-token delta-rule
-//! recurrence (f32 state; also used for prefill in this first version), and
-//! the gated RMSNorm.
+//! Gated DeltaNet: conv1d with carried state, the delta-rule recurrence with
+//! f32 state, and the gated RMSNorm.
+//!
+//! Three paths, chosen from shapes and the step's host hints only:
+//! - decode (every sequence has at most one new token, Dk = Dv = 128,
+//!   Hv/Hk in {1, 2, 4}, conv kernel 4): one fused kernel (`gdn_decode.cu`).
+//!   Its launch depends only on the number of sequences, so it is replayable;
+//! - prefill (Dk = Dv = 128): token-tiled conv, the chunked form in two
+//!   kernels (`gdn_chunk.cu`), then the gated norm. Eager only: its grid
+//!   follows the longest sequence;
+//! - anything else: conv, the token-by-token recurrence, the gated norm.
 
+use cudarc::driver::CudaFunction;
+use cudarc::driver::sys::CUfunction_attribute_enum;
 use kestrel_core::{ForwardBatch, GdnSpec, GdnWeights};
 
 use crate::cache::CudaCache;
-use crate::device::{Arg, Gpu, blocks, ptr};
+use crate::device::{Arg, Gpu, blocks, check, ptr};
+use crate::step::StepLayout;
 use crate::tensor::{CudaTensor, CudaWeight};
 
-/// Mirrors `GDN_MAX_KERNEL` and `GDN_COLS` in `kernels/gdn.cu`.
+/// Mirror `GDN_MAX_KERNEL` (gdn.cuh), `GDN_CONV_TOKENS` and `GDN_COLS` (gdn.cu).
 const MAX_CONV_KERNEL: usize = 8;
+const CONV_TOKENS: usize = 64;
 const COLS_PER_BLOCK: usize = 32;
+/// The head size of the decode and chunked kernels.
+const HEAD_DIM: usize = 128;
+/// The conv kernel size the fused decode kernel is built for.
+const DECODE_CONV_KERNEL: usize = 4;
+/// Mirrors `CH` and `CHUNK_FLOATS` of `kernels/gdn_chunk.cu`: chunk length,
+/// and the floats of one (chunk, head) record of the prefill scratch.
+const CHUNK: usize = 64;
+const CHUNK_FLOATS: usize = 4 * HEAD_DIM * CHUNK + CHUNK * CHUNK + 4;
+/// Dynamic shared memory of the chunked kernels (see their layouts).
+const PREP_SMEM_BYTES: usize = (2 * HEAD_DIM * CHUNK + CHUNK * CHUNK) * 4;
+const STATE_SMEM_BYTES: usize = (HEAD_DIM * 36
+    + 2 * HEAD_DIM * CHUNK
+    + HEAD_DIM * (CHUNK + 4)
+    + CHUNK * CHUNK
+    + 2 * CHUNK * 32)
+    * 4;
 
 pub fn gated_delta_net(
     gpu: &Gpu,
@@ -21,6 +49,279 @@ pub fn gated_delta_net(
     layer: usize,
     batch: &ForwardBatch,
 ) -> CudaTensor {
+    validate(proj, w, spec, cache, layer, batch);
+    let t = batch.num_tokens();
+    let value_width = spec.value_width();
+    if t == 0 {
+        return CudaTensor {
+            rows: 0,
+            cols: value_width,
+            buf: gpu.alloc(0),
+        };
+    }
+    let l = gpu.layout(batch, cache.spec.block_size);
+    let io = Io {
+        proj,
+        w,
+        spec,
+        conv_state: ptr(&cache.conv[layer], &gpu.stream),
+        state: ptr(&cache.recurrent[layer], &gpu.stream),
+        l: &l,
+        batch,
+    };
+    let square = spec.head_k_dim == HEAD_DIM && spec.head_v_dim == HEAD_DIM;
+    if l.max_new <= 1
+        && square
+        && spec.conv_kernel == DECODE_CONV_KERNEL
+        && let Some(f) = decode_kernel(gpu, spec.num_v_heads / spec.num_k_heads)
+    {
+        return decode(gpu, &io, f);
+    }
+    let conv_out = conv(gpu, &io);
+    let core = if square {
+        chunked(gpu, &io, &conv_out)
+    } else {
+        recurrent(gpu, &io, &conv_out)
+    };
+    let out = gpu.alloc::<f32>(t * value_width);
+    let s = &gpu.stream;
+    gpu.launch(
+        &gpu.k.gdn_gated_norm,
+        (spec.num_v_heads as u32, t as u32, 1),
+        128,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&core, s)),
+            Arg::Ptr(ptr(&proj.buf, s)),
+            Arg::I32(proj.cols as i32),
+            Arg::I32(spec.conv_dim() as i32),
+            Arg::Ptr(ptr(w.norm.f32("gated norm"), s)),
+            Arg::I32(spec.num_v_heads as i32),
+            Arg::I32(spec.head_v_dim as i32),
+            Arg::F32(spec.norm_eps),
+        ],
+    );
+    CudaTensor {
+        rows: t,
+        cols: value_width,
+        buf: out,
+    }
+}
+
+/// What every path reads and writes.
+struct Io<'a> {
+    proj: &'a CudaTensor,
+    w: &'a GdnWeights<CudaWeight>,
+    spec: &'a GdnSpec,
+    conv_state: u64,
+    state: u64,
+    l: &'a StepLayout,
+    batch: &'a ForwardBatch,
+}
+
+impl Io<'_> {
+    fn b_offset(&self) -> usize {
+        self.spec.conv_dim() + self.spec.value_width()
+    }
+    fn a_offset(&self) -> usize {
+        self.b_offset() + self.spec.num_v_heads
+    }
+}
+
+/// `Dk^-0.5` as the CPU reference computes it (in double, rounded once).
+fn query_scale(dk: usize) -> f32 {
+    (dk as f64).powf(-0.5) as f32
+}
+
+fn decode_kernel(gpu: &Gpu, group: usize) -> Option<&CudaFunction> {
+    match group {
+        1 => Some(&gpu.k.gdn_decode_g1),
+        2 => Some(&gpu.k.gdn_decode_g2),
+        4 => Some(&gpu.k.gdn_decode_g4),
+        _ => None,
+    }
+}
+
+/// The fused decode kernel: clusters of 8 blocks per (sequence, key head).
+fn decode(gpu: &Gpu, io: &Io, f: &CudaFunction) -> CudaTensor {
+    let (spec, s) = (io.spec, &gpu.stream);
+    let t = io.l.tokens;
+    let out = gpu.alloc::<f32>(t * spec.value_width());
+    gpu.launch(
+        f,
+        (8, spec.num_k_heads as u32, io.l.seqs as u32),
+        128,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&io.proj.buf, s)),
+            Arg::I32(io.proj.cols as i32),
+            Arg::Ptr(ptr(io.w.conv.bf16("conv1d"), s)),
+            Arg::Ptr(io.conv_state),
+            Arg::Ptr(io.state),
+            Arg::Ptr(ptr(io.w.a_log.f32("A_log"), s)),
+            Arg::Ptr(ptr(io.w.dt_bias.f32("dt_bias"), s)),
+            Arg::Ptr(ptr(io.w.norm.f32("gated norm"), s)),
+            Arg::Ptr(io.l.seq_start()),
+            Arg::Ptr(io.l.seq_slot()),
+            Arg::I32(spec.num_k_heads as i32),
+            Arg::I32(spec.num_v_heads as i32),
+            Arg::F32(query_scale(spec.head_k_dim)),
+            Arg::F32(spec.norm_eps),
+        ],
+    );
+    CudaTensor {
+        rows: t,
+        cols: spec.value_width(),
+        buf: out,
+    }
+}
+
+/// Causal conv + SiLU of the qkv channels, `[T, conv_dim]`; advances the conv state.
+fn conv(gpu: &Gpu, io: &Io) -> cudarc::driver::CudaSlice<f32> {
+    let (c, s) = (io.spec.conv_dim(), &gpu.stream);
+    let out = gpu.alloc::<f32>(io.l.tokens * c);
+    gpu.launch(
+        &gpu.k.gdn_conv,
+        (
+            blocks(c, 128),
+            blocks(io.l.max_new, CONV_TOKENS),
+            io.l.seqs as u32,
+        ),
+        128,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&io.proj.buf, s)),
+            Arg::I32(io.proj.cols as i32),
+            Arg::Ptr(ptr(io.w.conv.bf16("conv1d"), s)),
+            Arg::Ptr(io.conv_state),
+            Arg::Ptr(io.l.seq_start()),
+            Arg::Ptr(io.l.seq_slot()),
+            Arg::I32(c as i32),
+            Arg::I32(io.spec.conv_kernel as i32),
+        ],
+    );
+    out
+}
+
+/// The token-by-token recurrence, `[T, Hv*Dv]` before the gated norm.
+fn recurrent(
+    gpu: &Gpu,
+    io: &Io,
+    conv_out: &cudarc::driver::CudaSlice<f32>,
+) -> cudarc::driver::CudaSlice<f32> {
+    let (spec, s) = (io.spec, &gpu.stream);
+    let (dk, dv) = (spec.head_k_dim, spec.head_v_dim);
+    let core = gpu.alloc::<f32>(io.l.tokens * spec.value_width());
+    gpu.launch(
+        &gpu.k.gdn_recurrent,
+        (
+            blocks(dv, COLS_PER_BLOCK),
+            spec.num_v_heads as u32,
+            io.l.seqs as u32,
+        ),
+        128,
+        ((dk * COLS_PER_BLOCK + 2 * dk) * 4) as u32,
+        &[
+            Arg::Ptr(ptr(&core, s)),
+            Arg::Ptr(ptr(conv_out, s)),
+            Arg::Ptr(ptr(&io.proj.buf, s)),
+            Arg::I32(io.proj.cols as i32),
+            Arg::I32(io.b_offset() as i32),
+            Arg::I32(io.a_offset() as i32),
+            Arg::Ptr(ptr(io.w.a_log.f32("A_log"), s)),
+            Arg::Ptr(ptr(io.w.dt_bias.f32("dt_bias"), s)),
+            Arg::Ptr(io.state),
+            Arg::Ptr(io.l.seq_start()),
+            Arg::Ptr(io.l.seq_slot()),
+            Arg::I32(spec.num_k_heads as i32),
+            Arg::I32(spec.num_v_heads as i32),
+            Arg::I32(dk as i32),
+            Arg::I32(dv as i32),
+        ],
+    );
+    core
+}
+
+/// Lets `f` use `bytes` of dynamic shared memory (above the default 48 KiB).
+fn allow_smem(gpu: &Gpu, f: &CudaFunction, bytes: usize) {
+    check(gpu.ctx.bind_to_thread(), "bind context");
+    check(
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        ),
+        "setting a kernel's shared memory size",
+    );
+}
+
+/// The chunked form: per-chunk preparation for all chunks at once, then the
+/// state pass over chunks per (sequence, head, 32 state columns).
+fn chunked(
+    gpu: &Gpu,
+    io: &Io,
+    conv_out: &cudarc::driver::CudaSlice<f32>,
+) -> cudarc::driver::CudaSlice<f32> {
+    let (spec, s, l) = (io.spec, &gpu.stream, io.l);
+    let hv = spec.num_v_heads;
+    // Every sequence's chunks, the last one partial (the batch is on the host).
+    let chunks: usize = io
+        .batch
+        .seqs
+        .iter()
+        .map(|q| q.num_tokens.div_ceil(CHUNK))
+        .sum();
+    let scratch = gpu.alloc::<f32>(chunks * hv * CHUNK_FLOATS);
+    allow_smem(gpu, &gpu.k.gdn_chunk_prep, PREP_SMEM_BYTES);
+    gpu.launch(
+        &gpu.k.gdn_chunk_prep,
+        (blocks(l.max_new, CHUNK), hv as u32, l.seqs as u32),
+        256,
+        PREP_SMEM_BYTES as u32,
+        &[
+            Arg::Ptr(ptr(&scratch, s)),
+            Arg::Ptr(ptr(conv_out, s)),
+            Arg::Ptr(ptr(&io.proj.buf, s)),
+            Arg::I32(io.proj.cols as i32),
+            Arg::I32(io.b_offset() as i32),
+            Arg::I32(io.a_offset() as i32),
+            Arg::Ptr(ptr(io.w.a_log.f32("A_log"), s)),
+            Arg::Ptr(ptr(io.w.dt_bias.f32("dt_bias"), s)),
+            Arg::Ptr(l.seq_start()),
+            Arg::I32(spec.num_k_heads as i32),
+            Arg::I32(hv as i32),
+            Arg::F32(query_scale(spec.head_k_dim)),
+        ],
+    );
+    let core = gpu.alloc::<f32>(l.tokens * spec.value_width());
+    allow_smem(gpu, &gpu.k.gdn_chunk_state, STATE_SMEM_BYTES);
+    gpu.launch(
+        &gpu.k.gdn_chunk_state,
+        ((HEAD_DIM / 32) as u32, hv as u32, l.seqs as u32),
+        256,
+        STATE_SMEM_BYTES as u32,
+        &[
+            Arg::Ptr(ptr(&core, s)),
+            Arg::Ptr(ptr(&scratch, s)),
+            Arg::Ptr(io.state),
+            Arg::Ptr(l.seq_start()),
+            Arg::Ptr(l.seq_slot()),
+            Arg::I32(hv as i32),
+        ],
+    );
+    core
+}
+
+fn validate(
+    proj: &CudaTensor,
+    w: &GdnWeights<CudaWeight>,
+    spec: &GdnSpec,
+    cache: &CudaCache,
+    layer: usize,
+    batch: &ForwardBatch,
+) {
     let t = batch.num_tokens();
     let (hk, hv, dk, dv) = (
         spec.num_k_heads,
@@ -74,95 +375,15 @@ pub fn gated_delta_net(
         dv,
         "gated norm weight must have {dv} values"
     );
-
-    let mut seq_start = vec![0i32];
-    let mut seq_slot = Vec::new();
+    let mut seen = vec![false; cache.spec.num_state_slots];
     for seq in &batch.seqs {
+        let slot = seq.state_slot as usize;
+        assert!(slot < seen.len(), "state slot {slot} out of range");
+        // The kernels update each sequence's state in place, in parallel.
         assert!(
-            (seq.state_slot as usize) < cache.spec.num_state_slots,
-            "state slot {} out of range",
-            seq.state_slot
+            !seen[slot],
+            "two sequences of one batch share state slot {slot}"
         );
-        seq_start.push(seq_start.last().unwrap() + seq.num_tokens as i32);
-        seq_slot.push(seq.state_slot as i32);
-    }
-    let nseq = batch.seqs.len() as u32;
-    let s = &gpu.stream;
-    let seq_start_dev = gpu.upload(&seq_start);
-    let seq_slot_dev = gpu.upload(&seq_slot);
-
-    let conv_out = gpu.alloc::<f32>(t * c);
-    if t > 0 {
-        gpu.launch(
-            &gpu.k.gdn_conv,
-            (blocks(c, 128), nseq, 1),
-            128,
-            0,
-            &[
-                Arg::Ptr(ptr(&conv_out, s)),
-                Arg::Ptr(ptr(&proj.buf, s)),
-                Arg::I32(proj.cols as i32),
-                Arg::Ptr(ptr(w.conv.bf16("conv1d"), s)),
-                Arg::Ptr(ptr(&cache.conv[layer], s)),
-                Arg::Ptr(ptr(&seq_start_dev, s)),
-                Arg::Ptr(ptr(&seq_slot_dev, s)),
-                Arg::I32(c as i32),
-                Arg::I32(spec.conv_kernel as i32),
-            ],
-        );
-    }
-
-    let value_width = spec.value_width();
-    let b_offset = c + value_width;
-    let a_offset = b_offset + hv;
-    let core = gpu.alloc::<f32>(t * value_width);
-    if t > 0 {
-        gpu.launch(
-            &gpu.k.gdn_recurrent,
-            (blocks(dv, COLS_PER_BLOCK), hv as u32, nseq),
-            128,
-            ((dk * COLS_PER_BLOCK + 2 * dk) * 4) as u32,
-            &[
-                Arg::Ptr(ptr(&core, s)),
-                Arg::Ptr(ptr(&conv_out, s)),
-                Arg::Ptr(ptr(&proj.buf, s)),
-                Arg::I32(proj.cols as i32),
-                Arg::I32(b_offset as i32),
-                Arg::I32(a_offset as i32),
-                Arg::Ptr(ptr(w.a_log.f32("A_log"), s)),
-                Arg::Ptr(ptr(w.dt_bias.f32("dt_bias"), s)),
-                Arg::Ptr(ptr(&cache.recurrent[layer], s)),
-                Arg::Ptr(ptr(&seq_start_dev, s)),
-                Arg::Ptr(ptr(&seq_slot_dev, s)),
-                Arg::I32(hk as i32),
-                Arg::I32(hv as i32),
-                Arg::I32(dk as i32),
-                Arg::I32(dv as i32),
-            ],
-        );
-    }
-
-    let out = gpu.alloc::<f32>(t * value_width);
-    gpu.launch(
-        &gpu.k.gdn_gated_norm,
-        (hv as u32, t as u32, 1),
-        128,
-        0,
-        &[
-            Arg::Ptr(ptr(&out, s)),
-            Arg::Ptr(ptr(&core, s)),
-            Arg::Ptr(ptr(&proj.buf, s)),
-            Arg::I32(proj.cols as i32),
-            Arg::I32(c as i32),
-            Arg::Ptr(ptr(w.norm.f32("gated norm"), s)),
-            Arg::I32(hv as i32),
-            Arg::I32(dv as i32),
-            Arg::F32(spec.norm_eps),
-        ],
-    );
-    CudaTensor {
-        rows: t,
-        cols: value_width,
-        buf: out,
+        seen[slot] = true;
     }
 }

@@ -1,4 +1,9 @@
-//! Matrix products through cuBLAS: bf16 operands, f32 accumulation and output.
+//! Matrix products: bf16 weights, f32 accumulation and output.
+//!
+//! Up to [`GEMV_MAX_ROWS`] rows (decode steps) go through the `gemv` kernels:
+//! the product is bound by reading the weights once, the activations stay f32,
+//! and the launch depends only on the shapes, so it can be recorded in a CUDA
+//! graph. Larger batches go through cuBLAS with activations rounded to bf16.
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -62,6 +67,77 @@ pub fn gemm_bf16(gpu: &Gpu, x: u64, rows: usize, k: usize, w: u64, n: usize, out
     );
 }
 
+/// Most activation rows the `gemv` kernels take (one kernel per count).
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// Weight rows a `gemv` launch aims to have in flight, in warps x rows per
+/// warp: about 16 warps of 4 rows per SM on a 132-SM H200 cover HBM latency.
+/// Below it, K is split over more warps.
+const GEMV_TARGET_ROWS: usize = 8192;
+
+/// Whether `gemv` takes `rows` rows of length `k`: its loads are 16 bytes
+/// (8 bf16) wide, so K must be a multiple of 8.
+pub fn gemv_fits(rows: usize, k: usize) -> bool {
+    (1..=GEMV_MAX_ROWS).contains(&rows) && k > 0 && k.is_multiple_of(8)
+}
+
+/// Weight rows per warp in `gemv_m{rows}` (must match `KESTREL_GEMV` in gemv.cu).
+fn gemv_rows_per_warp(rows: usize) -> usize {
+    match rows {
+        1 => 2,
+        2..=4 => 4,
+        _ => 8,
+    }
+}
+
+/// Warps that share one row group's K (1, 2, 4 or 8): split while the launch
+/// has too few rows in flight (at most 2048 warps) and every lane still gets
+/// a 16-byte chunk of each row. Measured on an H200 over K 512..4096 and
+/// N 512..248320, this picks the best split or one within a few percent.
+fn gemv_split(rows: usize, k: usize, n: usize) -> usize {
+    let per_warp = gemv_rows_per_warp(rows);
+    let target = (GEMV_TARGET_ROWS / per_warp).min(2048);
+    let groups = n.div_ceil(per_warp);
+    let mut split = 1;
+    while split < 8 && groups * split < target && k / (8 * 32 * 2 * split) >= 1 {
+        split *= 2;
+    }
+    split
+}
+
+/// `y[rows, n] = x[rows, k] . w[n, k]^T` with f32 `x` and `y`, bf16 `w`, all
+/// raw device addresses (16-byte aligned). `w_last` (0 for none) replaces row
+/// `n - 1` of `w`, which lets the MoE router append the shared-expert gate.
+/// Only kernel launches: safe to record in a CUDA graph.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv(gpu: &Gpu, y: u64, x: u64, rows: usize, k: usize, w: u64, n: usize, w_last: u64) {
+    assert!(gemv_fits(rows, k), "gemv: {rows} rows of {k} not supported");
+    assert!(
+        (x | w | w_last).is_multiple_of(16),
+        "gemv: operands must be 16-byte aligned"
+    );
+    if n == 0 {
+        return;
+    }
+    let split = gemv_split(rows, k, n);
+    let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
+    gpu.launch(
+        &gpu.k.gemv[rows - 1],
+        (blocks(n, rows_per_block), 1, 1),
+        256,
+        0,
+        &[
+            Arg::Ptr(y),
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(w_last),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+            Arg::I32(split as i32),
+        ],
+    );
+}
+
 pub fn matmul(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
     let n = w.dim0();
     let k = w.numel() / n.max(1);
@@ -70,6 +146,17 @@ pub fn matmul(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
         "matmul: weight {:?} does not take rows of {}",
         w.shape, x.cols
     );
+    if gemv_fits(x.rows, k) {
+        let out = gpu.alloc::<f32>(x.rows * n);
+        let s = &gpu.stream;
+        let wp = ptr(w.bf16("matmul"), s);
+        gemv(gpu, ptr(&out, s), ptr(&x.buf, s), x.rows, k, wp, n, 0);
+        return CudaTensor {
+            rows: x.rows,
+            cols: n,
+            buf: out,
+        };
+    }
     let xb = to_bf16(gpu, x);
     let out = gpu.alloc::<f32>(x.rows * n);
     let s = &gpu.stream;

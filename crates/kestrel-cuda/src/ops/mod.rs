@@ -7,3 +7,4 @@ pub mod gdn;
 pub mod linear;
 pub mod moe;
 pub mod norm;
+pub mod sample;

@@ -84,6 +84,10 @@ pub struct Args {
     /// Memory bandwidth in GB/s for the floors, instead of measuring it.
     #[arg(long)]
     bandwidth_gbs: Option<f64>,
+    /// Run every CUDA step eagerly instead of replaying recorded decode steps
+    /// (CUDA graphs).
+    #[arg(long)]
+    eager: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -146,7 +150,8 @@ pub fn run(args: Args) -> Result<()> {
             run::bench(&b, Storage { matrix: 4, kv: 4 }, &source, &args)
         }
         BackendKind::Cuda => {
-            let cuda = CudaBackend::new(args.device).context("cannot open the CUDA backend")?;
+            let mut cuda = CudaBackend::new(args.device).context("cannot open the CUDA backend")?;
+            cuda.set_graphs(!args.eager);
             let b = Timed::new(cuda);
             run::bench(&b, Storage { matrix: 2, kv: 2 }, &source, &args)
         }

@@ -102,6 +102,7 @@ pub fn bench<B: Backend>(
             "context": args.context, "steps": args.steps, "warmup": args.warmup,
             "prefill_runs": args.prefill_runs, "breakdown_steps": args.breakdown_steps,
             "max_batched_tokens": args.max_batched_tokens, "block_size": BLOCK_SIZE,
+            "replayed_decode_steps": args.backend == super::BackendKind::Cuda && !args.eager,
         },
         "prefill": prefills.iter().map(PrefillResult::to_json).collect::<Vec<Value>>(),
         "decode": decodes.iter().map(|(d, b)| report::decode_json(d, b)).collect::<Vec<Value>>(),
@@ -122,21 +123,6 @@ pub fn bench<B: Backend>(
 fn prompt_ids(len: usize, vocab: usize, salt: usize) -> Vec<u32> {
     (0..len)
         .map(|i| ((i.wrapping_add(salt * 7919)).wrapping_mul(2_654_435_761) % vocab) as u32)
-        .collect()
-}
-
-fn argmax_rows(logits: &[f32], vocab: usize) -> Vec<u32> {
-    logits
-        .chunks_exact(vocab)
-        .map(|row| {
-            let mut best = 0;
-            for (i, &v) in row.iter().enumerate() {
-                if v > row[best] {
-                    best = i;
-                }
-            }
-            best as u32
-        })
         .collect()
 }
 
@@ -164,13 +150,13 @@ fn prefill_sequence<B: Backend>(
                 state_slot: slot,
             }],
         };
-        let hidden = model
-            .decoder
-            .forward(b, &ids[done..done + n], &batch, cache);
+        let chunk = &ids[done..done + n];
         done += n;
         if done == ids.len() {
-            let logits = model.decoder.logits(b, &hidden, &[n - 1]);
-            next = argmax_rows(&b.to_host(&logits), model.config().vocab_size)[0];
+            let logits = model.decoder.step_logits(b, chunk, &batch, cache, &[n - 1]);
+            next = b.argmax_rows(&logits)[0];
+        } else {
+            model.decoder.forward(b, chunk, &batch, cache);
         }
     }
     Ok(next)
@@ -272,10 +258,9 @@ fn decode<B: Backend>(
         };
         b.synchronize()?;
         let start = Instant::now();
-        let hidden = model.decoder.forward(b, tokens, &fb, &mut cache);
         let rows: Vec<usize> = (0..tokens.len()).collect();
-        let logits = model.decoder.logits(b, &hidden, &rows);
-        *tokens = argmax_rows(&b.to_host(&logits), vocab);
+        let logits = model.decoder.step_logits(b, tokens, &fb, &mut cache, &rows);
+        *tokens = b.argmax_rows(&logits);
         let secs = start.elapsed().as_secs_f64();
         len += 1;
         if tokens.iter().any(|&t| t as usize >= vocab) {
@@ -323,10 +308,5 @@ mod tests {
         let a = prompt_ids(1000, 37, 0);
         assert!(a.iter().all(|&t| t < 37));
         assert_ne!(a, prompt_ids(1000, 37, 1));
-    }
-
-    #[test]
-    fn argmax_is_per_row() {
-        assert_eq!(argmax_rows(&[0.0, 2.0, 1.0, 5.0, -1.0, 4.0], 3), vec![1, 0]);
     }
 }

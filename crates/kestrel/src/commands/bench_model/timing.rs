@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use kestrel_core::{
     AttentionSpec, AttentionWeights, Backend, CacheSpec, DType, ForwardBatch, GdnSpec, GdnWeights,
-    HostTensor, MoeSpec, MoeWeights, Result,
+    HostTensor, MoeSpec, MoeWeights, Result, StepKey,
 };
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -136,6 +136,26 @@ impl<B: Backend> Backend for Timed<B> {
 
     fn copy_state(&self, cache: &mut B::Cache, src: u32, dst: u32) {
         self.inner.copy_state(cache, src, dst)
+    }
+
+    fn run_step(
+        &self,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut B::Cache,
+        key: Option<StepKey>,
+        f: &mut dyn FnMut(&mut B::Cache) -> B::Tensor,
+    ) -> B::Tensor {
+        if self.on.load(Ordering::Relaxed) {
+            // Recorded work would hide the operations: time them one by one.
+            self.inner.run_step(ids, batch, cache, None, f)
+        } else {
+            self.inner.run_step(ids, batch, cache, key, f)
+        }
+    }
+
+    fn argmax_rows(&self, x: &B::Tensor) -> Vec<u32> {
+        self.time(fixed("argmax_rows"), || self.inner.argmax_rows(x))
     }
 
     fn embedding(&self, table: &B::Weight, ids: &[u32]) -> B::Tensor {

@@ -1,0 +1,271 @@
+//! The layout of one forward step on the device: token ids, positions, KV
+//! slots, sequence boundaries, state slots and block tables, packed into one
+//! i32 buffer and uploaded once per step instead of once per layer.
+//!
+//! During [`Backend::run_step`](kestrel_core::Backend::run_step) the layout
+//! lives in a persistent buffer whose address does not change from step to
+//! step, so that recorded (graph-replayed) steps read the current step's
+//! values. Sections sit at offsets that depend only on the number of tokens
+//! and sequences, with the variable-length block tables last.
+//! Operations called outside a step (tests, direct calls) get a temporary
+//! layout built for their batch.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaSlice;
+use kestrel_core::ForwardBatch;
+
+use crate::device::{Gpu, check, ptr};
+
+/// Device addresses of one step's packed layout. Every section is i32.
+pub struct StepLayout {
+    base: u64,
+    pub tokens: usize,
+    pub seqs: usize,
+    /// Largest number of new tokens of one sequence, and largest total length
+    /// (cached + new). Host-side hints for sizing launches of prefill kernels;
+    /// kernels of decode steps (which may be replayed with other lengths) must
+    /// read lengths from `seq_len` instead.
+    pub max_new: usize,
+    pub max_len: usize,
+    /// Keeps a temporary layout's buffer alive (`None` for the step buffer).
+    _owned: Option<CudaSlice<i32>>,
+}
+
+impl StepLayout {
+    fn at(&self, elems: usize) -> u64 {
+        self.base + (elems * 4) as u64
+    }
+    /// Token ids `[T]`.
+    pub fn ids(&self) -> u64 {
+        self.at(0)
+    }
+    /// Absolute position of each new token `[T]`.
+    pub fn positions(&self) -> u64 {
+        self.at(self.tokens)
+    }
+    /// Sequence index of each new token `[T]`.
+    pub fn token_seq(&self) -> u64 {
+        self.at(2 * self.tokens)
+    }
+    /// KV cache slot (`page * block_size + offset`) of each new token `[T]`.
+    pub fn slot_mapping(&self) -> u64 {
+        self.at(3 * self.tokens)
+    }
+    /// First new token of each sequence, plus the total `[S + 1]`.
+    pub fn seq_start(&self) -> u64 {
+        self.at(4 * self.tokens)
+    }
+    /// Cached + new tokens of each sequence `[S]`.
+    pub fn seq_len(&self) -> u64 {
+        self.at(4 * self.tokens + self.seqs + 1)
+    }
+    /// Recurrent-state slot of each sequence `[S]`.
+    pub fn seq_slot(&self) -> u64 {
+        self.at(4 * self.tokens + 2 * self.seqs + 1)
+    }
+    /// Offset of each sequence's block table in `block_tables` `[S]`.
+    pub fn table_offset(&self) -> u64 {
+        self.at(4 * self.tokens + 3 * self.seqs + 1)
+    }
+    /// Every sequence's pages, concatenated.
+    pub fn block_tables(&self) -> u64 {
+        self.at(4 * self.tokens + 4 * self.seqs + 1)
+    }
+}
+
+/// The packed host values and the hints of a layout.
+struct Packed {
+    values: Vec<i32>,
+    tokens: usize,
+    seqs: usize,
+    max_new: usize,
+    max_len: usize,
+}
+
+fn pack(ids: Option<&[u32]>, batch: &ForwardBatch, block_size: usize) -> Packed {
+    let (t, s) = (batch.num_tokens(), batch.seqs.len());
+    let pages: usize = batch.seqs.iter().map(|q| q.block_table.len()).sum();
+    let mut v = Vec::with_capacity(4 * t + 4 * s + 1 + pages);
+    match ids {
+        Some(ids) => {
+            assert_eq!(ids.len(), t, "{} token ids for {t} new tokens", ids.len());
+            v.extend(ids.iter().map(|&i| i as i32));
+        }
+        None => v.resize(t, 0),
+    }
+    v.extend(batch.positions().iter().map(|&p| p as i32));
+    for (i, q) in batch.seqs.iter().enumerate() {
+        v.extend(std::iter::repeat_n(i as i32, q.num_tokens));
+    }
+    for q in &batch.seqs {
+        for pos in q.cached_len..q.total_len() {
+            // Pages a sequence lacks are reported by the operations that
+            // need them (attention); here they map to slot -1.
+            let slot = q
+                .block_table
+                .get(pos / block_size)
+                .map_or(-1, |&p| (p as usize * block_size + pos % block_size) as i32);
+            v.push(slot);
+        }
+    }
+    let mut start = 0;
+    v.push(0);
+    for q in &batch.seqs {
+        start += q.num_tokens as i32;
+        v.push(start);
+    }
+    v.extend(batch.seqs.iter().map(|q| q.total_len() as i32));
+    v.extend(batch.seqs.iter().map(|q| q.state_slot as i32));
+    let mut offset = 0;
+    for q in &batch.seqs {
+        v.push(offset);
+        offset += q.block_table.len() as i32;
+    }
+    for q in &batch.seqs {
+        v.extend(q.block_table.iter().map(|&p| p as i32));
+    }
+    Packed {
+        values: v,
+        tokens: t,
+        seqs: s,
+        max_new: batch.seqs.iter().map(|q| q.num_tokens).max().unwrap_or(0),
+        max_len: batch.seqs.iter().map(|q| q.total_len()).max().unwrap_or(0),
+    }
+}
+
+struct Active {
+    ids: Vec<u32>,
+    batch: ForwardBatch,
+    block_size: usize,
+    layout: Arc<StepLayout>,
+}
+
+/// The persistent step buffer and the step in progress.
+#[derive(Default)]
+pub struct StepState {
+    store: Option<CudaSlice<i32>>,
+    /// Bumped whenever the store moves: recordings made before read stale addresses.
+    pub generation: u64,
+    active: Option<Active>,
+}
+
+pub type SharedStep = Mutex<StepState>;
+
+impl Gpu {
+    /// Stage `batch` (new tokens `ids`) for the operations of one step.
+    pub fn begin_step(&self, ids: &[u32], batch: &ForwardBatch, block_size: usize) {
+        let p = pack(Some(ids), batch, block_size);
+        let mut st = self.step.lock().unwrap();
+        let need = p.values.len().max(1);
+        if st.store.as_ref().is_none_or(|s| s.len() < need) {
+            let old = st.store.as_ref().map_or(0, |s| s.len());
+            let cap = need.max(2 * old).max(1 << 16);
+            st.store = Some(self.alloc_zeros::<i32>(cap));
+            st.generation += 1;
+        }
+        let store = st.store.as_mut().unwrap();
+        check(
+            self.stream
+                .memcpy_htod(&p.values, &mut store.slice_mut(..p.values.len())),
+            "uploading the step layout",
+        );
+        let base = ptr(store, &self.stream);
+        st.active = Some(Active {
+            ids: ids.to_vec(),
+            batch: batch.clone(),
+            block_size,
+            layout: Arc::new(StepLayout {
+                base,
+                tokens: p.tokens,
+                seqs: p.seqs,
+                max_new: p.max_new,
+                max_len: p.max_len,
+                _owned: None,
+            }),
+        });
+    }
+
+    pub fn end_step(&self) {
+        self.step.lock().unwrap().active = None;
+    }
+
+    pub fn step_generation(&self) -> u64 {
+        self.step.lock().unwrap().generation
+    }
+
+    /// The layout of `batch`: the step's own when `batch` is the step's batch,
+    /// else a temporary one uploaded now.
+    pub fn layout(&self, batch: &ForwardBatch, block_size: usize) -> Arc<StepLayout> {
+        if let Some(a) = &self.step.lock().unwrap().active
+            && a.block_size == block_size
+            && a.batch == *batch
+        {
+            return a.layout.clone();
+        }
+        let p = pack(None, batch, block_size);
+        let buf = self.upload(&p.values);
+        Arc::new(StepLayout {
+            base: ptr(&buf, &self.stream),
+            tokens: p.tokens,
+            seqs: p.seqs,
+            max_new: p.max_new,
+            max_len: p.max_len,
+            _owned: Some(buf),
+        })
+    }
+
+    /// Device address of the step's token ids when `ids` are the step's.
+    pub fn step_ids(&self, ids: &[u32]) -> Option<u64> {
+        let st = self.step.lock().unwrap();
+        let a = st.active.as_ref()?;
+        (a.ids == ids).then(|| a.layout.ids())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kestrel_core::SeqChunk;
+
+    #[test]
+    fn sections_are_where_the_accessors_say() {
+        let batch = ForwardBatch {
+            seqs: vec![
+                SeqChunk {
+                    num_tokens: 3,
+                    cached_len: 2,
+                    block_table: vec![7, 9],
+                    state_slot: 4,
+                },
+                SeqChunk {
+                    num_tokens: 1,
+                    cached_len: 0,
+                    block_table: vec![5],
+                    state_slot: 1,
+                },
+            ],
+        };
+        let p = pack(Some(&[10, 11, 12, 13]), &batch, 4);
+        let l = StepLayout {
+            base: 0,
+            tokens: p.tokens,
+            seqs: p.seqs,
+            max_new: p.max_new,
+            max_len: p.max_len,
+            _owned: None,
+        };
+        let sec = |addr: u64, n: usize| p.values[addr as usize / 4..][..n].to_vec();
+        assert_eq!(sec(l.ids(), 4), [10, 11, 12, 13]);
+        assert_eq!(sec(l.positions(), 4), [2, 3, 4, 0]);
+        assert_eq!(sec(l.token_seq(), 4), [0, 0, 0, 1]);
+        assert_eq!(sec(l.slot_mapping(), 4), [30, 31, 36, 20]);
+        assert_eq!(sec(l.seq_start(), 3), [0, 3, 4]);
+        assert_eq!(sec(l.seq_len(), 2), [5, 1]);
+        assert_eq!(sec(l.seq_slot(), 2), [4, 1]);
+        assert_eq!(sec(l.table_offset(), 2), [0, 2]);
+        assert_eq!(sec(l.block_tables(), 3), [7, 9, 5]);
+        assert_eq!(p.values.len(), 4 * 4 + 4 * 2 + 1 + 3);
+        assert_eq!((l.max_new, l.max_len), (3, 5));
+    }
+}

@@ -1,0 +1,215 @@
+// Prefill attention: causal flash attention over the paged cache on tensor
+// cores (mma m16n8k16, bf16 in, f32 accumulate, online softmax in f32).
+// Handles any mix of sequences, including one-token ones; eager only (the
+// grid is sized from the step's longest chunk).
+#include "attention_mma.cuh"
+
+constexpr int PF_ROWS = 64;  // queries per block: 4 warps x 16 rows
+constexpr int PF_KEYS = 64;  // keys per K/V tile
+constexpr int PF_THREADS = 128;
+
+// Shared tiles hold rows of D bf16 as 16-byte chunks; chunk ch of row r sits
+// at ch ^ (r % 8), so the 8 row addresses of every ldmatrix hit distinct banks.
+template <int D>
+__device__ __forceinline__ int swz(int row, int ch) {
+    return row * (D / 8) + (ch ^ (row & 7));
+}
+
+// One block = 64 new tokens of one sequence for one q head.
+// Grid (ceil(max_new / 64), hq, S), block 128, dynamic shared memory
+// 3 * 64 * D * 2 bytes (Q, K and V tiles).
+//
+// Per K/V tile: V's copy is in flight while S = Q K^T runs, and the next K's
+// copy while the softmax and O += P V run (single buffers, cp.async groups).
+// Warp w owns query rows 16w..16w+15: S and O stay in mma accumulators, and
+// P goes from the S accumulator to the A fragment of P.V without shuffles.
+template <int D>
+__device__ __forceinline__ void prefill_tile(float* __restrict__ out, const float* __restrict__ q,
+                                             const __nv_bfloat16* __restrict__ k_cache,
+                                             const __nv_bfloat16* __restrict__ v_cache,
+                                             const int* __restrict__ seq_start, const int* __restrict__ seq_len,
+                                             const int* __restrict__ table_offset,
+                                             const int* __restrict__ block_tables, int hq, int hkv, int block_size,
+                                             float scale_log2, const float* __restrict__ proj, int proj_stride,
+                                             int gate_offset) {
+    static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
+    constexpr int CH = D / 8;
+    extern __shared__ uint4 smem[];
+    uint4* sq = smem;
+    uint4* sk = sq + PF_ROWS * CH;
+    uint4* sv = sk + PF_KEYS * CH;
+    // Cache rows of the keys of the next tiles (-1: past the end, zero-filled).
+    __shared__ int64_t s_row[2][PF_KEYS];
+
+    // Late query tiles have the most keys: start them first.
+    const int qt = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.y, s = blockIdx.z;
+    const int t0 = seq_start[s], n_new = seq_start[s + 1] - t0;
+    const int row0 = qt * PF_ROWS;
+    if (row0 >= n_new) return;
+    const int len = seq_len[s], cached = len - n_new;
+    const int kvh = h / (hq / hkv);
+    // Keys of the last query row of this tile: positions < kv_end.
+    const int kv_end = cached + min(n_new, row0 + PF_ROWS);
+    const int* table = block_tables + table_offset[s];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+
+    auto stage_rows = [&](int buf, int kb) {
+        if (tid < PF_KEYS) {
+            const int key = kb + tid;
+            s_row[buf][tid] = key < kv_end ? kv_row(table, key, block_size, hkv, kvh) : -1;
+        }
+    };
+    auto load_tile = [&](uint4* dst, const __nv_bfloat16* cache, int buf) {
+        for (int idx = tid; idx < PF_KEYS * CH; idx += PF_THREADS) {
+            const int r = idx / CH, ch = idx % CH;
+            const int64_t row = s_row[buf][r];
+            cp_async_16(smem_addr(dst + swz<D>(r, ch)), cache + (row < 0 ? 0 : row) * D + ch * 8, row >= 0);
+        }
+    };
+
+    // Q tile as bf16 (rows past the chunk are zero and never written out).
+    for (int idx = tid; idx < PF_ROWS * CH; idx += PF_THREADS) {
+        const int r = idx / CH, ch = idx % CH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (row0 + r < n_new) {
+            const float4* src = reinterpret_cast<const float4*>(q + ((size_t)(t0 + row0 + r) * hq + h) * D + ch * 8);
+            const float4 a = src[0], b = src[1];
+            v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+        }
+        sq[swz<D>(r, ch)] = v;
+    }
+    stage_rows(0, 0);
+    __syncthreads();
+    load_tile(sk, k_cache, 0);
+    cp_async_commit();
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    // Rows g and g + 8 of this warp: running max (log2 units) and this lane's
+    // part of the running sum (summed over the quad at the end).
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const int pos0 = cached + row0 + warp * 16 + g;  // position of row g; row g + 8 is pos0 + 8
+
+    const int n_tiles = (kv_end + PF_KEYS - 1) / PF_KEYS;
+    for (int it = 0; it < n_tiles; ++it) {
+        const int kb = it * PF_KEYS;
+        load_tile(sv, v_cache, it & 1);
+        cp_async_commit();
+        cp_async_wait<1>();  // K(it) has landed (V(it) may still be in flight)
+        __syncthreads();
+
+        float sc[PF_KEYS / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < PF_KEYS / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            uint32_t a[4];
+            ldmatrix_x4(a, smem_addr(sq + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+#pragma unroll
+            for (int jp = 0; jp < PF_KEYS / 16; ++jp) {
+                uint32_t b[4];
+                ldmatrix_x4(b, smem_addr(sk + swz<D>(jp * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                     2 * ks + ((lane >> 3) & 1))));
+                mma_bf16(sc[2 * jp], a, b[0], b[1]);
+                mma_bf16(sc[2 * jp + 1], a, b[2], b[3]);
+            }
+        }
+
+        if (it + 1 < n_tiles) stage_rows((it + 1) & 1, kb + PF_KEYS);
+        __syncthreads();  // every warp is done with K; the next tile's rows are staged
+        if (it + 1 < n_tiles) load_tile(sk, k_cache, (it + 1) & 1);
+        cp_async_commit();  // possibly empty: keeps the group count uniform
+
+        // Scale, causal mask (only tiles that reach past row g's position), online softmax.
+        const bool diagonal = kb + PF_KEYS - 1 > pos0;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < PF_KEYS / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float v = sc[nt][e] * scale_log2;
+                if (diagonal && kb + 8 * nt + 2 * c + (e & 1) > pos0 + (e >> 1) * 8) v = -INFINITY;
+                sc[nt][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float alpha[2], base[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(m[r], quad_max(mx[r]));
+            // A row with no key yet (never the case for a real row after tile 0) stays neutral.
+            base[r] = m_new == -INFINITY ? 0.f : m_new;
+            alpha[r] = exp2f(m[r] - base[r]);
+            m[r] = m_new;
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int nt = 0; nt < PF_KEYS / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
+                l[e >> 1] += sc[nt][e];
+            }
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            o[nt][0] *= alpha[0];
+            o[nt][1] *= alpha[0];
+            o[nt][2] *= alpha[1];
+            o[nt][3] *= alpha[1];
+        }
+
+        cp_async_wait<1>();  // V(it) has landed (the next K may still be in flight)
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < PF_KEYS / 16; ++kk) {
+            const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                                   pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                   pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+            for (int np = 0; np < D / 16; ++np) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, smem_addr(sv + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                                           2 * np + (lane >> 4))));
+                mma_bf16(o[2 * np], a, b[0], b[1]);
+                mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with V before the next copy into it
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + warp * 16 + g + 8 * r;
+        if (row >= n_new) continue;
+        const float inv_l = 1.f / quad_sum(l[r]);
+        const size_t t = t0 + row;
+        float* dst = out + (t * hq + h) * D + 2 * c;
+        const float* gate = proj + t * proj_stride + max(gate_offset, 0) + h * D + 2 * c;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            float2 v = make_float2(o[nt][2 * r] * inv_l, o[nt][2 * r + 1] * inv_l);
+            if (gate_offset >= 0) {
+                const float2 gt = *reinterpret_cast<const float2*>(gate + nt * 8);
+                v.x *= sigmoidf_exact(gt.x);
+                v.y *= sigmoidf_exact(gt.y);
+            }
+            *reinterpret_cast<float2*>(dst + nt * 8) = v;
+        }
+    }
+}
+
+#define PREFILL_KERNEL(D)                                                                                         \
+    KESTREL_EXTERN void __launch_bounds__(PF_THREADS, 2) attention_prefill_d##D(                                  \
+        float* __restrict__ out, const float* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,          \
+        const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ seq_start,                             \
+        const int* __restrict__ seq_len, const int* __restrict__ table_offset,                                    \
+        const int* __restrict__ block_tables, int hq, int hkv, int block_size, float scale_log2,                  \
+        const float* __restrict__ proj, int proj_stride, int gate_offset) {                                       \
+        prefill_tile<D>(out, q, k_cache, v_cache, seq_start, seq_len, table_offset, block_tables, hq, hkv,        \
+                        block_size, scale_log2, proj, proj_stride, gate_offset);                                  \
+    }
+
+PREFILL_KERNEL(64)
+PREFILL_KERNEL(128)
+PREFILL_KERNEL(256)
