@@ -198,6 +198,10 @@ pub struct Gpu {
     /// Set while a step is being recorded into a graph: host copies would
     /// not be recorded, so they are refused with a clear message.
     pub capturing: std::sync::atomic::AtomicBool,
+    /// Launch kernels with programmatic dependent launch (on unless
+    /// `KESTREL_CUDA_PDL=0`): a kernel's blocks are scheduled while its
+    /// predecessor finishes, hiding the launch gap between dependent kernels.
+    pub pdl: bool,
 }
 
 impl Gpu {
@@ -245,6 +249,7 @@ impl Gpu {
             poison: false,
             step: Default::default(),
             capturing: Default::default(),
+            pdl: std::env::var("KESTREL_CUDA_PDL").map_or(true, |v| v != "0"),
         })
     }
 
@@ -318,6 +323,32 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) {
+        self.launch_with(f, grid, block, smem, args, false)
+    }
+
+    /// [`Gpu::launch`] without programmatic dependent launch, for kernels
+    /// launched in clusters (kept on the plain path to stay on well-trodden
+    /// ground).
+    pub fn launch_plain(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) {
+        self.launch_with(f, grid, block, smem, args, true)
+    }
+
+    fn launch_with(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+        no_early_launch: bool,
+    ) {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return;
         }
@@ -339,19 +370,55 @@ impl Gpu {
             .map(|v| v as *mut u64 as *mut c_void)
             .collect();
         check(self.ctx.bind_to_thread(), "bind context");
-        check(
-            unsafe {
-                result::launch_kernel(
-                    f.cu_function(),
-                    grid,
-                    (block, 1, 1),
-                    smem,
-                    self.stream.cu_stream(),
-                    &mut params,
-                )
-            },
-            "kernel launch",
-        );
+        if !self.pdl || no_early_launch {
+            check(
+                unsafe {
+                    result::launch_kernel(
+                        f.cu_function(),
+                        grid,
+                        (block, 1, 1),
+                        smem,
+                        self.stream.cu_stream(),
+                        &mut params,
+                    )
+                },
+                "kernel launch",
+            );
+            return;
+        }
+        // Programmatic dependent launch: the kernel may be scheduled while its
+        // predecessor still runs; it waits for the predecessor's results in
+        // `pdl_begin` (common.cuh), which every kernel calls first.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let r = unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            panic!("CUDA error in kernel launch (programmatic): {r:?}");
+        }
     }
 }
 

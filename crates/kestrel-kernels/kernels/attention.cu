@@ -18,7 +18,7 @@ KESTREL_EXTERN void qk_norm_rope_kv_write(const float* __restrict__ proj, int pr
                                           const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                           const int* __restrict__ positions, const int* __restrict__ slot_mapping,
                                           int tokens, int hq, int hkv, int d, int rotary_dim, float theta, float eps,
-                                          int k_offset, int v_offset) {
+                                          int k_offset, int v_offset) { pdl_begin();
     extern __shared__ float smem_qkn[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int heads = hq + 2 * hkv;
@@ -89,7 +89,7 @@ KESTREL_EXTERN void paged_attention(float* __restrict__ out, const float* __rest
                                     const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ positions,
                                     const int* __restrict__ token_seq, const int* __restrict__ seq_table_offset,
                                     const int* __restrict__ block_tables, int hq, int hkv, int d, int block_size,
-                                    float scale, const float* __restrict__ proj, int proj_stride, int gate_offset) {
+                                    float scale, const float* __restrict__ proj, int proj_stride, int gate_offset) { pdl_begin();
     extern __shared__ float smem[];
     float* qs = smem;
     float* ps = smem + d;

@@ -244,7 +244,7 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
         float* __restrict__ part_o, float* __restrict__ part_ml, const float* __restrict__ q,                      \
         const __nv_bfloat16* __restrict__ k_cache, const __nv_bfloat16* __restrict__ v_cache,                     \
         const int* __restrict__ seq_start, const int* __restrict__ seq_len, const int* __restrict__ table_offset, \
-        const int* __restrict__ block_tables, int hq, int hkv, int block_size, float scale_log2, int splits) {     \
+        const int* __restrict__ block_tables, int hq, int hkv, int block_size, float scale_log2, int splits) { pdl_begin();     \
         decode_split<D>(part_o, part_ml, q, k_cache, v_cache, seq_start, seq_len, table_offset, block_tables, hq, \
                         hkv, block_size, scale_log2, splits);                                                     \
     }
@@ -264,7 +264,7 @@ constexpr int COMBINE_THREADS = 256;
 KESTREL_EXTERN void __launch_bounds__(COMBINE_THREADS)
     attention_decode_combine(float* __restrict__ out, const float* __restrict__ part_o,
                              const float* __restrict__ part_ml, const int* __restrict__ seq_start, int hq, int d,
-                             int splits, const float* __restrict__ proj, int proj_stride, int gate_offset) {
+                             int splits, const float* __restrict__ proj, int proj_stride, int gate_offset) { pdl_begin();
     __shared__ float w[DEC_MAX_SPLITS];
     __shared__ float scratch[32];
     __shared__ float4 red[COMBINE_THREADS];

@@ -205,7 +205,7 @@ __device__ __forceinline__ void prefill_tile(float* __restrict__ out, const floa
         const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ seq_start,                             \
         const int* __restrict__ seq_len, const int* __restrict__ table_offset,                                    \
         const int* __restrict__ block_tables, int hq, int hkv, int block_size, float scale_log2,                  \
-        const float* __restrict__ proj, int proj_stride, int gate_offset) {                                       \
+        const float* __restrict__ proj, int proj_stride, int gate_offset) { pdl_begin();                                       \
         prefill_tile<D>(out, q, k_cache, v_cache, seq_start, seq_len, table_offset, block_tables, hq, hkv,        \
                         block_size, scale_log2, proj, proj_stride, gate_offset);                                  \
     }

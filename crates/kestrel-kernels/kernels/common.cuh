@@ -5,6 +5,29 @@
 
 #define KESTREL_EXTERN extern "C" __global__
 
+// Programmatic dependent launch. Kernels are launched so that their blocks may
+// be scheduled while the previous kernel on the stream still runs; every
+// kernel therefore starts with pdl_begin(): wait until the previous kernel
+// has finished and its writes are visible, then allow the next kernel to be
+// scheduled. Nothing may touch global memory that another kernel writes or
+// reads before pdl_wait(). Without the launch attribute both are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_begin() {
+    pdl_wait();
+    pdl_launch_dependents();
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

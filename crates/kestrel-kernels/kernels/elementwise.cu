@@ -4,7 +4,7 @@
 
 // out[t, :] = table[ids[t], :] widened to f32. Grid (ceil(cols/256), rows).
 KESTREL_EXTERN void embedding_bf16(float* __restrict__ out, const __nv_bfloat16* __restrict__ table,
-                                   const uint32_t* __restrict__ ids, int cols) {
+                                   const uint32_t* __restrict__ ids, int cols) { pdl_begin();
     const int t = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
@@ -13,20 +13,20 @@ KESTREL_EXTERN void embedding_bf16(float* __restrict__ out, const __nv_bfloat16*
 
 // out[i, :] = x[rows[i], :]. Grid (ceil(cols/256), n).
 KESTREL_EXTERN void gather_rows_f32(float* __restrict__ out, const float* __restrict__ x,
-                                    const uint32_t* __restrict__ rows, int cols) {
+                                    const uint32_t* __restrict__ rows, int cols) { pdl_begin();
     const int i = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     out[(size_t)i * cols + c] = x[(size_t)rows[i] * cols + c];
 }
 
-KESTREL_EXTERN void add_assign_f32(float* __restrict__ a, const float* __restrict__ b, size_t n) {
+KESTREL_EXTERN void add_assign_f32(float* __restrict__ a, const float* __restrict__ b, size_t n) { pdl_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) a[i] += b[i];
 }
 
 // out[t, j] = silu(gu[t, j]) * gu[t, inter + j]. Grid (ceil(inter/256), rows).
-KESTREL_EXTERN void swiglu_f32(float* __restrict__ out, const float* __restrict__ gu, int inter) {
+KESTREL_EXTERN void swiglu_f32(float* __restrict__ out, const float* __restrict__ gu, int inter) { pdl_begin();
     const int t = blockIdx.y;
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= inter) return;
@@ -35,7 +35,7 @@ KESTREL_EXTERN void swiglu_f32(float* __restrict__ out, const float* __restrict_
     out[(size_t)t * inter + j] = g / (1.f + __expf(-g)) * row[inter + j];
 }
 
-KESTREL_EXTERN void f32_to_bf16_kernel(__nv_bfloat16* __restrict__ out, const float* __restrict__ x, size_t n) {
+KESTREL_EXTERN void f32_to_bf16_kernel(__nv_bfloat16* __restrict__ out, const float* __restrict__ x, size_t n) { pdl_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f32_to_bf16(x[i]);
 }

@@ -17,7 +17,7 @@ constexpr int GDN_CONV_TOKENS = 64;  // tokens per block of gdn_conv
 KESTREL_EXTERN void gdn_conv(float* __restrict__ out, const float* __restrict__ proj, int proj_stride,
                              const __nv_bfloat16* __restrict__ conv_w, float* __restrict__ conv_state,
                              const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int channels,
-                             int kernel) {
+                             int kernel) { pdl_begin();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     const int tile = blockIdx.y, s = blockIdx.z;
     const int start = seq_start[s], n = seq_start[s + 1] - start;
@@ -79,7 +79,7 @@ KESTREL_EXTERN void gdn_recurrent(float* __restrict__ core, const float* __restr
                                   const float* __restrict__ proj, int proj_stride, int b_offset, int a_offset,
                                   const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                                   float* __restrict__ state, const int* __restrict__ seq_start,
-                                  const int* __restrict__ seq_slot, int hk, int hv, int dk, int dv) {
+                                  const int* __restrict__ seq_slot, int hk, int hv, int dk, int dv) { pdl_begin();
     extern __shared__ float smem[];
     float* S = smem;                // [dk][GDN_COLS]
     float* qs = S + dk * GDN_COLS;  // [dk]
@@ -159,7 +159,7 @@ KESTREL_EXTERN void gdn_recurrent(float* __restrict__ core, const float* __restr
 // z at proj[t, z_offset + ...]. Grid (Hv, T), block 128.
 KESTREL_EXTERN void gdn_gated_norm(float* __restrict__ out, const float* __restrict__ core,
                                    const float* __restrict__ proj, int proj_stride, int z_offset,
-                                   const float* __restrict__ w, int hv, int dv, float eps) {
+                                   const float* __restrict__ w, int hv, int dv, float eps) { pdl_begin();
     __shared__ float scratch[32];
     const int h = blockIdx.x, t = blockIdx.y;
     const float* o = core + (size_t)t * hv * dv + h * dv;

@@ -69,7 +69,7 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
     gdn_chunk_prep(float* __restrict__ scratch, const float* __restrict__ qkv, const float* __restrict__ proj,
                    int proj_stride, int b_offset, int a_offset, const float* __restrict__ a_log,
                    const float* __restrict__ dt_bias, const int* __restrict__ seq_start, int hk, int hv,
-                   float q_scale) {
+                   float q_scale) { pdl_begin();
     extern __shared__ float4 smem4[];
     float* qT = reinterpret_cast<float*>(smem4);  // [DK][CH], normalised and scaled
     float* kT = qT + DK * CH;                     // [DK][CH], normalised
@@ -237,7 +237,7 @@ constexpr int KP = CH + 4;   // padded row of k^T (conflict-free row reads)
 // Grid (Dv/32, Hv, S), block 256, dynamic shared memory STATE_SMEM_BYTES (ops/gdn.rs).
 KESTREL_EXTERN void __launch_bounds__(STATE_THREADS)
     gdn_chunk_state(float* __restrict__ core, const float* __restrict__ scratch, float* __restrict__ state,
-                    const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hv) {
+                    const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hv) { pdl_begin();
     extern __shared__ float4 smem4[];
     float* S = reinterpret_cast<float*>(smem4);  // [DK][SP]
     float* WT = S + DK * SP;                     // [DK][CH]

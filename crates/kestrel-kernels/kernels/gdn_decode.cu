@@ -297,7 +297,7 @@ __device__ __forceinline__ void decode(const DecodeArgs& a) {
         gdn_decode_g##GROUP(                                                                                      \
         float* out, const float* proj, int proj_stride, const __nv_bfloat16* conv_w, float* conv_state,            \
         float* state, const float* a_log, const float* dt_bias, const float* norm_w, const int* seq_start,       \
-        const int* seq_slot, int hk, int hv, float q_scale, float eps) {                                          \
+        const int* seq_slot, int hk, int hv, float q_scale, float eps) { pdl_begin();                                          \
         decode<GROUP>(DecodeArgs{out, proj, proj_stride, conv_w, conv_state, state, a_log, dt_bias, norm_w,        \
                                  seq_start, seq_slot, hk, hv, q_scale, eps});                                     \
     }

@@ -11,7 +11,7 @@
 // logits[t, e] = x[t, :] . w[e, :] with f32 accumulation (bf16 weights).
 // One warp per (t, e): grid ceil(T*E / 8), block 256.
 KESTREL_EXTERN void router_logits(float* __restrict__ logits, const float* __restrict__ x,
-                                  const __nv_bfloat16* __restrict__ w, int tokens, int experts, int hidden) {
+                                  const __nv_bfloat16* __restrict__ w, int tokens, int experts, int hidden) { pdl_begin();
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (warp >= tokens * experts) return;
@@ -27,7 +27,7 @@ KESTREL_EXTERN void router_logits(float* __restrict__ logits, const float* __res
 // Softmax over E logits, then the k largest probabilities (lowest index wins
 // ties), optionally renormalised to sum to one. One thread per token.
 KESTREL_EXTERN void router_topk(int* __restrict__ ids, float* __restrict__ weights, const float* __restrict__ logits,
-                                int tokens, int experts, int k, int renormalize) {
+                                int tokens, int experts, int k, int renormalize) { pdl_begin();
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= tokens) return;
     const float* l = logits + (size_t)t * experts;
@@ -63,7 +63,7 @@ KESTREL_EXTERN void router_topk(int* __restrict__ ids, float* __restrict__ weigh
 
 // out[i, :] = bf16(x[rows[i], :]). Grid (ceil(cols/256), n).
 KESTREL_EXTERN void gather_rows_to_bf16(__nv_bfloat16* __restrict__ out, const float* __restrict__ x,
-                                        const int* __restrict__ rows, int cols) {
+                                        const int* __restrict__ rows, int cols) { pdl_begin();
     const int i = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
@@ -71,7 +71,7 @@ KESTREL_EXTERN void gather_rows_to_bf16(__nv_bfloat16* __restrict__ out, const f
 }
 
 // out[i, j] = bf16(silu(gu[i, j]) * gu[i, inter + j]). Grid (ceil(inter/256), n).
-KESTREL_EXTERN void swiglu_to_bf16(__nv_bfloat16* __restrict__ out, const float* __restrict__ gu, int inter) {
+KESTREL_EXTERN void swiglu_to_bf16(__nv_bfloat16* __restrict__ out, const float* __restrict__ gu, int inter) { pdl_begin();
     const int i = blockIdx.y;
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= inter) return;
@@ -82,7 +82,7 @@ KESTREL_EXTERN void swiglu_to_bf16(__nv_bfloat16* __restrict__ out, const float*
 // out[rows[i], :] += weights[i] * y[i, :]. Rows must be distinct within one
 // launch (each token appears once per expert). Grid (ceil(cols/256), n).
 KESTREL_EXTERN void scatter_add_weighted(float* __restrict__ out, const float* __restrict__ y,
-                                         const int* __restrict__ rows, const float* __restrict__ weights, int cols) {
+                                         const int* __restrict__ rows, const float* __restrict__ weights, int cols) { pdl_begin();
     const int i = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
@@ -92,7 +92,7 @@ KESTREL_EXTERN void scatter_add_weighted(float* __restrict__ out, const float* _
 // out[t, :] += sigmoid(gate[t]) * y[t, :] (gate == nullptr: plain add).
 // Grid (ceil(cols/256), T).
 KESTREL_EXTERN void add_gated_rows(float* __restrict__ out, const float* __restrict__ y,
-                                   const float* __restrict__ gate, int cols) {
+                                   const float* __restrict__ gate, int cols) { pdl_begin();
     const int t = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
@@ -120,7 +120,7 @@ KESTREL_EXTERN void add_gated_rows(float* __restrict__ out, const float* __restr
 // Grid T, block 32 * ceil(E / 32); E <= 512, k <= 32.
 KESTREL_EXTERN void __launch_bounds__(MOE_MAX_EXPERTS)
     moe_topk(int* __restrict__ ids, float* __restrict__ weights, const float* __restrict__ logits, int ld,
-             int experts, int top_k, int renormalize) {
+             int experts, int top_k, int renormalize) { pdl_begin();
     __shared__ float key[MOE_MAX_EXPERTS];  // order key per expert; padding sorts last
     __shared__ float by_rank[32];           // picked probabilities, best first
     __shared__ int picks_before[MOE_MAX_EXPERTS / 32];
@@ -186,7 +186,7 @@ KESTREL_EXTERN void __launch_bounds__(MOE_MAX_EXPERTS)
 KESTREL_EXTERN void __launch_bounds__(512)
     moe_gate_up(float* __restrict__ act, const float* __restrict__ x, const int* __restrict__ ids,
                 const __nv_bfloat16* __restrict__ w_gate_up, const __nv_bfloat16* __restrict__ w_shared,
-                int hidden, int inter, int shared_inter, int top_k, int act_ld, int rows_per_block) {
+                int hidden, int inter, int shared_inter, int top_k, int act_ld, int rows_per_block) { pdl_begin();
     const int t = blockIdx.x, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int items = blockDim.x >> 5;
     const bool shared = j >= top_k;
@@ -229,7 +229,7 @@ KESTREL_EXTERN void __launch_bounds__(512)
     moe_down(float* __restrict__ out, const float* __restrict__ act, const int* __restrict__ ids,
              const float* __restrict__ weights, const float* __restrict__ logits, int logits_ld, int gate_col,
              const __nv_bfloat16* __restrict__ w_down, const __nv_bfloat16* __restrict__ w_shared, int hidden,
-             int inter, int shared_inter, int top_k, int act_ld, int rows_per_block) {
+             int inter, int shared_inter, int top_k, int act_ld, int rows_per_block) { pdl_begin();
     extern __shared__ float ys[];  // [items][rows_per_block]
     const int t = blockIdx.x, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int items = blockDim.x >> 5;

@@ -3,7 +3,7 @@
 
 // out = x * rsqrt(mean(x^2) + eps) * w
 KESTREL_EXTERN void rms_norm_f32(float* __restrict__ out, const float* __restrict__ x,
-                                 const float* __restrict__ w, int cols, float eps) {
+                                 const float* __restrict__ w, int cols, float eps) { pdl_begin();
     __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     const float* xr = x + row * cols;
@@ -16,7 +16,7 @@ KESTREL_EXTERN void rms_norm_f32(float* __restrict__ out, const float* __restric
 // residual += x; out = rms_norm(residual) * w
 KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, float* __restrict__ residual,
                                      const float* __restrict__ x, const float* __restrict__ w, int cols,
-                                     float eps) {
+                                     float eps) { pdl_begin();
     __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     float* rr = residual + row * cols;

@@ -15,7 +15,7 @@ __device__ __forceinline__ bool argmax_before(float v, int i, float bv, int bi) 
 // a row of NaN only gives 0. Grid rows, block 1024 (any multiple of 32 up to 1024).
 // Each thread scans its columns in ascending order (float4 loads when a row is
 // 16-byte aligned), then a fixed tree combines the threads: deterministic.
-KESTREL_EXTERN void argmax_rows(int* __restrict__ out, const float* __restrict__ logits, int cols) {
+KESTREL_EXTERN void argmax_rows(int* __restrict__ out, const float* __restrict__ logits, int cols) { pdl_begin();
     __shared__ float best_v[32];
     __shared__ int best_i[32];
     const float* row = logits + (size_t)blockIdx.x * cols;

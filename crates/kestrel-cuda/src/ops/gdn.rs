@@ -148,7 +148,7 @@ fn decode(gpu: &Gpu, io: &Io, f: &CudaFunction) -> CudaTensor {
     let (spec, s) = (io.spec, &gpu.stream);
     let t = io.l.tokens;
     let out = gpu.alloc::<f32>(t * spec.value_width());
-    gpu.launch(
+    gpu.launch_plain(
         f,
         (8, spec.num_k_heads as u32, io.l.seqs as u32),
         128,
