@@ -74,6 +74,14 @@ pub struct Kernels {
     pub moe_topk: CudaFunction,
     pub moe_gate_up: CudaFunction,
     pub moe_down: CudaFunction,
+    /// The device-routed prefill MoE (`kernels/moe_prefill.cu`, `ops::moe`).
+    pub moe_split_x: CudaFunction,
+    pub moe_router_gemm: CudaFunction,
+    pub moe_gate_up_gemm: CudaFunction,
+    pub moe_down_gemm: CudaFunction,
+    pub moe_route_plan: CudaFunction,
+    pub moe_route_fill: CudaFunction,
+    pub moe_combine: CudaFunction,
     pub argmax_rows: CudaFunction,
 }
 
@@ -91,6 +99,7 @@ impl Kernels {
         let attention_decode = module(kestrel_kernels::ATTENTION_DECODE, "attention_decode")?;
         let attention_prefill = module(kestrel_kernels::ATTENTION_PREFILL, "attention_prefill")?;
         let moe = module(kestrel_kernels::MOE, "moe")?;
+        let moe_prefill = module(kestrel_kernels::MOE_PREFILL, "moe_prefill")?;
         let gdn = module(kestrel_kernels::GDN, "gdn")?;
         let gdn_decode = module(kestrel_kernels::GDN_DECODE, "gdn_decode")?;
         let gdn_chunk = module(kestrel_kernels::GDN_CHUNK, "gdn_chunk")?;
@@ -152,6 +161,13 @@ impl Kernels {
             moe_topk: f(&moe, "moe_topk")?,
             moe_gate_up: f(&moe, "moe_gate_up")?,
             moe_down: f(&moe, "moe_down")?,
+            moe_split_x: f(&moe_prefill, "moe_split_x")?,
+            moe_router_gemm: crate::ops::moe::prefill_gemm(&moe_prefill, "moe_router_gemm")?,
+            moe_gate_up_gemm: crate::ops::moe::prefill_gemm(&moe_prefill, "moe_gate_up_gemm")?,
+            moe_down_gemm: crate::ops::moe::prefill_gemm(&moe_prefill, "moe_down_gemm")?,
+            moe_route_plan: f(&moe_prefill, "moe_route_plan")?,
+            moe_route_fill: f(&moe_prefill, "moe_route_fill")?,
+            moe_combine: f(&moe_prefill, "moe_combine")?,
             argmax_rows: f(&sample, "argmax_rows")?,
         })
     }
@@ -198,10 +214,15 @@ pub struct Gpu {
     /// Set while a step is being recorded into a graph: host copies would
     /// not be recorded, so they are refused with a clear message.
     pub capturing: std::sync::atomic::AtomicBool,
-    /// Launch kernels with programmatic dependent launch (on unless
-    /// `KESTREL_CUDA_PDL=0`): a kernel's blocks are scheduled while its
-    /// predecessor finishes, hiding the launch gap between dependent kernels.
+    /// Launch kernels with programmatic dependent launch (`KESTREL_CUDA_PDL=1`):
+    /// a kernel's blocks may be scheduled while its predecessor finishes.
+    /// Off by default: on an H200 it passed every check but changed replayed
+    /// decode steps by less than the noise (3.215 vs 3.208 ms).
     pub pdl: bool,
+    /// Route prefill MoE blocks on the host with per-expert cuBLAS products
+    /// (the older path) instead of the device-routed grouped GEMMs:
+    /// `KESTREL_MOE_PREFILL=host`, read once here.
+    pub moe_prefill_host: bool,
 }
 
 impl Gpu {
@@ -249,7 +270,8 @@ impl Gpu {
             poison: false,
             step: Default::default(),
             capturing: Default::default(),
-            pdl: std::env::var("KESTREL_CUDA_PDL").map_or(true, |v| v != "0"),
+            pdl: std::env::var("KESTREL_CUDA_PDL").is_ok_and(|v| v == "1"),
+            moe_prefill_host: std::env::var("KESTREL_MOE_PREFILL").is_ok_and(|v| v == "host"),
         })
     }
 

@@ -31,14 +31,6 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         const __nv_bfloat16* p = (w_last != nullptr && n == n_rows - 1) ? w_last : w + (size_t)n * k;
         rows[r] = reinterpret_cast<const uint4*>(p);
     }
-    // The weights do not depend on the previous kernel: while it finishes,
-    // pull this group's rows towards L2 (the block may have been scheduled
-    // early, see pdl_begin), then wait for x.
-    const int lines = k >> 6;  // 128-byte lines per row
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-        for (int line = lane + 32 * s; line < lines; line += 32 * split)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(rows[r]) + 128 * line));
     pdl_begin();
     float acc[M][R];
 #pragma unroll

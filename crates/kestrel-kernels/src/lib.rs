@@ -16,7 +16,7 @@ pub fn available() -> Result<(), &'static str> {
 }
 
 /// Every embedded module, by name (the `.cu` file stem).
-pub fn modules() -> [(&'static str, &'static [u8]); 12] {
+pub fn modules() -> [(&'static str, &'static [u8]); 13] {
     [
         ("dummy", DUMMY),
         ("elementwise", ELEMENTWISE),
@@ -25,6 +25,7 @@ pub fn modules() -> [(&'static str, &'static [u8]); 12] {
         ("attention_decode", ATTENTION_DECODE),
         ("attention_prefill", ATTENTION_PREFILL),
         ("moe", MOE),
+        ("moe_prefill", MOE_PREFILL),
         ("gdn", GDN),
         ("gdn_decode", GDN_DECODE),
         ("gdn_chunk", GDN_CHUNK),

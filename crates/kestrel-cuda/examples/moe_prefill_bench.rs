@@ -1,0 +1,122 @@
+//! Micro-benchmark of the prefill MoE block (more than 8 tokens) on dummy bf16
+//! weights: Qwen3.6-35B-A3B and Qwen3-30B-A3B layers at 1,024 and 8,192
+//! tokens.
+//!
+//! Prints the time per call and the achieved rate of the block's useful
+//! products (router, the k routed experts and the shared expert of every
+//! token, 2 FLOP per multiply-add) in TFLOP/s. Timing is host wall-clock
+//! around the calls, between stream syncs.
+//!
+//! Usage: `moe_prefill_bench [--device N] [--host]`; `--host` times the older
+//! host-routed path (`KESTREL_MOE_PREFILL=host`).
+
+use std::time::Instant;
+
+use kestrel_core::dummy::dummy_value;
+use kestrel_core::{Backend, DType, MoeSpec, MoeWeights};
+use kestrel_cuda::{CudaBackend, CudaWeight};
+
+/// Deterministic activations in [-1, 1).
+fn inputs(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    (0..(rows * cols) as u64)
+        .map(|i| dummy_value(seed, i, 0.0, 1.0))
+        .collect()
+}
+
+fn moe_layer(gpu: &CudaBackend, spec: &MoeSpec, h: usize, seed: u64) -> MoeWeights<CudaWeight> {
+    let (e, i) = (spec.num_experts, spec.intermediate);
+    let w = |shape: &[usize], s: u64, scale: f32| {
+        gpu.dummy_weight(shape, DType::BF16, seed * 16 + s, 0.0, scale)
+            .expect("weight")
+    };
+    MoeWeights {
+        router: w(&[e, h], 0, 0.05),
+        gate_up: w(&[e, 2 * i, h], 1, 0.03),
+        down: w(&[e, h, i], 2, 0.03),
+        shared_gate_up: spec.shared_intermediate.map(|si| w(&[2 * si, h], 3, 0.03)),
+        shared_down: spec.shared_intermediate.map(|si| w(&[h, si], 4, 0.03)),
+        shared_gate: spec.shared_intermediate.map(|_| w(&[1, h], 5, 0.05)),
+    }
+}
+
+/// Useful FLOPs of one block over `t` tokens.
+fn flops(spec: &MoeSpec, h: usize, t: usize) -> f64 {
+    let shared = spec.shared_intermediate.map_or(0, |si| 3 * si * h + h);
+    let per_token = spec.num_experts * h + spec.top_k * 3 * spec.intermediate * h + shared;
+    2.0 * (t * per_token) as f64
+}
+
+fn main() {
+    let mut device = 0;
+    let mut host = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--device" => {
+                device = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--device N")
+            }
+            "--host" => host = true,
+            _ => {
+                eprintln!("usage: moe_prefill_bench [--device N] [--host]");
+                std::process::exit(2);
+            }
+        }
+    }
+    if host {
+        // SAFETY: single-threaded here, before anything reads the environment.
+        unsafe { std::env::set_var("KESTREL_MOE_PREFILL", "host") };
+    }
+    let gpu = match CudaBackend::new(device) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("no CUDA: {e}");
+            return;
+        }
+    };
+    println!(
+        "device: {}  path: {}",
+        gpu.name(),
+        if host { "host-routed" } else { "device-routed" }
+    );
+    let qwen36 = MoeSpec {
+        num_experts: 256,
+        top_k: 8,
+        intermediate: 512,
+        norm_topk_prob: true,
+        shared_intermediate: Some(512),
+    };
+    let qwen3 = MoeSpec {
+        num_experts: 128,
+        top_k: 8,
+        intermediate: 768,
+        norm_topk_prob: true,
+        shared_intermediate: None,
+    };
+    let h = 2048;
+    for (name, spec) in [("qwen3.6-35b-a3b", qwen36), ("qwen3-30b-a3b", qwen3)] {
+        // One layer (over 1 GB of experts, far beyond L2).
+        let w = moe_layer(&gpu, &spec, h, 1000);
+        for t in [1024usize, 8192] {
+            let x = gpu.from_host(t, h, &inputs(t, h, 50));
+            let reps = if t >= 8192 { 10 } else { 30 };
+            for _ in 0..3 {
+                drop(gpu.moe(&x, &w, &spec));
+            }
+            gpu.synchronize().expect("warm-up");
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                drop(gpu.moe(&x, &w, &spec));
+            }
+            gpu.synchronize().expect("timed calls");
+            let secs = t0.elapsed().as_secs_f64() / reps as f64;
+            println!(
+                "moe prefill {name:<16} T={t:<5} {:>8.3} ms {:>7.1} TFLOP/s",
+                secs * 1e3,
+                flops(&spec, h, t) / secs / 1e12
+            );
+        }
+    }
+}

@@ -1,0 +1,473 @@
+// Mixture of experts for prefill (more than 8 tokens), entirely on the device:
+// no host round trip, launch shapes that depend only on T and the spec (so a
+// step could be recorded in a CUDA graph), and results that never depend on
+// timing (no float atomics; integer counts only).
+//
+//   moe_split_x      x (f32) -> xs = [hi | mid | lo] bf16 per token row: x is
+//                    hi + mid + lo to ~2^-27, and hi = bf16(x) feeds the experts.
+//   moe_router_gemm  logits [T, E (+1 shared-expert gate)] = xs . [W | W | W]^T
+//                    on tensor cores: three bf16 products that add up to the f32
+//                    product (see the kernel), then moe_topk (moe.cu).
+//   moe_route_plan   tokens per expert, their exclusive scan (grouped row
+//                    offsets) and the scan of 64-row tiles per expert.
+//   moe_route_fill   per expert, its (token, pick) pairs in ascending token
+//                    order: a stable counting sort, one block per expert.
+//   moe_gate_up_gemm act [pairs, I] = silu(gate) * up of each pair's expert,
+//                    rows gathered from xs, bf16 out (grouped order).
+//   moe_down_gemm    y [pairs, H] = act . W_down[e]^T, f32 out (grouped order).
+//   moe_combine      out[t] = sum over picks in ascending expert id of
+//                    w * y[pos(t, j)], then + sigmoid(gate) * y_shared[t].
+//
+// The shared expert runs through the same two GEMM kernels as one dense group
+// of all T tokens.
+#include "attention_mma.cuh"
+
+// ---- grouped GEMM on tensor cores -------------------------------------------
+
+// Block tile: 64 rows (tokens) x 128 weight rows, K in steps of 64, a 4-stage
+// cp.async pipeline. 8 warps as 2 (rows) x 4 (columns); each warp owns 32 x 32
+// of the output: 2 m16 tiles x 4 n8 tiles of mma m16n8k16 (bf16 in, f32 acc).
+constexpr int MG_BM = 64;
+constexpr int MG_BN = 128;
+constexpr int MG_BK = 64;
+constexpr int MG_STAGES = 4;
+constexpr int MG_THREADS = 256;
+constexpr int MG_A_CHUNKS = MG_BM * MG_BK / 8;  // 16-byte chunks per stage
+constexpr int MG_B_CHUNKS = MG_BN * MG_BK / 8;
+constexpr int MG_STAGE_CHUNKS = MG_A_CHUNKS + MG_B_CHUNKS;
+// Dynamic shared memory of the GEMM kernels: 4 * (8 + 16) KiB = 96 KiB
+// (mirrored by `GEMM_SMEM_BYTES` in ops/moe.rs).
+constexpr int MG_SMEM_BYTES = MG_STAGES * MG_STAGE_CHUNKS * 16;
+static_assert(MG_SMEM_BYTES == 96 * 1024, "ops/moe.rs assumes 96 KiB");
+static_assert(MG_A_CHUNKS == 2 * MG_THREADS && MG_B_CHUNKS == 4 * MG_THREADS, "one load pattern per thread");
+
+enum { MG_ROUTER = 0, MG_GATE_UP = 1, MG_DOWN = 2 };
+
+// Tile rows are 64 bf16 = 8 chunks of 16 bytes; chunk ch of row r sits at
+// ch ^ (r % 8), so the 8 row addresses of every ldmatrix hit distinct banks
+// (the layout of attention_prefill.cu with D = 64).
+__device__ __forceinline__ int mg_swz(int row, int ch) { return row * 8 + (ch ^ (row & 7)); }
+
+// One block computes one (group, 64-row tile, column tile). Rows are in
+// "grouped order": group e owns rows offsets[e] .. offsets[e+1]; its 64-row
+// tiles are numbered tile_off[e] .. tile_off[e+1] in one flat list (computed on
+// the device by moe_route_plan), and the grid launches an upper bound of
+// tiles, the extra blocks leaving at once. With tile_off == nullptr there is
+// one group of rows 0 .. rows. Block b is column tile b % n_tiles of flat
+// tile b / n_tiles: the column tiles of one row tile run side by side, so
+// its A rows and its expert's weights are served from L2 after the first read.
+//
+//   a      A rows (bf16), `lda` elements apart; grouped row p reads A row
+//          a_rows[p] (a_rows == nullptr: row p).
+//   w      B: group e's matrix at w + e * w_stride, rows `k_period` long. The
+//          k-th product column reads weight column k % k_period.
+//   k      reduction length (a multiple of 8; the tail of the last K tile is
+//          zero-filled), n the output columns (see the modes).
+//
+// Modes (the output row of grouped row p is p):
+//   MG_ROUTER  out f32 [rows, ldo]: column c < n is row c of w, except row
+//              n - 1 taken from w_extra when that is not null. Each K tile
+//              is summed in fresh registers and then added to the total
+//              with an ordinary f32 add, which keeps the tensor cores'
+//              truncating accumulation to one K tile.
+//   MG_GATE_UP out bf16 [., ldo]: n = I act columns; a column tile is 64 act
+//              columns, whose 64 gate rows (e's rows c) and 64 up rows (rows
+//              I + c) form the 128 B rows, arranged so that each warp holds
+//              16 act columns' gate and up values: act = silu(gate) * up.
+//   MG_DOWN    out f32 [., ldo]: n columns, rows of w.
+template <int MODE>
+__device__ __forceinline__ void moe_gemm(void* __restrict__ out, int ldo, const __nv_bfloat16* __restrict__ a,
+                                         int lda, const int* __restrict__ a_rows,
+                                         const __nv_bfloat16* __restrict__ w, long long w_stride,
+                                         const __nv_bfloat16* __restrict__ w_extra, const int* __restrict__ offsets,
+                                         const int* __restrict__ tile_off, int groups, int rows, int n, int k,
+                                         int k_period, int n_tiles) {
+    extern __shared__ uint4 smem[];
+    const int nt = (int)(blockIdx.x % (unsigned)n_tiles);
+    const int slot = (int)(blockIdx.x / (unsigned)n_tiles);
+
+    // Which group and rows this block serves.
+    int grp = 0, row0, row_end;
+    if (tile_off != nullptr) {
+        if (slot >= tile_off[groups]) return;
+        int lo = 0, hi = groups;  // tile_off[lo] <= slot < tile_off[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (tile_off[mid] <= slot) lo = mid;
+            else hi = mid;
+        }
+        grp = lo;
+        row0 = offsets[grp] + (slot - tile_off[grp]) * MG_BM;
+        row_end = offsets[grp + 1];
+    } else {
+        row0 = slot * MG_BM;
+        row_end = rows;
+    }
+    if (row0 >= row_end) return;
+    const int m_rows = min(MG_BM, row_end - row0);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 2, wn = warp & 3;  // 32-row half, 32-column quarter
+    const int g = lane >> 2, c = lane & 3;
+
+    // Each thread copies chunk `ch` of A tile rows r_lo, r_lo + 32 and of B
+    // tile rows r_lo + 32 i (i < 4) at every K step; a_src / b_src are the
+    // starts of those rows.
+    const int ch = tid & 7, r_lo = tid >> 3;
+    const __nv_bfloat16* a_src[2];
+    bool a_ok[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = r_lo + 32 * i;
+        a_ok[i] = r < m_rows;
+        int arow = row0 + (a_ok[i] ? r : 0);
+        if (a_rows != nullptr) arow = a_rows[arow];
+        a_src[i] = a + (size_t)arow * lda;
+    }
+    const __nv_bfloat16* wg = w + (size_t)grp * (size_t)w_stride;
+    const __nv_bfloat16* b_src[4];
+    bool b_ok[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __nv_bfloat16* row_ptr;
+        if (MODE == MG_GATE_UP) {
+            // Tile row 32 i + r_lo belongs to warp column i: rows 0..15 are the
+            // gate rows of act columns nt*64 + 16 i + 0..15, rows 16..31 their up rows.
+            const int col = nt * 64 + 16 * i + (r_lo & 15);
+            b_ok[i] = col < n;
+            const int wrow = b_ok[i] ? (r_lo < 16 ? col : n + col) : 0;
+            row_ptr = wg + (size_t)wrow * k_period;
+        } else {
+            const int col = nt * MG_BN + 32 * i + r_lo;
+            b_ok[i] = col < n;
+            if (MODE == MG_ROUTER && w_extra != nullptr && col == n - 1) row_ptr = w_extra;
+            else row_ptr = wg + (size_t)(b_ok[i] ? col : 0) * k_period;
+        }
+        b_src[i] = row_ptr;
+    }
+
+    auto load_stage = [&](int stage, int kt) {
+        uint4* sa = smem + stage * MG_STAGE_CHUNKS;
+        uint4* sb = sa + MG_A_CHUNKS;
+        const int kk = kt * MG_BK + ch * 8;  // this thread's first product column
+        const bool k_ok = kk < k;
+        const int ka = k_ok ? kk : 0;
+        const int kb = MODE == MG_ROUTER ? ka % k_period : ka;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            cp_async_16(smem_addr(sa + mg_swz(r_lo + 32 * i, ch)), a_src[i] + ka, a_ok[i] && k_ok);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            cp_async_16(smem_addr(sb + mg_swz(r_lo + 32 * i, ch)), b_src[i] + kb, b_ok[i] && k_ok);
+    };
+
+    const int k_tiles = (k + MG_BK - 1) / MG_BK;
+#pragma unroll
+    for (int s = 0; s < MG_STAGES - 1; ++s) {
+        if (s < k_tiles) load_stage(s, s);
+        cp_async_commit();
+    }
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < 4; ++nj)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][nj][e] = 0.f;
+
+    // d += the product of one K tile (64 columns) held in stage `stage`.
+    auto tile_mma = [&](float (&d)[2][4][4], int stage) {
+        const uint4* sa = smem + stage * MG_STAGE_CHUNKS;
+        const uint4* sb = sa + MG_A_CHUNKS;
+#pragma unroll
+        for (int ks = 0; ks < MG_BK / 16; ++ks) {
+            uint32_t af[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+                ldmatrix_x4(af[mi], smem_addr(sa + mg_swz(wm * 32 + mi * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+#pragma unroll
+            for (int jp = 0; jp < 2; ++jp) {
+                uint32_t bf[4];
+                ldmatrix_x4(bf, smem_addr(sb + mg_swz(wn * 32 + jp * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                      2 * ks + ((lane >> 3) & 1))));
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    mma_bf16(d[mi][2 * jp], af[mi], bf[0], bf[1]);
+                    mma_bf16(d[mi][2 * jp + 1], af[mi], bf[2], bf[3]);
+                }
+            }
+        }
+    };
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        cp_async_wait<MG_STAGES - 2>();  // K tile kt has landed
+        __syncthreads();                 // ... for every thread; and tile kt - 1 is consumed
+        const int next = kt + MG_STAGES - 1;
+        if (next < k_tiles) load_stage(next % MG_STAGES, next);
+        cp_async_commit();  // possibly empty: keeps the group count uniform
+        if (MODE == MG_ROUTER) {
+            float part[2][4][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int nj = 0; nj < 4; ++nj)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) part[mi][nj][e] = 0.f;
+            tile_mma(part, kt % MG_STAGES);
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int nj = 0; nj < 4; ++nj)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[mi][nj][e] = __fadd_rn(acc[mi][nj][e], part[mi][nj][e]);
+        } else {
+            tile_mma(acc, kt % MG_STAGES);
+        }
+    }
+    cp_async_wait<0>();
+
+    // Epilogue straight from the accumulators: thread (g, c) of warp (wm, wn)
+    // holds rows wm*32 + mi*16 + g (+8) and columns wn*32 + nj*8 + 2c (+1).
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int r = wm * 32 + mi * 16 + g + 8 * hr;
+            if (r >= m_rows) continue;
+            const size_t p = (size_t)(row0 + r);
+            if (MODE == MG_GATE_UP) {
+                __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + p * ldo;
+#pragma unroll
+                for (int nj = 0; nj < 2; ++nj) {
+                    const int col = nt * 64 + wn * 16 + nj * 8 + 2 * c;  // n % 8 == 0: col + 1 < n too
+                    if (col >= n) continue;
+                    const float v0 = siluf_exact(acc[mi][nj][2 * hr]) * acc[mi][nj + 2][2 * hr];
+                    const float v1 = siluf_exact(acc[mi][nj][2 * hr + 1]) * acc[mi][nj + 2][2 * hr + 1];
+                    *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(v0, v1);
+                }
+            } else if (MODE == MG_DOWN) {
+                float* o = static_cast<float*>(out) + p * ldo;
+#pragma unroll
+                for (int nj = 0; nj < 4; ++nj) {
+                    const int col = nt * MG_BN + wn * 32 + nj * 8 + 2 * c;  // n % 8 == 0: col + 1 < n too
+                    if (col >= n) continue;
+                    *reinterpret_cast<float2*>(o + col) = make_float2(acc[mi][nj][2 * hr], acc[mi][nj][2 * hr + 1]);
+                }
+            } else {
+                float* o = static_cast<float*>(out) + p * ldo;
+#pragma unroll
+                for (int nj = 0; nj < 4; ++nj) {
+                    const int col = nt * MG_BN + wn * 32 + nj * 8 + 2 * c;
+                    if (col < n) o[col] = acc[mi][nj][2 * hr];
+                    if (col + 1 < n) o[col + 1] = acc[mi][nj][2 * hr + 1];
+                }
+            }
+        }
+}
+
+#define MOE_GEMM_KERNEL(NAME, MODE)                                                                              \
+    KESTREL_EXTERN void __launch_bounds__(MG_THREADS, 2)                                                         \
+        NAME(void* __restrict__ out, int ldo, const __nv_bfloat16* __restrict__ a, int lda,                      \
+             const int* __restrict__ a_rows, const __nv_bfloat16* __restrict__ w, long long w_stride,            \
+             const __nv_bfloat16* __restrict__ w_extra, const int* __restrict__ offsets,                         \
+             const int* __restrict__ tile_off, int groups, int rows, int n, int k, int k_period, int n_tiles) { pdl_begin();  \
+        moe_gemm<MODE>(out, ldo, a, lda, a_rows, w, w_stride, w_extra, offsets, tile_off, groups, rows, n, k,    \
+                       k_period, n_tiles);                                                                       \
+    }
+
+// Launch (all three): grid n_tiles * row tiles (1-D), block 256, dynamic
+// shared memory MG_SMEM_BYTES.
+MOE_GEMM_KERNEL(moe_router_gemm, MG_ROUTER)
+MOE_GEMM_KERNEL(moe_gate_up_gemm, MG_GATE_UP)
+MOE_GEMM_KERNEL(moe_down_gemm, MG_DOWN)
+
+// ---- activations in ---------------------------------------------------------
+
+// xs[t] = [hi | mid | lo] (3H bf16) with hi = bf16(x), mid = bf16(x - hi),
+// lo = bf16(x - hi - mid): both differences are exact in f32, and hi + mid + lo
+// is x to within 2^-27 relative, so products with bf16 weights summed over the
+// three parts give the f32 product. Eight values per thread; hidden % 8 == 0.
+// Grid ceil(T * H / 8 / 256), block 256.
+KESTREL_EXTERN void moe_split_x(__nv_bfloat16* __restrict__ xs, const float* __restrict__ x, int tokens,
+                                int hidden) { pdl_begin();
+    const int chunks = hidden >> 3;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)tokens * chunks) return;
+    const int t = (int)(i / chunks), cidx = (int)(i % chunks);
+    const float4* src = reinterpret_cast<const float4*>(x + (size_t)t * hidden) + 2 * cidx;
+    const float4 v0 = src[0], v1 = src[1];
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    uint32_t hi[4], mid[4], lo[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        float h2[2], m2[2], l2[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float xv = v[2 * j + e];
+            const __nv_bfloat16 h = __float2bfloat16_rn(xv);
+            const float r1 = __fsub_rn(xv, __bfloat162float(h));
+            const __nv_bfloat16 m = __float2bfloat16_rn(r1);
+            const float r2 = __fsub_rn(r1, __bfloat162float(m));
+            h2[e] = __bfloat162float(h);
+            m2[e] = __bfloat162float(m);
+            l2[e] = r2;
+        }
+        hi[j] = pack_bf16(h2[0], h2[1]);  // already bf16 values: exact
+        mid[j] = pack_bf16(m2[0], m2[1]);
+        lo[j] = pack_bf16(l2[0], l2[1]);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(xs + (size_t)t * 3 * hidden) + cidx;
+    const int part = hidden >> 3;  // chunks per part
+    dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    dst[part] = make_uint4(mid[0], mid[1], mid[2], mid[3]);
+    dst[2 * part] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+
+// ---- routing -----------------------------------------------------------------
+
+// Most experts the plan takes (as moe_topk).
+#define MP_MAX_EXPERTS 512
+
+// Inclusive sum over the lanes of a warp.
+__device__ __forceinline__ int warp_inclusive_scan(int v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(FULL_MASK, v, o);
+        if (lane >= o) v += u;
+    }
+    return v;
+}
+
+// From the picks ids [pairs] (pairs = T * k): offsets[e] = picks of experts
+// below e (offsets[E] = pairs), tile_off[e] = tiles of tile_rows rows of
+// experts below e (tile_off[E] = all tiles). Integer counts: deterministic.
+// Grid 1, block 1024; experts <= 512.
+KESTREL_EXTERN void __launch_bounds__(1024)
+    moe_route_plan(int* __restrict__ offsets, int* __restrict__ tile_off, const int* __restrict__ ids, int pairs,
+                   int experts, int tile_rows) { pdl_begin();
+    __shared__ int cnt[MP_MAX_EXPERTS];
+    const int tid = threadIdx.x;
+    for (int e = tid; e < experts; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < pairs; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+    __syncthreads();
+    if (tid >= 32) return;
+    // Lane l scans experts l*per .. l*per + per - 1.
+    const int lane = tid, per = (experts + 31) / 32;
+    int rows = 0, tiles = 0;
+    for (int i = 0; i < per; ++i) {
+        const int e = lane * per + i;
+        if (e < experts) {
+            rows += cnt[e];
+            tiles += (cnt[e] + tile_rows - 1) / tile_rows;
+        }
+    }
+    const int rows_incl = warp_inclusive_scan(rows), tiles_incl = warp_inclusive_scan(tiles);
+    int r = rows_incl - rows, tl = tiles_incl - tiles;
+    for (int i = 0; i < per; ++i) {
+        const int e = lane * per + i;
+        if (e < experts) {
+            offsets[e] = r;
+            tile_off[e] = tl;
+            r += cnt[e];
+            tl += (cnt[e] + tile_rows - 1) / tile_rows;
+        }
+    }
+    if (lane == 31) {
+        offsets[experts] = rows_incl;
+        tile_off[experts] = tiles_incl;
+    }
+}
+
+constexpr int RF_THREADS = 512;
+constexpr int RF_TOKENS = 16;  // consecutive tokens per thread and pass (a 32-bit mask)
+
+// Block e lists expert e's picks in ascending token order: grouped row
+// p = offsets[e] + i is token pair_token[p], and pos[t * k + j] = p for the
+// pick (t, j). Thread i of a pass looks at tokens base + 16 i .. + 15; a
+// block-wide exclusive scan of the per-thread counts gives each its first
+// row. A token picks an expert at most once (moe_topk). Every (t, j) lands
+// in exactly one block, so pos is written in full.
+// Grid E, block 512.
+KESTREL_EXTERN void __launch_bounds__(RF_THREADS)
+    moe_route_fill(int* __restrict__ pair_token, int* __restrict__ pos, const int* __restrict__ ids,
+                   const int* __restrict__ offsets, int tokens, int k) { pdl_begin();
+    __shared__ int warp_total[RF_THREADS / 32];
+    const int e = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr int nwarps = RF_THREADS / 32;
+    int run = offsets[e];
+    for (int base = 0; base < tokens; base += RF_THREADS * RF_TOKENS) {
+        const int t0 = base + tid * RF_TOKENS;
+        unsigned mask = 0;
+        for (int u = 0; u < RF_TOKENS; ++u) {
+            const int t = t0 + u;
+            if (t >= tokens) break;
+            const int* row = ids + (size_t)t * k;
+            bool hit = false;
+            for (int j = 0; j < k; ++j) hit |= row[j] == e;
+            if (hit) mask |= 1u << u;
+        }
+        const int mine = __popc(mask);
+        const int incl = warp_inclusive_scan(mine);
+        if (lane == 31) warp_total[warp] = incl;
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int w = 0; w < nwarps; ++w) {
+            const int v = warp_total[w];
+            before += w < warp ? v : 0;
+            total += v;
+        }
+        int p = run + before + incl - mine;
+        while (mask) {
+            const int u = __ffs(mask) - 1;
+            mask &= mask - 1;
+            const int t = t0 + u;
+            const int* row = ids + (size_t)t * k;
+            int jj = 0;
+            for (int j = 0; j < k; ++j)
+                if (row[j] == e) jj = j;
+            pair_token[p] = t;
+            pos[(size_t)t * k + jj] = p;
+            ++p;
+        }
+        run += total;
+        __syncthreads();  // warp_total is rewritten by the next pass
+    }
+}
+
+// ---- combine -----------------------------------------------------------------
+
+// out[t, h] = sum_j w[t, j] * y[pos[t, j], h] over the picks in their order
+// (ascending expert id, as moe_topk writes them), then + g * ys[t, h] with
+// g = sigmoid(logits[t, gate_col]) (1 when gate_col < 0) when ys is not null.
+// Each product rounded, then added, as the reference does. Four columns per
+// thread; hidden % 4 == 0. Grid ceil(T * H / 4 / 256), block 256.
+KESTREL_EXTERN void moe_combine(float* __restrict__ out, const float* __restrict__ y, const float* __restrict__ ys,
+                                const int* __restrict__ pos, const float* __restrict__ weights,
+                                const float* __restrict__ logits, int logits_ld, int gate_col, int tokens,
+                                int hidden, int k) { pdl_begin();
+    const int quads = hidden >> 2;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)tokens * quads) return;
+    const int t = (int)(i / quads), q = (int)(i % quads);
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < k; ++j) {
+        const float wj = weights[(size_t)t * k + j];
+        const float4 v = reinterpret_cast<const float4*>(y + (size_t)pos[(size_t)t * k + j] * hidden)[q];
+        o.x = __fadd_rn(o.x, __fmul_rn(wj, v.x));
+        o.y = __fadd_rn(o.y, __fmul_rn(wj, v.y));
+        o.z = __fadd_rn(o.z, __fmul_rn(wj, v.z));
+        o.w = __fadd_rn(o.w, __fmul_rn(wj, v.w));
+    }
+    if (ys != nullptr) {
+        const float gt = gate_col >= 0 ? sigmoidf_exact(logits[(size_t)t * logits_ld + gate_col]) : 1.f;
+        const float4 v = reinterpret_cast<const float4*>(ys + (size_t)t * hidden)[q];
+        o.x = __fadd_rn(o.x, __fmul_rn(gt, v.x));
+        o.y = __fadd_rn(o.y, __fmul_rn(gt, v.y));
+        o.z = __fadd_rn(o.z, __fmul_rn(gt, v.z));
+        o.w = __fadd_rn(o.w, __fmul_rn(gt, v.w));
+    }
+    reinterpret_cast<float4*>(out + (size_t)t * hidden)[q] = o;
+}
