@@ -1,0 +1,216 @@
+//! Gated DeltaNet layers: prefill, mixed steps, a snapshot and a reset, then
+//! the CUDA paths on carried state.
+
+use kestrel_core::{
+    Backend, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, HostTensor, Result, SeqChunk,
+};
+
+use super::{Ctx, Outputs, TOL_GDN, out};
+
+/// Prefill, a mixed step, a state snapshot, and a reset, over two GDN layers.
+pub fn gated_delta_net(c: &mut Ctx) {
+    let spec = GdnSpec {
+        num_k_heads: 2,
+        num_v_heads: 4,
+        head_k_dim: 128,
+        head_v_dim: 128,
+        conv_kernel: 4,
+        norm_eps: 1e-6,
+    };
+    let cache = CacheSpec {
+        attn_layers: 0,
+        num_blocks: 0,
+        block_size: 16,
+        num_kv_heads: 0,
+        head_dim: 0,
+        gdn_layers: 2,
+        num_state_slots: 4,
+        gdn: Some(spec),
+    };
+    let chunk = |n, slot| SeqChunk {
+        num_tokens: n,
+        cached_len: 0,
+        block_table: vec![],
+        state_slot: slot,
+    };
+    // (batch, action before it): slots 1 and 3 run, 1 is snapshotted into 0, 3 is reset.
+    let steps = vec![
+        ForwardBatch {
+            seqs: vec![chunk(70, 1), chunk(2, 3)],
+        },
+        ForwardBatch {
+            seqs: vec![chunk(1, 1), chunk(5, 3)],
+        },
+        ForwardBatch {
+            seqs: vec![chunk(3, 0), chunk(1, 1), chunk(4, 3)],
+        },
+    ];
+    let inputs: Vec<Vec<f32>> = steps
+        .iter()
+        .map(|s| c.data.randn(s.num_tokens() * spec.proj_width(), 1.0))
+        .collect();
+    let c_dim = spec.conv_dim();
+    let w = GdnWeights {
+        conv: c.data.mat_bf16(&[c_dim, spec.conv_kernel], 0.5),
+        // A = exp(A_log) in (0.37, 15): decays from mild to strong.
+        a_log: HostTensor::from_f32(vec![4], &c.data.uniform(4, -1.0, 2.7)),
+        dt_bias: c.data.vector(4, 0.0, 1.0),
+        norm: c.data.vector(spec.head_v_dim, 1.0, 0.2),
+    };
+    fn run<B: Backend>(
+        b: &B,
+        spec: &GdnSpec,
+        cache: &CacheSpec,
+        steps: &[ForwardBatch],
+        inputs: &[Vec<f32>],
+        w: &GdnWeights<HostTensor>,
+    ) -> Result<Outputs> {
+        let w = GdnWeights {
+            conv: b.upload(&w.conv)?,
+            a_log: b.upload(&w.a_log)?,
+            dt_bias: b.upload(&w.dt_bias)?,
+            norm: b.upload(&w.norm)?,
+        };
+        let mut cache = b.new_cache(cache)?;
+        for slot in 0..4 {
+            b.zero_state(&mut cache, slot);
+        }
+        let mut outs = Vec::new();
+        for (i, (batch, x)) in steps.iter().zip(inputs).enumerate() {
+            if i == 2 {
+                b.copy_state(&mut cache, 1, 0);
+                b.zero_state(&mut cache, 3);
+            }
+            let proj = b.from_host(batch.num_tokens(), spec.proj_width(), x);
+            for layer in 0..2 {
+                let o = b.gated_delta_net(&proj, &w, spec, &mut cache, layer, batch);
+                outs.push(out(b, &format!("step{i}.l{layer}"), &o));
+            }
+        }
+        Ok(outs)
+    }
+    let cpu = run(&c.cpu, &spec, &cache, &steps, &inputs, &w);
+    let gpu = run(&c.gpu, &spec, &cache, &steps, &inputs, &w);
+    c.record("gated_delta_net Hk2 Hv4 D128 K4", TOL_GDN, cpu, gpu);
+    gated_delta_net_paths(c);
+}
+
+/// The CUDA GDN paths on carried state: decode steps of 1..=8 sequences (the
+/// fused decode kernel), single prefills of 1, 63, 64, 65 and 300 tokens (the
+/// chunked kernels), a mixed batch, and decode after all of them; for each
+/// Hv/Hk group the decode kernel has, and a head size that takes the general
+/// kernels. The GPU side runs twice: the outputs must agree bit for bit.
+fn gated_delta_net_paths(c: &mut Ctx) {
+    for (hk, hv, d) in [(2, 4, 128), (4, 4, 128), (1, 4, 128), (2, 4, 64)] {
+        let spec = GdnSpec {
+            num_k_heads: hk,
+            num_v_heads: hv,
+            head_k_dim: d,
+            head_v_dim: d,
+            conv_kernel: 4,
+            norm_eps: 1e-6,
+        };
+        let slots = 8;
+        let cache = CacheSpec {
+            attn_layers: 0,
+            num_blocks: 0,
+            block_size: 16,
+            num_kv_heads: 0,
+            head_dim: 0,
+            gdn_layers: 2,
+            num_state_slots: slots,
+            gdn: Some(spec),
+        };
+        let batch = |seqs: &[(usize, u32)]| ForwardBatch {
+            seqs: seqs
+                .iter()
+                .map(|&(n, slot)| SeqChunk {
+                    num_tokens: n,
+                    cached_len: 0,
+                    block_table: vec![],
+                    state_slot: slot,
+                })
+                .collect(),
+        };
+        let mut steps = vec![batch(&[
+            (5, 0),
+            (17, 1),
+            (64, 2),
+            (1, 3),
+            (40, 4),
+            (3, 5),
+            (70, 6),
+            (9, 7),
+        ])];
+        // Decode: n sequences on slots in a shuffled order.
+        for n in 1..=8u32 {
+            let seqs: Vec<(usize, u32)> = (0..n).map(|i| (1, (i * 5 + n) % slots as u32)).collect();
+            steps.push(batch(&seqs));
+        }
+        for (n, slot) in [(1, 3), (63, 1), (64, 0), (65, 5), (300, 6)] {
+            steps.push(batch(&[(n, slot)]));
+        }
+        steps.push(batch(&[(1, 2), (130, 4), (1, 7), (64, 0), (2, 6)]));
+        steps.push(batch(&(0..8).map(|i| (1, 7 - i)).collect::<Vec<_>>()));
+        let inputs: Vec<Vec<f32>> = steps
+            .iter()
+            .map(|s| c.data.randn(s.num_tokens() * spec.proj_width(), 1.0))
+            .collect();
+        let w = GdnWeights {
+            conv: c.data.mat_bf16(&[spec.conv_dim(), spec.conv_kernel], 0.5),
+            a_log: HostTensor::from_f32(vec![hv], &c.data.uniform(hv, -1.0, 2.7)),
+            dt_bias: c.data.vector(hv, 0.0, 1.0),
+            norm: c.data.vector(d, 1.0, 0.2),
+        };
+        fn run<B: Backend>(
+            b: &B,
+            spec: &GdnSpec,
+            cache: &CacheSpec,
+            steps: &[ForwardBatch],
+            inputs: &[Vec<f32>],
+            w: &GdnWeights<HostTensor>,
+        ) -> Result<Outputs> {
+            let w = GdnWeights {
+                conv: b.upload(&w.conv)?,
+                a_log: b.upload(&w.a_log)?,
+                dt_bias: b.upload(&w.dt_bias)?,
+                norm: b.upload(&w.norm)?,
+            };
+            let slots = cache.num_state_slots as u32;
+            let mut cache = b.new_cache(cache)?;
+            for slot in 0..slots {
+                b.zero_state(&mut cache, slot);
+            }
+            let mut outs = Vec::new();
+            for (i, (batch, x)) in steps.iter().zip(inputs).enumerate() {
+                let proj = b.from_host(batch.num_tokens(), spec.proj_width(), x);
+                // Layer 1 only: layer 0's state must stay untouched.
+                let o = b.gated_delta_net(&proj, &w, spec, &mut cache, 1, batch);
+                let sizes: Vec<String> = batch
+                    .seqs
+                    .iter()
+                    .map(|q| q.num_tokens.to_string())
+                    .collect();
+                outs.push(out(b, &format!("step{i} [{}]", sizes.join(",")), &o));
+            }
+            Ok(outs)
+        }
+        let cpu = run(&c.cpu, &spec, &cache, &steps, &inputs, &w);
+        let gpu = run(&c.gpu, &spec, &cache, &steps, &inputs, &w).and_then(|first| {
+            let again = run(&c.gpu, &spec, &cache, &steps, &inputs, &w)?;
+            let same = first.iter().zip(&again).all(|((_, a), (_, b))| {
+                a.iter()
+                    .map(|v| v.to_bits())
+                    .eq(b.iter().map(|v| v.to_bits()))
+            });
+            if same {
+                Ok(first)
+            } else {
+                Err(kestrel_core::BackendError::Invalid(
+                    "two runs on the same input differ".into(),
+                ))
+            }
+        });
+        c.record(&format!("gdn paths Hk{hk} Hv{hv} D{d}"), TOL_GDN, cpu, gpu);
+    }
+}

@@ -1,0 +1,98 @@
+//! The checks: each draws fresh inputs, runs the same function on the CPU
+//! reference and on CUDA, and records every output's error.
+
+mod attention;
+mod elementwise;
+mod gdn;
+mod matmul;
+mod moe;
+
+use kestrel_core::{Backend, BackendError, Result};
+use kestrel_cpu::CpuBackend;
+use kestrel_cuda::CudaBackend;
+
+use crate::compare::{Outcome, compare};
+use crate::data::Data;
+
+pub use attention::attention;
+pub use elementwise::{elementwise, embedding, norms};
+pub use gdn::gated_delta_net;
+pub use matmul::matmul;
+pub use moe::moe;
+
+type Outputs = Vec<(String, Vec<f32>)>;
+
+/// f32 arithmetic only (summation order differs).
+const TOL_F32: f64 = 1e-5;
+/// Activations rounded to bf16 before a matrix product, f32 accumulation.
+const TOL_BF16_MATMUL: f64 = 1e-2;
+/// bf16 KV cache.
+const TOL_ATTENTION: f64 = 1e-2;
+/// bf16 activations into two chained expert products.
+const TOL_MOE: f64 = 2e-2;
+/// f32 state; long recurrences amplify rounding slightly.
+const TOL_GDN: f64 = 1e-4;
+
+pub struct Ctx {
+    pub cpu: CpuBackend,
+    pub gpu: CudaBackend,
+    pub data: Data,
+    pub outcomes: Vec<Outcome>,
+}
+
+impl Ctx {
+    fn record(&mut self, case: &str, tol: f64, cpu: Result<Outputs>, gpu: Result<Outputs>) {
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            let mut o = compare(case, what, &[], &[0.0], tol);
+            o.note = Some(format!("{what} failed: {e}"));
+            o
+        };
+        let sync = self.gpu.synchronize();
+        let first = self.outcomes.len();
+        match (cpu, gpu, sync) {
+            (Err(e), _, _) => self.outcomes.push(failed("cpu", &e)),
+            (_, Err(e), _) | (_, _, Err(e)) => self.outcomes.push(failed("cuda", &e)),
+            (Ok(cpu), Ok(gpu), Ok(())) => {
+                if cpu.len() != gpu.len() {
+                    self.outcomes.push(failed(
+                        "outputs",
+                        &format!("{} vs {} outputs", gpu.len(), cpu.len()),
+                    ));
+                }
+                for ((name, c), (_, g)) in cpu.iter().zip(&gpu) {
+                    self.outcomes.push(compare(case, name, g, c, tol));
+                }
+            }
+        }
+        for o in &self.outcomes[first..] {
+            println!("{}", o.line());
+        }
+    }
+
+    /// A case that panicked (a failed assertion or a CUDA fault) is a failure.
+    pub fn panicked(&mut self, case: &str, msg: String) {
+        let mut o = compare(case, "panic", &[], &[0.0], 0.0);
+        o.note = Some(msg);
+        println!("{}", o.line());
+        self.outcomes.push(o);
+    }
+}
+
+fn out<B: Backend>(b: &B, name: &str, t: &B::Tensor) -> (String, Vec<f32>) {
+    (name.to_string(), b.to_host(t))
+}
+
+/// The same output twice from one backend, bit for bit: decode kernels must
+/// not depend on timing (no atomics), or graph replays would drift from eager runs.
+fn repeatable(name: &str, first: Vec<f32>, again: Vec<f32>) -> Result<(String, Vec<f32>)> {
+    if first
+        .iter()
+        .map(|v| v.to_bits())
+        .ne(again.iter().map(|v| v.to_bits()))
+    {
+        return Err(BackendError::Invalid(format!(
+            "{name}: two runs on the same input differ"
+        )));
+    }
+    Ok((name.to_string(), first))
+}

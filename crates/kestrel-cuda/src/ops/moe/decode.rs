@@ -1,0 +1,140 @@
+//! The decode path (1..=8 tokens): routing and experts on the device in four
+//! launches whose shapes depend only on T and the spec.
+
+use kestrel_core::{MoeSpec, MoeWeights};
+
+use crate::device::{Arg, Gpu, blocks, ptr};
+use crate::ops::linear::gemv;
+use crate::tensor::{CudaTensor, CudaWeight};
+
+/// Intermediate rows per `moe_gate_up` block (even). A lone token needs small
+/// blocks to spread its few experts over all SMs; with more tokens there are
+/// blocks enough, and longer ones waste less on start-up (measured on an H200
+/// with Qwen3.6 and Qwen3-30B shapes).
+fn gate_up_rows(tokens: usize) -> usize {
+    if tokens == 1 { 4 } else { 8 }
+}
+
+/// Hidden rows per `moe_down` block (a multiple of `MOE_DOWN_R` = 8): 8, 16,
+/// then 32 from 3 tokens on, for the same reason.
+fn down_rows(tokens: usize) -> usize {
+    8 * tokens.next_power_of_two().min(4)
+}
+
+/// The decode path (see the [module docs](super)). Shapes are checked by the
+/// caller.
+pub(super) fn moe_decode(
+    gpu: &Gpu,
+    x: &CudaTensor,
+    w: &MoeWeights<CudaWeight>,
+    spec: &MoeSpec,
+) -> CudaTensor {
+    let (t, h) = (x.rows, x.cols);
+    let (ne, k, inter) = (spec.num_experts, spec.top_k, spec.intermediate);
+    let s = &gpu.stream;
+    let shared = match (&w.shared_gate_up, &w.shared_down, spec.shared_intermediate) {
+        (Some(gu), Some(dn), Some(si)) => Some((
+            ptr(gu.bf16("shared gate_up"), s),
+            ptr(dn.bf16("shared down"), s),
+            si,
+        )),
+        _ => None,
+    };
+    // The gate only matters with a shared expert (as in the reference).
+    let gate = shared
+        .and(w.shared_gate.as_ref())
+        .map(|g| ptr(g.bf16("shared expert gate"), s));
+    let (sgu, sdn, si) = shared.unwrap_or((0, 0, inter));
+    let items = k + usize::from(shared.is_some());
+    let act_ld = inter.max(si);
+
+    // Router logits [T, E], plus the gate logit as column E when there is one.
+    let ld = ne + usize::from(gate.is_some());
+    let logits = gpu.alloc::<f32>(t * ld);
+    let router = ptr(w.router.bf16("router"), s);
+    let x_ptr = ptr(&x.buf, s);
+    gemv(
+        gpu,
+        ptr(&logits, s),
+        x_ptr,
+        t,
+        h,
+        router,
+        ld,
+        gate.unwrap_or(0),
+    );
+
+    // Top-k: a block per token, a thread per expert.
+    let ids = gpu.alloc::<i32>(t * k);
+    let weights = gpu.alloc::<f32>(t * k);
+    gpu.launch(
+        &gpu.k.moe_topk,
+        (t as u32, 1, 1),
+        32 * ne.div_ceil(32) as u32,
+        0,
+        &[
+            Arg::Ptr(ptr(&ids, s)),
+            Arg::Ptr(ptr(&weights, s)),
+            Arg::Ptr(ptr(&logits, s)),
+            Arg::I32(ld as i32),
+            Arg::I32(ne as i32),
+            Arg::I32(k as i32),
+            Arg::I32(spec.norm_topk_prob as i32),
+        ],
+    );
+
+    // act[t, item, :] = silu(gate) * up of each picked expert (and the shared one).
+    let act = gpu.alloc::<f32>(t * items * act_ld);
+    let gu_rows = gate_up_rows(t);
+    gpu.launch(
+        &gpu.k.moe_gate_up,
+        (t as u32, blocks(act_ld, gu_rows), 1),
+        32 * items as u32,
+        0,
+        &[
+            Arg::Ptr(ptr(&act, s)),
+            Arg::Ptr(x_ptr),
+            Arg::Ptr(ptr(&ids, s)),
+            Arg::Ptr(ptr(w.gate_up.bf16("experts' gate_up"), s)),
+            Arg::Ptr(sgu),
+            Arg::I32(h as i32),
+            Arg::I32(inter as i32),
+            Arg::I32(si as i32),
+            Arg::I32(k as i32),
+            Arg::I32(act_ld as i32),
+            Arg::I32(gu_rows as i32),
+        ],
+    );
+
+    // out = down projections, weighted and added in ascending expert order.
+    let out = gpu.alloc::<f32>(t * h);
+    let dn_rows = down_rows(t);
+    gpu.launch(
+        &gpu.k.moe_down,
+        (t as u32, blocks(h, dn_rows), 1),
+        32 * items as u32,
+        (items * dn_rows * 4) as u32,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&act, s)),
+            Arg::Ptr(ptr(&ids, s)),
+            Arg::Ptr(ptr(&weights, s)),
+            Arg::Ptr(ptr(&logits, s)),
+            Arg::I32(ld as i32),
+            Arg::I32(if gate.is_some() { ne as i32 } else { -1 }),
+            Arg::Ptr(ptr(w.down.bf16("experts' down"), s)),
+            Arg::Ptr(sdn),
+            Arg::I32(h as i32),
+            Arg::I32(inter as i32),
+            Arg::I32(si as i32),
+            Arg::I32(k as i32),
+            Arg::I32(act_ld as i32),
+            Arg::I32(dn_rows as i32),
+        ],
+    );
+    CudaTensor {
+        rows: t,
+        cols: h,
+        buf: out,
+    }
+}

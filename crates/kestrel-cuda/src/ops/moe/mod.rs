@@ -1,0 +1,126 @@
+//! Mixture of experts, two paths.
+//!
+//! Decode (1..=8 tokens, [`decode_fits`]): four launches whose shapes depend
+//! only on T and the spec, with the routing never leaving the device, so a
+//! step can be recorded in a CUDA graph: router logits (a `gemv`, the
+//! shared-expert gate appended as one more row), a per-token softmax + top-k
+//! that also sorts the picks by expert id, then `moe_gate_up` and `moe_down`,
+//! which read each pick's weights by its id. Every (token, expert) pair runs
+//! its own dot products; pairs of one row range run side by side, so an expert
+//! picked by several tokens is served from L2 after the first read.
+//!
+//! Prefill (more than 8 tokens, [`prefill_fits`]): also routed on the device
+//! with shapes that depend only on T and the spec (`kernels/moe_prefill.cu`):
+//! x split into three bf16 parts that sum to it, router logits as a
+//! tensor-core product over the three parts (f32-accurate), the same top-k,
+//! a count / scan / stable fill that groups the (token, pick) pairs by expert
+//! in ascending token order, then two grouped GEMMs on tensor cores (gate_up
+//! with SiLU * up in the epilogue, bf16 activations; down with f32 output) over
+//! a fixed upper bound of 64-row tiles, and a combine that adds each token's
+//! picks in ascending expert order and the shared expert last. The shared
+//! expert runs through the same GEMMs as one dense group.
+//!
+//! The older prefill path remains for shapes the kernels do not take and on
+//! request (`KESTREL_MOE_PREFILL=host`, `Gpu::moe_prefill_host`): the routing
+//! is read back and each selected expert runs as two cuBLAS products over its
+//! gathered rows, its output scattered back with the routing weight.
+//!
+//! All paths add a token's experts in ascending id order, as the reference
+//! does, and the shared expert last.
+
+mod decode;
+mod host_routed;
+mod prefill;
+
+use kestrel_core::{MoeSpec, MoeWeights};
+
+use crate::device::Gpu;
+use crate::tensor::{CudaTensor, CudaWeight};
+use decode::moe_decode;
+use host_routed::moe_host_routed;
+use prefill::moe_prefill;
+
+pub use prefill::prefill_gemm;
+
+const THREADS: u32 = 256;
+
+/// Most tokens the decode path takes (the `gemv` router's row limit).
+const DECODE_MAX_TOKENS: usize = 8;
+/// Most experts the decode top-k holds (`MOE_MAX_EXPERTS` in moe.cu).
+const DECODE_MAX_EXPERTS: usize = 512;
+/// Most warps (experts per token, shared one included) in a decode block:
+/// the kernels' launch bounds allow 512 threads.
+const DECODE_MAX_ITEMS: usize = 16;
+/// Most (token, pick) pairs of the prefill path (32-bit row indices with room
+/// to spare in every product).
+const PREFILL_MAX_PAIRS: usize = 1 << 24;
+
+/// Whether the graph-capturable decode path takes this block: 1..=8 tokens,
+/// rows of a multiple of 8 values (16-byte loads), at most 512 experts, and
+/// at most 16 experts per token counting the shared one.
+pub fn decode_fits(tokens: usize, hidden: usize, spec: &MoeSpec) -> bool {
+    let items = spec.top_k + usize::from(spec.shared_intermediate.is_some());
+    (1..=DECODE_MAX_TOKENS).contains(&tokens)
+        && hidden.is_multiple_of(8)
+        && spec.intermediate.is_multiple_of(8)
+        && spec
+            .shared_intermediate
+            .is_none_or(|si| si.is_multiple_of(8))
+        && spec.num_experts <= DECODE_MAX_EXPERTS
+        && items <= DECODE_MAX_ITEMS
+}
+
+/// Whether the device-routed prefill path takes this block: rows of a
+/// multiple of 8 values (16-byte copies; K tails are zero-filled), at most 512
+/// experts and 32 picks (`moe_topk`), and at most 2^24 (token, pick) pairs.
+pub fn prefill_fits(tokens: usize, hidden: usize, spec: &MoeSpec) -> bool {
+    hidden > 0
+        && hidden.is_multiple_of(8)
+        && spec.intermediate > 0
+        && spec.intermediate.is_multiple_of(8)
+        && spec
+            .shared_intermediate
+            .is_none_or(|si| si > 0 && si.is_multiple_of(8))
+        && spec.num_experts <= DECODE_MAX_EXPERTS
+        && spec.top_k <= 32
+        && tokens * spec.top_k <= PREFILL_MAX_PAIRS
+}
+
+pub fn moe(gpu: &Gpu, x: &CudaTensor, w: &MoeWeights<CudaWeight>, spec: &MoeSpec) -> CudaTensor {
+    let (t, h) = (x.rows, x.cols);
+    w.check_shapes(h, spec, |x| x.numel());
+    if decode_fits(t, h, spec) {
+        return moe_decode(gpu, x, w, spec);
+    }
+    if !gpu.moe_prefill_host && prefill_fits(t, h, spec) {
+        return moe_prefill(gpu, x, w, spec);
+    }
+    moe_host_routed(gpu, x, w, spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(e: usize, k: usize, i: usize, si: Option<usize>) -> MoeSpec {
+        MoeSpec {
+            num_experts: e,
+            top_k: k,
+            intermediate: i,
+            norm_topk_prob: true,
+            shared_intermediate: si,
+        }
+    }
+
+    #[test]
+    fn prefill_takes_the_target_models_and_refuses_odd_shapes() {
+        assert!(prefill_fits(8192, 2048, &spec(256, 8, 512, Some(512))));
+        assert!(prefill_fits(8192, 2048, &spec(128, 8, 768, None)));
+        assert!(prefill_fits(9, 200, &spec(20, 3, 40, Some(24))));
+        assert!(!prefill_fits(100, 2044, &spec(128, 8, 768, None)));
+        assert!(!prefill_fits(100, 2048, &spec(128, 8, 764, None)));
+        assert!(!prefill_fits(100, 2048, &spec(128, 8, 768, Some(20))));
+        assert!(!prefill_fits(100, 2048, &spec(1024, 8, 768, None)));
+        assert!(!prefill_fits(100, 2048, &spec(128, 33, 768, None)));
+    }
+}

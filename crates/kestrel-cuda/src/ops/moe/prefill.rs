@@ -1,0 +1,377 @@
+//! The device-routed prefill path (more than 8 tokens): split x, router GEMM,
+//! top-k, grouping by expert, grouped tensor-core GEMMs and a combine
+//! (`kernels/moe_prefill.cu`).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaFunction, CudaModule};
+use kestrel_core::{BackendError, MoeSpec, MoeWeights, Result};
+
+use super::THREADS;
+use crate::device::{Arg, Gpu, blocks, ptr};
+use crate::tensor::{CudaTensor, CudaWeight};
+
+/// Mirror `kernels/moe_prefill.cu`: rows per GEMM tile (`MG_BM`), weight
+/// rows per tile (`MG_BN`; a gate_up tile is 64 act columns, their gate and
+/// up rows), threads, and dynamic shared memory (`MG_SMEM_BYTES`).
+const GEMM_ROWS: usize = 64;
+const GEMM_COLS: usize = 128;
+const GEMM_THREADS: u32 = 256;
+pub const GEMM_SMEM_BYTES: u32 = 96 * 1024;
+// Two blocks per SM on Hopper (228 KiB), one within sm_121's 99 KiB.
+const _: () = assert!(2 * GEMM_SMEM_BYTES <= 224 * 1024 && GEMM_SMEM_BYTES <= 97 * 1024);
+/// Threads of `moe_route_plan` and `moe_route_fill`.
+const PLAN_THREADS: u32 = 1024;
+const FILL_THREADS: u32 = 512;
+
+/// A prefill GEMM kernel, allowed the dynamic shared memory it needs (above
+/// the default 48 KiB).
+pub fn prefill_gemm(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
+    let f = m
+        .load_function(name)
+        .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        GEMM_SMEM_BYTES as i32,
+    )
+    .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
+    Ok(f)
+}
+
+/// One launch of a prefill GEMM kernel (`moe_gemm` in moe_prefill.cu, whose
+/// comment describes the fields).
+struct Gemm {
+    out: u64,
+    ldo: usize,
+    a: u64,
+    lda: usize,
+    /// Grouped row -> A row (0: the identity).
+    a_rows: u64,
+    w: u64,
+    /// Elements between two groups' weight matrices.
+    w_stride: usize,
+    /// The router's last row (the shared-expert gate), or 0.
+    w_extra: u64,
+    /// `(offsets, tile_off, groups)` from `moe_route_plan`; `None`: one group
+    /// of all `rows` rows.
+    groups: Option<(u64, u64, usize)>,
+    rows: usize,
+    /// Row tiles launched: exact for one group, an upper bound when grouped.
+    row_tiles: usize,
+    n: usize,
+    k: usize,
+    k_period: usize,
+}
+
+/// Launch `f` over `n` output columns in tiles of `cols_per_tile` (64 act
+/// columns for gate_up, 128 otherwise).
+fn launch_gemm(gpu: &Gpu, f: &CudaFunction, cols_per_tile: usize, g: &Gemm) {
+    let n_tiles = g.n.div_ceil(cols_per_tile);
+    let (offsets, tile_off, groups) = g.groups.unwrap_or((0, 0, 1));
+    let grid = n_tiles * g.row_tiles;
+    assert!(
+        grid <= i32::MAX as usize,
+        "moe prefill: grid of {grid} blocks"
+    );
+    gpu.launch(
+        f,
+        (grid as u32, 1, 1),
+        GEMM_THREADS,
+        GEMM_SMEM_BYTES,
+        &[
+            Arg::Ptr(g.out),
+            Arg::I32(g.ldo as i32),
+            Arg::Ptr(g.a),
+            Arg::I32(g.lda as i32),
+            Arg::Ptr(g.a_rows),
+            Arg::Ptr(g.w),
+            Arg::U64(g.w_stride as u64),
+            Arg::Ptr(g.w_extra),
+            Arg::Ptr(offsets),
+            Arg::Ptr(tile_off),
+            Arg::I32(groups as i32),
+            Arg::I32(g.rows as i32),
+            Arg::I32(g.n as i32),
+            Arg::I32(g.k as i32),
+            Arg::I32(g.k_period as i32),
+            Arg::I32(n_tiles as i32),
+        ],
+    );
+}
+
+/// Upper bound on the 64-row tiles of `pairs` rows split over `groups`
+/// groups: each non-empty group rounds up once.
+fn grouped_row_tiles(pairs: usize, groups: usize) -> usize {
+    (pairs + (GEMM_ROWS - 1) * groups.min(pairs)) / GEMM_ROWS
+}
+
+/// The device-routed prefill path (see the [module docs](super)). Shapes are
+/// checked by the caller ([`prefill_fits`](super::prefill_fits)).
+pub(super) fn moe_prefill(
+    gpu: &Gpu,
+    x: &CudaTensor,
+    w: &MoeWeights<CudaWeight>,
+    spec: &MoeSpec,
+) -> CudaTensor {
+    let (t, h) = (x.rows, x.cols);
+    let (ne, k, inter) = (spec.num_experts, spec.top_k, spec.intermediate);
+    let s = &gpu.stream;
+    let shared = match (&w.shared_gate_up, &w.shared_down, spec.shared_intermediate) {
+        (Some(gu), Some(dn), Some(si)) => Some((
+            ptr(gu.bf16("shared gate_up"), s),
+            ptr(dn.bf16("shared down"), s),
+            si,
+        )),
+        _ => None,
+    };
+    // The gate only matters with a shared expert (as in the reference).
+    let gate = shared
+        .and(w.shared_gate.as_ref())
+        .map(|g| ptr(g.bf16("shared expert gate"), s));
+    let ld = ne + usize::from(gate.is_some());
+    let pairs = t * k;
+
+    // x as [hi | mid | lo] bf16 per row; hi feeds the experts.
+    let xs = gpu.alloc::<u16>(t * 3 * h);
+    gpu.launch(
+        &gpu.k.moe_split_x,
+        (blocks(t * h / 8, THREADS as usize), 1, 1),
+        THREADS,
+        0,
+        &[
+            Arg::Ptr(ptr(&xs, s)),
+            Arg::Ptr(ptr(&x.buf, s)),
+            Arg::I32(t as i32),
+            Arg::I32(h as i32),
+        ],
+    );
+    let xs_ptr = ptr(&xs, s);
+
+    // Router logits [T, E], plus the gate logit as column E when there is one.
+    let logits = gpu.alloc::<f32>(t * ld);
+    launch_gemm(
+        gpu,
+        &gpu.k.moe_router_gemm,
+        GEMM_COLS,
+        &Gemm {
+            out: ptr(&logits, s),
+            ldo: ld,
+            a: xs_ptr,
+            lda: 3 * h,
+            a_rows: 0,
+            w: ptr(w.router.bf16("router"), s),
+            w_stride: 0,
+            w_extra: gate.unwrap_or(0),
+            groups: None,
+            rows: t,
+            row_tiles: t.div_ceil(GEMM_ROWS),
+            n: ld,
+            k: 3 * h,
+            k_period: h,
+        },
+    );
+
+    // Top-k, picks in ascending expert id: a block per token.
+    let ids = gpu.alloc::<i32>(pairs);
+    let weights = gpu.alloc::<f32>(pairs);
+    gpu.launch(
+        &gpu.k.moe_topk,
+        (t as u32, 1, 1),
+        32 * ne.div_ceil(32) as u32,
+        0,
+        &[
+            Arg::Ptr(ptr(&ids, s)),
+            Arg::Ptr(ptr(&weights, s)),
+            Arg::Ptr(ptr(&logits, s)),
+            Arg::I32(ld as i32),
+            Arg::I32(ne as i32),
+            Arg::I32(k as i32),
+            Arg::I32(spec.norm_topk_prob as i32),
+        ],
+    );
+
+    // Grouping: rows per expert and their tiles, then each expert's pairs in
+    // ascending token order and every pair's grouped row.
+    let offsets = gpu.alloc::<i32>(ne + 1);
+    let tile_off = gpu.alloc::<i32>(ne + 1);
+    gpu.launch(
+        &gpu.k.moe_route_plan,
+        (1, 1, 1),
+        PLAN_THREADS,
+        0,
+        &[
+            Arg::Ptr(ptr(&offsets, s)),
+            Arg::Ptr(ptr(&tile_off, s)),
+            Arg::Ptr(ptr(&ids, s)),
+            Arg::I32(pairs as i32),
+            Arg::I32(ne as i32),
+            Arg::I32(GEMM_ROWS as i32),
+        ],
+    );
+    let pair_token = gpu.alloc::<i32>(pairs);
+    let pos = gpu.alloc::<i32>(pairs);
+    gpu.launch(
+        &gpu.k.moe_route_fill,
+        (ne as u32, 1, 1),
+        FILL_THREADS,
+        0,
+        &[
+            Arg::Ptr(ptr(&pair_token, s)),
+            Arg::Ptr(ptr(&pos, s)),
+            Arg::Ptr(ptr(&ids, s)),
+            Arg::Ptr(ptr(&offsets, s)),
+            Arg::I32(t as i32),
+            Arg::I32(k as i32),
+        ],
+    );
+
+    // The routed experts, in grouped row order.
+    let grouped = Some((ptr(&offsets, s), ptr(&tile_off, s), ne));
+    let row_tiles = grouped_row_tiles(pairs, ne);
+    let act = gpu.alloc::<u16>(pairs * inter);
+    launch_gemm(
+        gpu,
+        &gpu.k.moe_gate_up_gemm,
+        GEMM_COLS / 2,
+        &Gemm {
+            out: ptr(&act, s),
+            ldo: inter,
+            a: xs_ptr,
+            lda: 3 * h,
+            a_rows: ptr(&pair_token, s),
+            w: ptr(w.gate_up.bf16("experts' gate_up"), s),
+            w_stride: 2 * inter * h,
+            w_extra: 0,
+            groups: grouped,
+            rows: pairs,
+            row_tiles,
+            n: inter,
+            k: h,
+            k_period: h,
+        },
+    );
+    let y = gpu.alloc::<f32>(pairs * h);
+    launch_gemm(
+        gpu,
+        &gpu.k.moe_down_gemm,
+        GEMM_COLS,
+        &Gemm {
+            out: ptr(&y, s),
+            ldo: h,
+            a: ptr(&act, s),
+            lda: inter,
+            a_rows: 0,
+            w: ptr(w.down.bf16("experts' down"), s),
+            w_stride: h * inter,
+            w_extra: 0,
+            groups: grouped,
+            rows: pairs,
+            row_tiles,
+            n: h,
+            k: inter,
+            k_period: inter,
+        },
+    );
+    drop(act);
+
+    // The shared expert: the same kernels, one dense group of all tokens.
+    let ys = shared.map(|(sgu, sdn, si)| {
+        let act_s = gpu.alloc::<u16>(t * si);
+        launch_gemm(
+            gpu,
+            &gpu.k.moe_gate_up_gemm,
+            GEMM_COLS / 2,
+            &Gemm {
+                out: ptr(&act_s, s),
+                ldo: si,
+                a: xs_ptr,
+                lda: 3 * h,
+                a_rows: 0,
+                w: sgu,
+                w_stride: 0,
+                w_extra: 0,
+                groups: None,
+                rows: t,
+                row_tiles: t.div_ceil(GEMM_ROWS),
+                n: si,
+                k: h,
+                k_period: h,
+            },
+        );
+        let ys = gpu.alloc::<f32>(t * h);
+        launch_gemm(
+            gpu,
+            &gpu.k.moe_down_gemm,
+            GEMM_COLS,
+            &Gemm {
+                out: ptr(&ys, s),
+                ldo: h,
+                a: ptr(&act_s, s),
+                lda: si,
+                a_rows: 0,
+                w: sdn,
+                w_stride: 0,
+                w_extra: 0,
+                groups: None,
+                rows: t,
+                row_tiles: t.div_ceil(GEMM_ROWS),
+                n: h,
+                k: si,
+                k_period: si,
+            },
+        );
+        ys
+    });
+
+    let out = gpu.alloc::<f32>(t * h);
+    gpu.launch(
+        &gpu.k.moe_combine,
+        (blocks(t * h / 4, THREADS as usize), 1, 1),
+        THREADS,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&y, s)),
+            Arg::Ptr(ys.as_ref().map_or(0, |b| ptr(b, s))),
+            Arg::Ptr(ptr(&pos, s)),
+            Arg::Ptr(ptr(&weights, s)),
+            Arg::Ptr(ptr(&logits, s)),
+            Arg::I32(ld as i32),
+            Arg::I32(if gate.is_some() { ne as i32 } else { -1 }),
+            Arg::I32(t as i32),
+            Arg::I32(h as i32),
+            Arg::I32(k as i32),
+        ],
+    );
+    CudaTensor {
+        rows: t,
+        cols: h,
+        buf: out,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The launched tile count covers every routing of the pairs.
+    #[test]
+    fn grouped_row_tiles_bound_every_routing() {
+        for (pairs, groups) in [(72, 64), (800, 32), (65536, 256), (5, 300), (0, 8)] {
+            let bound = grouped_row_tiles(pairs, groups);
+            // Worst cases: one row in each of min(E, P) - 1 groups, the rest
+            // in one; and spread as evenly as possible.
+            let used = groups.min(pairs);
+            let one_each = if used == 0 {
+                0
+            } else {
+                (used - 1) + (pairs - (used - 1)).div_ceil(GEMM_ROWS)
+            };
+            let even: usize = (0..used)
+                .map(|g| (pairs / used + usize::from(g < pairs % used)).div_ceil(GEMM_ROWS))
+                .sum();
+            assert!(bound >= one_each && bound >= even, "{pairs} {groups}");
+        }
+    }
+}
