@@ -183,12 +183,13 @@ pub struct CacheSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StepKey(pub u64);
 
-/// Row-wise argmax of a host matrix with `cols` columns (lowest index on ties,
-/// NaN never wins).
-pub fn argmax_host(values: &[f32], cols: usize) -> Vec<u32> {
+/// Row-wise argmax of a host matrix with `row_len` columns over the first
+/// `cols` of them (lowest index on ties, NaN never wins).
+pub fn argmax_host(values: &[f32], row_len: usize, cols: usize) -> Vec<u32> {
     values
-        .chunks_exact(cols.max(1))
+        .chunks_exact(row_len.max(1))
         .map(|row| {
+            let row = &row[..cols.min(row.len())];
             let mut best = 0usize;
             let mut best_v = f32::NEG_INFINITY;
             for (i, &v) in row.iter().enumerate() {
@@ -290,11 +291,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
         f(cache)
     }
 
-    /// Index of the largest value in each row (the lowest index on ties; NaN
-    /// never wins): greedy sampling without copying logits to the host.
-    fn argmax_rows(&self, x: &Self::Tensor) -> Vec<u32> {
-        let (_, cols) = self.dims(x);
-        argmax_host(&self.to_host(x), cols)
+    /// Index of the largest of the first `cols` values of each row (the
+    /// lowest index on ties; NaN never wins): greedy sampling without copying
+    /// logits to the host. `cols` below the row length keeps padded
+    /// vocabulary entries (ids no tokenizer can decode) from being picked.
+    fn argmax_rows(&self, x: &Self::Tensor, cols: usize) -> Vec<u32> {
+        let (_, row_len) = self.dims(x);
+        argmax_host(&self.to_host(x), row_len, cols)
     }
 
     // ---- operations ----------------------------------------------------
@@ -356,6 +359,11 @@ mod tests {
     #[test]
     fn argmax_is_per_row_with_lowest_index_on_ties_and_nan_never_winning() {
         let v = [0.0, 2.0, 2.0, 5.0, -1.0, 4.0, f32::NAN, -3.0, f32::NAN];
-        assert_eq!(argmax_host(&v, 3), vec![1, 0, 1]);
+        assert_eq!(argmax_host(&v, 3, 3), vec![1, 0, 1]);
+        // Only the first two columns compete.
+        assert_eq!(
+            argmax_host(&[1.0, 2.0, 9.0, 4.0, 3.0, 9.0], 3, 2),
+            vec![1, 0]
+        );
     }
 }

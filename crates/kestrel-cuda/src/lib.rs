@@ -205,8 +205,8 @@ impl Backend for CudaBackend {
         out
     }
 
-    fn argmax_rows(&self, x: &CudaTensor) -> Vec<u32> {
-        ops::sample::argmax_rows_host(&self.gpu, x)
+    fn argmax_rows(&self, x: &CudaTensor, cols: usize) -> Vec<u32> {
+        ops::sample::argmax_rows_host(&self.gpu, x, cols)
     }
 
     fn embedding(&self, table: &CudaWeight, ids: &[u32]) -> CudaTensor {

@@ -40,6 +40,11 @@ pub struct EngineConfig {
     /// Test knob: preempt (by recompute) the newest running sequence whenever
     /// this many are running, to exercise preemption on small pools.
     pub force_preempt_at: Option<usize>,
+    /// Ids the sampler may produce: the tokenizer's vocabulary when the
+    /// model's embedding is padded beyond it (Qwen3.6: 248,077 of 248,320),
+    /// so that no request gets an id that cannot be decoded. `None`: every id
+    /// of the model.
+    pub sampled_vocab: Option<usize>,
 }
 
 /// One generation request, already tokenised and validated by the server.

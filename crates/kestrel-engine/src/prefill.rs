@@ -136,6 +136,7 @@ mod tests {
             enable_prefix_cache: true,
             max_model_len: 512,
             force_preempt_at: None,
+            sampled_vocab: None,
         }
     }
 

@@ -76,10 +76,18 @@ pub(crate) fn execute<B: Backend>(
         let out = model
             .decoder
             .step_logits(backend, &ids, &batch, cache, &sampled_rows);
+        let vocab = backend.dims(&out).1;
+        let sampled_vocab = sched.config.sampled_vocab.map_or(vocab, |v| v.min(vocab));
         if all_plain_argmax {
-            device_argmax = backend.argmax_rows(&out).into_iter();
+            device_argmax = backend.argmax_rows(&out, sampled_vocab).into_iter();
         } else {
             logits = backend.to_host(&out);
+            if sampled_vocab < vocab {
+                // Padded ids (no token behind them) can never be sampled.
+                for row in logits.chunks_exact_mut(vocab) {
+                    row[sampled_vocab..].fill(f32::NEG_INFINITY);
+                }
+            }
         }
     }
     let vocab = if sampled_rows.is_empty() || all_plain_argmax {

@@ -277,3 +277,40 @@ fn a_panic_in_a_step_fails_requests_and_marks_the_engine_dead() {
     );
     assert_eq!(engine.stats().requests_failed, 2);
 }
+
+/// With `sampled_vocab`, ids at or above the limit (a padded embedding's rows
+/// without a token) are never produced: neither by greedy requests, whose
+/// argmax the backend takes over the allowed columns, nor by sampled ones,
+/// whose rows are masked on the host.
+#[test]
+fn sampled_vocab_keeps_padded_ids_out() {
+    let model = TestModel::HybridGolden;
+    let p = prompt(7, 40, model.vocab());
+    let free = run_one(&spawn(model, config()), request(&p, greedy(16))).tokens;
+    // A limit at the largest free-running id removes at least that token.
+    let limit = *free.iter().max().unwrap() as usize;
+    let engine = spawn(
+        model,
+        kestrel_engine::EngineConfig {
+            sampled_vocab: Some(limit),
+            ..config()
+        },
+    );
+    let restricted = run_one(&engine, request(&p, greedy(16))).tokens;
+    assert!(
+        restricted.iter().all(|&t| (t as usize) < limit),
+        "{restricted:?}"
+    );
+    assert_ne!(restricted, free);
+    // Until the first removed token the two runs agree.
+    let first_cut = free.iter().position(|&t| t as usize >= limit).unwrap();
+    assert_eq!(restricted[..first_cut], free[..first_cut]);
+    let sampled = SamplingParams {
+        temperature: 1.5,
+        seed: Some(3),
+        ..greedy(64)
+    };
+    let out = run_one(&engine, request(&p, sampled)).tokens;
+    assert_eq!(out.len(), 64);
+    assert!(out.iter().all(|&t| (t as usize) < limit), "{out:?}");
+}

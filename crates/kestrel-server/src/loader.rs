@@ -92,7 +92,12 @@ fn load<B: Backend>(
         None => model.config().max_position_embeddings,
     };
     report(3);
-    let engine_config = engine_config(config, max_model_len);
+    let mut engine_config = engine_config(config, max_model_len);
+    // Checkpoints pad the embedding past the tokenizer (Qwen3.6: 248,320
+    // rows for 248,077 tokens); the padded ids must never be sampled.
+    if tokenizer.vocab_size() < model.config().vocab_size {
+        engine_config.sampled_vocab = Some(tokenizer.vocab_size());
+    }
     tracing::info!(
         "KV cache: {} tokens ({} blocks of {}); max concurrency for {} tokens: {:.1}x",
         engine_config.num_blocks * engine_config.block_size,
@@ -139,6 +144,7 @@ pub fn engine_config(config: &ServerConfig, max_model_len: usize) -> EngineConfi
         enable_prefix_cache: config.enable_prefix_cache,
         max_model_len,
         force_preempt_at: config.force_preempt_at,
+        sampled_vocab: None,
     }
 }
 

@@ -35,9 +35,36 @@ pub fn argmax_rows(gpu: &Gpu, logits: &CudaTensor) -> CudaSlice<i32> {
     out
 }
 
-/// [`argmax_rows`], read back to the host (waits for the stream).
-pub fn argmax_rows_host(gpu: &Gpu, logits: &CudaTensor) -> Vec<u32> {
-    let ids = argmax_rows(gpu, logits);
+/// The argmax of the first `cols` columns of each row, read back to the host
+/// (waits for the stream). All columns: one launch over every row. Fewer
+/// (a vocabulary padded beyond the tokenizer's): one single-row launch per
+/// row, the kernel reading `cols` values from the row's start.
+pub fn argmax_rows_host(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> Vec<u32> {
+    assert!(
+        (1..=logits.cols).contains(&cols),
+        "argmax over {cols} of {} columns",
+        logits.cols
+    );
+    let ids = if cols == logits.cols {
+        argmax_rows(gpu, logits)
+    } else {
+        let out = gpu.alloc::<i32>(logits.rows);
+        let s = &gpu.stream;
+        for r in 0..logits.rows {
+            gpu.launch(
+                &gpu.k.argmax_rows,
+                (1, 1, 1),
+                THREADS,
+                0,
+                &[
+                    Arg::Ptr(ptr(&out, s) + (r * 4) as u64),
+                    Arg::Ptr(ptr(&logits.buf, s) + (r * logits.cols * 4) as u64),
+                    Arg::I32(cols as i32),
+                ],
+            );
+        }
+        out
+    };
     gpu.download(&ids, logits.rows)
         .into_iter()
         .map(|i| i as u32)

@@ -65,6 +65,7 @@ pub fn config() -> EngineConfig {
         enable_prefix_cache: true,
         max_model_len: 640,
         force_preempt_at: None,
+        sampled_vocab: None,
     }
 }
 

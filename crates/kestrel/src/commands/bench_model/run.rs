@@ -154,7 +154,7 @@ fn prefill_sequence<B: Backend>(
         done += n;
         if done == ids.len() {
             let logits = model.decoder.step_logits(b, chunk, &batch, cache, &[n - 1]);
-            next = b.argmax_rows(&logits)[0];
+            next = b.argmax_rows(&logits, model.config().vocab_size)[0];
         } else {
             model.decoder.forward(b, chunk, &batch, cache);
         }
@@ -260,7 +260,7 @@ fn decode<B: Backend>(
         let start = Instant::now();
         let rows: Vec<usize> = (0..tokens.len()).collect();
         let logits = model.decoder.step_logits(b, tokens, &fb, &mut cache, &rows);
-        *tokens = b.argmax_rows(&logits);
+        *tokens = b.argmax_rows(&logits, vocab);
         let secs = start.elapsed().as_secs_f64();
         len += 1;
         if tokens.iter().any(|&t| t as usize >= vocab) {

@@ -154,8 +154,8 @@ impl<B: Backend> Backend for Timed<B> {
         }
     }
 
-    fn argmax_rows(&self, x: &B::Tensor) -> Vec<u32> {
-        self.time(fixed("argmax_rows"), || self.inner.argmax_rows(x))
+    fn argmax_rows(&self, x: &B::Tensor, cols: usize) -> Vec<u32> {
+        self.time(fixed("argmax_rows"), || self.inner.argmax_rows(x, cols))
     }
 
     fn embedding(&self, table: &B::Weight, ids: &[u32]) -> B::Tensor {
