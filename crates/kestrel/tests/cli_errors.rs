@@ -82,3 +82,35 @@ fn missing_model_folder() {
     let err = generate_error(Path::new("/nonexistent/kestrel-model"));
     assert!(err.contains("/nonexistent/kestrel-model"), "{err}");
 }
+
+/// `--backend cuda` runs on a GPU; without one it is a clear one-line error.
+#[test]
+fn cuda_backend_without_a_gpu_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args([
+            "generate",
+            "--backend",
+            "cuda",
+            "--max-tokens",
+            "2",
+            "--prompt",
+            "def f():",
+            "--model",
+        ])
+        .arg(bundled())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.success() {
+        // A machine with a GPU and the compiled kernels: it ran there.
+        assert!(stderr.contains("on cuda:0"), "{stderr}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "exit code; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.starts_with("error: cannot open the CUDA backend"),
+        "{stderr}"
+    );
+}

@@ -51,11 +51,33 @@ pub struct Args {
     /// Keep going past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: BackendKind,
+    /// CUDA device ordinal (with --backend cuda).
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    match args.backend {
+        BackendKind::Cpu => generate(&args, &CpuBackend::new()),
+        BackendKind::Cuda => {
+            let cuda = kestrel_cuda::CudaBackend::new(args.device)
+                .context("cannot open the CUDA backend")?;
+            generate(&args, &cuda)
+        }
+    }
+}
+
+fn generate<B: Backend>(args: &Args, backend: &B) -> Result<()> {
     let dir = crate::model_dir::resolve(args.model.clone())?;
-    let backend = CpuBackend::new();
     let tokenizer = Tokenizer::from_model_dir(&dir)?;
     let prompt = if args.chat {
         let template = ChatTemplate::from_model_dir(&dir)?
@@ -77,7 +99,7 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     let load_start = Instant::now();
-    let model = Model::load(&dir, &backend)?;
+    let model = Model::load(&dir, backend)?;
     let load_s = load_start.elapsed().as_secs_f64();
     let max_len = (prompt_ids.len() + args.max_tokens).min(model.config().max_position_embeddings);
     if prompt_ids.len() >= max_len {
@@ -105,7 +127,15 @@ pub fn run(args: Args) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("invalid --{}", e.to_string().replace('_', "-")))?;
     let stop = StopConditions::new(&params, &eos).with_max_seq_len(max_len);
 
-    let mut runner = SequenceRunner::new(&backend, &model, max_len)?;
+    let mut runner = SequenceRunner::new(backend, &model, max_len)?;
+    // Padded embedding rows past the tokenizer (Qwen3.6: 248,320 for 248,077
+    // tokens) have no text: never sample them.
+    let sampled_vocab = tokenizer.vocab_size().min(model.config().vocab_size);
+    let mask_padding = |logits: &mut Vec<f32>| {
+        if let Some(padding) = logits.get_mut(sampled_vocab..) {
+            padding.fill(f32::NEG_INFINITY);
+        }
+    };
     let mut history = prompt_ids.clone();
     let mut detok = Detokenizer::new(&tokenizer, true);
     let mut out = std::io::stdout().lock();
@@ -115,6 +145,7 @@ pub fn run(args: Args) -> Result<()> {
 
     let prefill_start = Instant::now();
     let mut logits = runner.feed_last_logits(&prompt_ids)?;
+    mask_padding(&mut logits);
     let prefill_s = prefill_start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
     let mut generated = 0;
@@ -128,6 +159,7 @@ pub fn run(args: Args) -> Result<()> {
             break finish.reason;
         }
         logits = runner.feed_last_logits(&[token])?;
+        mask_padding(&mut logits);
     };
     writeln!(out, "{}", detok.finish())?;
     let decode_s = decode_start.elapsed().as_secs_f64();
