@@ -33,6 +33,8 @@ struct EntryKey {
 enum Entry {
     /// Ran once eagerly; the result had this shape.
     Seen { rows: usize, cols: usize },
+    /// The driver refused the recording: this step always runs eagerly.
+    Eager,
     Recorded {
         graph: CudaGraph,
         out: CudaSlice<f32>,
@@ -52,6 +54,8 @@ pub struct Recordings {
     generation: u64,
     pub captures: u64,
     pub replays: u64,
+    /// Recordings the driver refused (their steps run eagerly).
+    pub refused: u64,
 }
 
 impl Recordings {
@@ -88,9 +92,15 @@ impl Recordings {
                 );
                 out
             }
+            Some(Entry::Eager) => f(cache),
             Some(&Entry::Seen { rows, cols }) => {
                 let out = gpu.alloc::<f32>(rows * cols);
-                let graph = capture(gpu, cache, f, &out, rows, cols);
+                let Some(graph) = capture(gpu, cache, f, &out, rows, cols) else {
+                    // Nothing of the refused recording ran: run the step now.
+                    self.refused += 1;
+                    self.entries.insert(k, Entry::Eager);
+                    return f(cache);
+                };
                 self.captures += 1;
                 self.entries.insert(
                     k,
@@ -131,7 +141,10 @@ impl Recordings {
     }
 }
 
-/// Record `f` into a graph whose result lands in `out`.
+/// Record `f` into a graph whose result lands in `out`; `None` when the
+/// driver cannot build or instantiate the graph (the recorded work did not
+/// run). An operation that fails while recording still panics: that is a
+/// bug in the operation, not a limit of the driver.
 fn capture(
     gpu: &Gpu,
     cache: &mut CudaCache,
@@ -139,7 +152,7 @@ fn capture(
     out: &CudaSlice<f32>,
     rows: usize,
     cols: usize,
-) -> CudaGraph {
+) -> Option<CudaGraph> {
     check(
         gpu.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
@@ -159,12 +172,11 @@ fn capture(
     );
     drop(result);
     gpu.capturing.store(false, Ordering::Relaxed);
-    let graph = check(
-        gpu.stream
-            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH),
-        "end graph capture",
-    );
-    let graph = graph.expect("a captured step recorded no work");
-    check(graph.upload(), "graph upload");
-    graph
+    let graph = gpu
+        .stream
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+        .ok()
+        .flatten()?;
+    graph.upload().ok()?;
+    Some(graph)
 }
