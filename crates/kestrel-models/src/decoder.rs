@@ -232,3 +232,50 @@ impl<B: Backend> Decoder<B> {
         b.matmul(&x, self.lm_head())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kestrel_core::SeqChunk;
+    use kestrel_cpu::CpuBackend;
+
+    use super::*;
+    use crate::Model;
+
+    fn batch(tokens: &[usize]) -> ForwardBatch {
+        ForwardBatch {
+            seqs: tokens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| SeqChunk {
+                    num_tokens: n,
+                    cached_len: 3,
+                    block_table: vec![i as u32],
+                    state_slot: i as u32,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn only_decode_steps_of_up_to_eight_sequences_are_keyed() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/golden/qwen3/model");
+        let model = Model::load(&dir, &CpuBackend::new()).unwrap();
+        let d = &model.decoder;
+        let key = |tokens: &[usize], rows: &[usize]| d.decode_key(&batch(tokens), rows);
+        for n in 1..=MAX_REPLAYED_BATCH {
+            let rows: Vec<usize> = (0..n).collect();
+            assert!(key(&vec![1; n], &rows).is_some(), "{n} sequences");
+        }
+        assert!(key(&[1; MAX_REPLAYED_BATCH + 1], &[0]).is_none());
+        assert!(
+            key(&[1, 2], &[0, 2]).is_none(),
+            "a prefill chunk in the batch"
+        );
+        assert!(key(&[], &[]).is_none());
+        // Different batch sizes or logit rows must not share a recording.
+        assert_ne!(key(&[1], &[0]), key(&[1, 1], &[0, 1]));
+        assert_ne!(key(&[1, 1], &[0, 1]), key(&[1, 1], &[1]));
+        assert_eq!(key(&[1, 1], &[0, 1]), key(&[1, 1], &[0, 1]));
+    }
+}
