@@ -3,6 +3,7 @@
 
 use kestrel_core::{MoeSpec, MoeWeights};
 
+use super::SharedExpert;
 use crate::device::{Arg, Gpu, blocks, ptr};
 use crate::ops::linear::gemv;
 use crate::tensor::{CudaTensor, CudaWeight};
@@ -32,19 +33,9 @@ pub(super) fn moe_decode(
     let (t, h) = (x.rows, x.cols);
     let (ne, k, inter) = (spec.num_experts, spec.top_k, spec.intermediate);
     let s = &gpu.stream;
-    let shared = match (&w.shared_gate_up, &w.shared_down, spec.shared_intermediate) {
-        (Some(gu), Some(dn), Some(si)) => Some((
-            ptr(gu.bf16("shared gate_up"), s),
-            ptr(dn.bf16("shared down"), s),
-            si,
-        )),
-        _ => None,
-    };
-    // The gate only matters with a shared expert (as in the reference).
-    let gate = shared
-        .and(w.shared_gate.as_ref())
-        .map(|g| ptr(g.bf16("shared expert gate"), s));
-    let (sgu, sdn, si) = shared.unwrap_or((0, 0, inter));
+    let shared = SharedExpert::of(gpu, w, spec);
+    let gate = shared.and_then(|e| e.gate);
+    let (sgu, sdn, si) = shared.map_or((0, 0, inter), |e| (e.gate_up, e.down, e.inter));
     let items = k + usize::from(shared.is_some());
     let act_ld = inter.max(si);
 

@@ -34,13 +34,44 @@ mod prefill;
 
 use kestrel_core::{MoeSpec, MoeWeights};
 
-use crate::device::Gpu;
+use crate::device::{Gpu, ptr};
 use crate::tensor::{CudaTensor, CudaWeight};
 use decode::moe_decode;
 use host_routed::moe_host_routed;
 use prefill::moe_prefill;
 
 pub use prefill::prefill_gemm;
+
+/// The shared expert's weights as device addresses: `gate_up` `[2SI, H]`,
+/// `down` `[H, SI]`, and its gate row when it has one.
+#[derive(Clone, Copy)]
+struct SharedExpert {
+    gate_up: u64,
+    down: u64,
+    inter: usize,
+    /// The `[1, H]` gate row (`None`: the expert is added ungated).
+    gate: Option<u64>,
+}
+
+impl SharedExpert {
+    /// `None` without a shared expert; a gate without one is ignored, as in
+    /// the reference.
+    fn of(gpu: &Gpu, w: &MoeWeights<CudaWeight>, spec: &MoeSpec) -> Option<Self> {
+        let s = &gpu.stream;
+        match (&w.shared_gate_up, &w.shared_down, spec.shared_intermediate) {
+            (Some(gu), Some(dn), Some(si)) => Some(SharedExpert {
+                gate_up: ptr(gu.bf16("shared gate_up"), s),
+                down: ptr(dn.bf16("shared down"), s),
+                inter: si,
+                gate: w
+                    .shared_gate
+                    .as_ref()
+                    .map(|g| ptr(g.bf16("shared expert gate"), s)),
+            }),
+            _ => None,
+        }
+    }
+}
 
 const THREADS: u32 = 256;
 

@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaModule};
 use kestrel_core::{BackendError, MoeSpec, MoeWeights, Result};
 
-use super::THREADS;
+use super::{SharedExpert, THREADS};
 use crate::device::{Arg, Gpu, blocks, ptr};
 use crate::tensor::{CudaTensor, CudaWeight};
 
@@ -117,18 +117,8 @@ pub(super) fn moe_prefill(
     let (t, h) = (x.rows, x.cols);
     let (ne, k, inter) = (spec.num_experts, spec.top_k, spec.intermediate);
     let s = &gpu.stream;
-    let shared = match (&w.shared_gate_up, &w.shared_down, spec.shared_intermediate) {
-        (Some(gu), Some(dn), Some(si)) => Some((
-            ptr(gu.bf16("shared gate_up"), s),
-            ptr(dn.bf16("shared down"), s),
-            si,
-        )),
-        _ => None,
-    };
-    // The gate only matters with a shared expert (as in the reference).
-    let gate = shared
-        .and(w.shared_gate.as_ref())
-        .map(|g| ptr(g.bf16("shared expert gate"), s));
+    let shared = SharedExpert::of(gpu, w, spec);
+    let gate = shared.and_then(|e| e.gate);
     let ld = ne + usize::from(gate.is_some());
     let pairs = t * k;
 
@@ -276,7 +266,8 @@ pub(super) fn moe_prefill(
     drop(act);
 
     // The shared expert: the same kernels, one dense group of all tokens.
-    let ys = shared.map(|(sgu, sdn, si)| {
+    let ys = shared.map(|e| {
+        let (sgu, sdn, si) = (e.gate_up, e.down, e.inter);
         let act_s = gpu.alloc::<u16>(t * si);
         launch_gemm(
             gpu,
