@@ -56,15 +56,7 @@ pub fn moe(c: &mut Ctx) {
             x: &[f32],
             w: &MoeWeights<HostTensor>,
         ) -> Result<Outputs> {
-            let up = |o: &Option<HostTensor>| o.as_ref().map(|t| b.upload(t)).transpose();
-            let w = MoeWeights {
-                router: b.upload(&w.router)?,
-                gate_up: b.upload(&w.gate_up)?,
-                down: b.upload(&w.down)?,
-                shared_gate_up: up(&w.shared_gate_up)?,
-                shared_down: up(&w.shared_down)?,
-                shared_gate: up(&w.shared_gate)?,
-            };
+            let w = upload(b, w)?;
             Ok(vec![out(b, "out", &b.moe(&b.from_host(t, h, x), &w, spec))])
         }
         let (cpu, gpu) = (
@@ -212,31 +204,9 @@ fn moe_prefill(c: &mut Ctx) {
                     }
                 })
                 .collect();
-            fn run<B: Backend>(
-                b: &B,
-                spec: &MoeSpec,
-                t: usize,
-                h: usize,
-                x: &[f32],
-                w: &MoeWeights<HostTensor>,
-            ) -> Result<Outputs> {
-                let up = |o: &Option<HostTensor>| o.as_ref().map(|t| b.upload(t)).transpose();
-                let w = MoeWeights {
-                    router: b.upload(&w.router)?,
-                    gate_up: b.upload(&w.gate_up)?,
-                    down: b.upload(&w.down)?,
-                    shared_gate_up: up(&w.shared_gate_up)?,
-                    shared_down: up(&w.shared_down)?,
-                    shared_gate: up(&w.shared_gate)?,
-                };
-                let xt = b.from_host(t, h, x);
-                let first = b.to_host(&b.moe(&xt, &w, spec));
-                let again = b.to_host(&b.moe(&xt, &w, spec));
-                Ok(vec![repeatable("out", first, again)?])
-            }
             let (cpu, gpu) = (
-                run(&c.cpu, &spec, t, h, &x, &w),
-                run(&c.gpu, &spec, t, h, &x, &w),
+                run_twice(&c.cpu, &spec, t, h, &x, &w),
+                run_twice(&c.gpu, &spec, t, h, &x, &w),
             );
             c.record(&format!("moe prefill {label} H{h} T{t}"), TOL_MOE, cpu, gpu);
         }
@@ -343,33 +313,40 @@ fn moe_decode(c: &mut Ctx) {
         };
         for &t in tokens {
             let x = c.data.randn(t * h, 1.0);
-            fn run<B: Backend>(
-                b: &B,
-                spec: &MoeSpec,
-                t: usize,
-                h: usize,
-                x: &[f32],
-                w: &MoeWeights<HostTensor>,
-            ) -> Result<Outputs> {
-                let up = |o: &Option<HostTensor>| o.as_ref().map(|t| b.upload(t)).transpose();
-                let w = MoeWeights {
-                    router: b.upload(&w.router)?,
-                    gate_up: b.upload(&w.gate_up)?,
-                    down: b.upload(&w.down)?,
-                    shared_gate_up: up(&w.shared_gate_up)?,
-                    shared_down: up(&w.shared_down)?,
-                    shared_gate: up(&w.shared_gate)?,
-                };
-                let xt = b.from_host(t, h, x);
-                let first = b.to_host(&b.moe(&xt, &w, spec));
-                let again = b.to_host(&b.moe(&xt, &w, spec));
-                Ok(vec![repeatable("out", first, again)?])
-            }
             let (cpu, gpu) = (
-                run(&c.cpu, &spec, t, h, &x, &w),
-                run(&c.gpu, &spec, t, h, &x, &w),
+                run_twice(&c.cpu, &spec, t, h, &x, &w),
+                run_twice(&c.gpu, &spec, t, h, &x, &w),
             );
             c.record(&format!("moe decode {label} H{h} T{t}"), TOL_MOE, cpu, gpu);
         }
     }
+}
+
+/// The block's weights on backend `b`.
+fn upload<B: Backend>(b: &B, w: &MoeWeights<HostTensor>) -> Result<MoeWeights<B::Weight>> {
+    let up = |o: &Option<HostTensor>| o.as_ref().map(|t| b.upload(t)).transpose();
+    Ok(MoeWeights {
+        router: b.upload(&w.router)?,
+        gate_up: b.upload(&w.gate_up)?,
+        down: b.upload(&w.down)?,
+        shared_gate_up: up(&w.shared_gate_up)?,
+        shared_down: up(&w.shared_down)?,
+        shared_gate: up(&w.shared_gate)?,
+    })
+}
+
+/// The block on `x` twice: the output, which must repeat bit for bit.
+fn run_twice<B: Backend>(
+    b: &B,
+    spec: &MoeSpec,
+    t: usize,
+    h: usize,
+    x: &[f32],
+    w: &MoeWeights<HostTensor>,
+) -> Result<Outputs> {
+    let w = upload(b, w)?;
+    let xt = b.from_host(t, h, x);
+    let first = b.to_host(&b.moe(&xt, &w, spec));
+    let again = b.to_host(&b.moe(&xt, &w, spec));
+    Ok(vec![repeatable("out", first, again)?])
 }
