@@ -71,27 +71,47 @@ impl CudaCache {
     /// Panics with a clear message when `batch` names pages or state slots
     /// this cache does not have (kernels would read out of bounds).
     pub fn check_batch(&self, batch: &ForwardBatch) {
+        if self.spec.attn_layers > 0 {
+            self.check_pages(batch);
+        }
+        if self.spec.gdn_layers > 0 {
+            self.check_slots(batch);
+        }
+    }
+
+    /// Every sequence lists the pages its tokens need, all in range.
+    pub fn check_pages(&self, batch: &ForwardBatch) {
         let bs = self.spec.block_size;
         for (s, seq) in batch.seqs.iter().enumerate() {
-            if self.spec.attn_layers > 0 {
-                let pages_needed = seq.total_len().div_ceil(bs);
-                assert!(
-                    seq.block_table.len() >= pages_needed,
-                    "sequence {s} holds {} tokens but its block table has {} of {pages_needed} pages",
-                    seq.total_len(),
-                    seq.block_table.len()
-                );
-                if let Some(&bad) = seq
-                    .block_table
-                    .iter()
-                    .find(|&&p| p as usize >= self.spec.num_blocks)
-                {
-                    panic!("page {bad} out of range ({} pages)", self.spec.num_blocks);
-                }
+            let pages_needed = seq.total_len().div_ceil(bs);
+            assert!(
+                seq.block_table.len() >= pages_needed,
+                "sequence {s} holds {} tokens but its block table has {} of {pages_needed} pages",
+                seq.total_len(),
+                seq.block_table.len()
+            );
+            if let Some(&bad) = seq
+                .block_table
+                .iter()
+                .find(|&&p| p as usize >= self.spec.num_blocks)
+            {
+                panic!("page {bad} out of range ({} pages)", self.spec.num_blocks);
             }
-            if self.spec.gdn_layers > 0 {
-                self.check_slot(seq.state_slot);
-            }
+        }
+    }
+
+    /// Every sequence's state slot is in range and its own: the kernels
+    /// update each sequence's state in place, in parallel.
+    pub fn check_slots(&self, batch: &ForwardBatch) {
+        let mut seen = vec![false; self.spec.num_state_slots];
+        for seq in &batch.seqs {
+            self.check_slot(seq.state_slot);
+            let slot = seq.state_slot as usize;
+            assert!(
+                !seen[slot],
+                "two sequences of one batch share state slot {slot}"
+            );
+            seen[slot] = true;
         }
     }
 

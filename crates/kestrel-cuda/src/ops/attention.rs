@@ -99,28 +99,6 @@ fn decode_target_blocks(gpu: &Gpu) -> usize {
     2 * sms.max(1) as usize
 }
 
-/// Pages every sequence needs must exist (kernels read them unchecked).
-/// `CudaCache::check_batch` does the same for whole steps; this op can be
-/// called on its own.
-fn check_pages(cache: &CudaCache, batch: &ForwardBatch) {
-    let bs = cache.spec.block_size;
-    for (s, seq) in batch.seqs.iter().enumerate() {
-        let pages_needed = seq.total_len().div_ceil(bs);
-        assert!(
-            seq.block_table.len() >= pages_needed,
-            "sequence {s} holds {} tokens but its block table has {} of {pages_needed} pages",
-            seq.total_len(),
-            seq.block_table.len()
-        );
-        if let Some(&bad) = seq.block_table[..pages_needed]
-            .iter()
-            .find(|&&p| p as usize >= cache.spec.num_blocks)
-        {
-            panic!("page {bad} out of range ({} pages)", cache.spec.num_blocks);
-        }
-    }
-}
-
 pub fn attention(
     gpu: &Gpu,
     proj: &CudaTensor,
@@ -169,7 +147,7 @@ pub fn attention(
     );
     assert_eq!(w.q_norm.numel(), d, "q_norm must have head_dim values");
     assert_eq!(w.k_norm.numel(), d, "k_norm must have head_dim values");
-    check_pages(cache, batch);
+    cache.check_pages(batch);
 
     let l = gpu.layout(batch, cache.spec.block_size);
     let s = &gpu.stream;

@@ -375,15 +375,5 @@ fn validate(
         dv,
         "gated norm weight must have {dv} values"
     );
-    let mut seen = vec![false; cache.spec.num_state_slots];
-    for seq in &batch.seqs {
-        let slot = seq.state_slot as usize;
-        assert!(slot < seen.len(), "state slot {slot} out of range");
-        // The kernels update each sequence's state in place, in parallel.
-        assert!(
-            !seen[slot],
-            "two sequences of one batch share state slot {slot}"
-        );
-        seen[slot] = true;
-    }
+    cache.check_slots(batch);
 }
