@@ -3,7 +3,7 @@
 
 use kestrel_core::{MoeSpec, MoeWeights};
 
-use super::SharedExpert;
+use super::{SharedExpert, top_k};
 use crate::device::{Arg, Gpu, blocks, ptr};
 use crate::ops::linear::gemv;
 use crate::tensor::{CudaTensor, CudaWeight};
@@ -55,24 +55,7 @@ pub(super) fn moe_decode(
         gate.unwrap_or(0),
     );
 
-    // Top-k: a block per token, a thread per expert.
-    let ids = gpu.alloc::<i32>(t * k);
-    let weights = gpu.alloc::<f32>(t * k);
-    gpu.launch(
-        &gpu.k.moe_topk,
-        (t as u32, 1, 1),
-        32 * ne.div_ceil(32) as u32,
-        0,
-        &[
-            Arg::Ptr(ptr(&ids, s)),
-            Arg::Ptr(ptr(&weights, s)),
-            Arg::Ptr(ptr(&logits, s)),
-            Arg::I32(ld as i32),
-            Arg::I32(ne as i32),
-            Arg::I32(k as i32),
-            Arg::I32(spec.norm_topk_prob as i32),
-        ],
-    );
+    let (ids, weights) = top_k(gpu, &logits, ld, t, spec);
 
     // act[t, item, :] = silu(gate) * up of each picked expert (and the shared one).
     let act = gpu.alloc::<f32>(t * items * act_ld);

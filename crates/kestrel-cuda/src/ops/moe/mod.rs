@@ -34,13 +34,47 @@ mod prefill;
 
 use kestrel_core::{MoeSpec, MoeWeights};
 
-use crate::device::{Gpu, ptr};
+use cudarc::driver::CudaSlice;
+
+use crate::device::{Arg, Gpu, ptr};
 use crate::tensor::{CudaTensor, CudaWeight};
 use decode::moe_decode;
 use host_routed::moe_host_routed;
 use prefill::moe_prefill;
 
 pub use prefill::prefill_gemm;
+
+/// Softmax and top-k of router logits `[t, ld]` (the first `num_experts`
+/// columns): picked ids and weights `[t, top_k]`, in ascending expert id so
+/// that every path adds them in the reference's order. A block per token, a
+/// thread per expert.
+fn top_k(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    ld: usize,
+    t: usize,
+    spec: &MoeSpec,
+) -> (CudaSlice<i32>, CudaSlice<f32>) {
+    let (ne, k, s) = (spec.num_experts, spec.top_k, &gpu.stream);
+    let ids = gpu.alloc::<i32>(t * k);
+    let weights = gpu.alloc::<f32>(t * k);
+    gpu.launch(
+        &gpu.k.moe_topk,
+        (t as u32, 1, 1),
+        32 * ne.div_ceil(32) as u32,
+        0,
+        &[
+            Arg::Ptr(ptr(&ids, s)),
+            Arg::Ptr(ptr(&weights, s)),
+            Arg::Ptr(ptr(logits, s)),
+            Arg::I32(ld as i32),
+            Arg::I32(ne as i32),
+            Arg::I32(k as i32),
+            Arg::I32(spec.norm_topk_prob as i32),
+        ],
+    );
+    (ids, weights)
+}
 
 /// The shared expert's weights as device addresses: `gate_up` `[2SI, H]`,
 /// `down` `[H, SI]`, and its gate row when it has one.

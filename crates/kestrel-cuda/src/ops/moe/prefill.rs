@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaModule};
 use kestrel_core::{BackendError, MoeSpec, MoeWeights, Result};
 
-use super::{SharedExpert, THREADS};
+use super::{SharedExpert, THREADS, top_k};
 use crate::device::{Arg, Gpu, blocks, ptr};
 use crate::tensor::{CudaTensor, CudaWeight};
 
@@ -162,24 +162,7 @@ pub(super) fn moe_prefill(
         },
     );
 
-    // Top-k, picks in ascending expert id: a block per token.
-    let ids = gpu.alloc::<i32>(pairs);
-    let weights = gpu.alloc::<f32>(pairs);
-    gpu.launch(
-        &gpu.k.moe_topk,
-        (t as u32, 1, 1),
-        32 * ne.div_ceil(32) as u32,
-        0,
-        &[
-            Arg::Ptr(ptr(&ids, s)),
-            Arg::Ptr(ptr(&weights, s)),
-            Arg::Ptr(ptr(&logits, s)),
-            Arg::I32(ld as i32),
-            Arg::I32(ne as i32),
-            Arg::I32(k as i32),
-            Arg::I32(spec.norm_topk_prob as i32),
-        ],
-    );
+    let (ids, weights) = top_k(gpu, &logits, ld, t, spec);
 
     // Grouping: rows per expert and their tiles, then each expert's pairs in
     // ascending token order and every pair's grouped row.
