@@ -16,6 +16,10 @@ use kestrel_core::dummy::dummy_value;
 use kestrel_core::{Backend, DType, MoeSpec, MoeWeights};
 use kestrel_cuda::{CudaBackend, CudaTensor, CudaWeight};
 
+#[path = "common/moe_layers.rs"]
+mod moe_layers;
+use moe_layers::{ROUTER_SCALE, inputs, moe_layer, target_models};
+
 const REPS: usize = 200;
 /// Bytes of weights to rotate over per shape: several times a 60 MB L2.
 const WORKING_SET: usize = 512 << 20;
@@ -35,12 +39,6 @@ fn time_per_call(gpu: &CudaBackend, mut f: impl FnMut(usize)) -> f64 {
 }
 
 /// Deterministic activations in [-1, 1).
-fn inputs(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
-    (0..(rows * cols) as u64)
-        .map(|i| dummy_value(seed, i, 0.0, 1.0))
-        .collect()
-}
-
 fn report(what: &str, secs: f64, bytes: f64, copy_gbs: f64) {
     let gbs = bytes / secs / 1e9;
     println!(
@@ -103,44 +101,11 @@ fn moe_bytes(spec: &MoeSpec, h: usize, router_seed: u64, x: &[f32]) -> usize {
     e * h * 2 + distinct * expert + shared
 }
 
-const ROUTER_SCALE: f32 = 0.05;
-
-fn moe_layer(gpu: &CudaBackend, spec: &MoeSpec, h: usize, seed: u64) -> MoeWeights<CudaWeight> {
-    let (e, i) = (spec.num_experts, spec.intermediate);
-    let w = |shape: &[usize], s: u64, scale: f32| {
-        gpu.dummy_weight(shape, DType::BF16, seed * 16 + s, 0.0, scale)
-            .expect("weight")
-    };
-    MoeWeights {
-        router: w(&[e, h], 0, ROUTER_SCALE),
-        gate_up: w(&[e, 2 * i, h], 1, 0.03),
-        down: w(&[e, h, i], 2, 0.03),
-        shared_gate_up: spec.shared_intermediate.map(|si| w(&[2 * si, h], 3, 0.03)),
-        shared_down: spec.shared_intermediate.map(|si| w(&[h, si], 4, 0.03)),
-        shared_gate: spec.shared_intermediate.map(|_| w(&[1, h], 5, 0.05)),
-    }
-}
-
 fn bench_moe(gpu: &CudaBackend, copy_gbs: f64) {
-    let qwen36 = MoeSpec {
-        num_experts: 256,
-        top_k: 8,
-        intermediate: 512,
-        norm_topk_prob: true,
-        shared_intermediate: Some(512),
-    };
-    let qwen3 = MoeSpec {
-        num_experts: 128,
-        top_k: 8,
-        intermediate: 768,
-        norm_topk_prob: true,
-        shared_intermediate: None,
-    };
-    let h = 2048;
     // Layers (all experts of each, > 1 GB) and inputs rotate together, so the
     // picked experts differ from call to call and are not served by L2.
     let layers = 4;
-    for (name, spec) in [("qwen3.6-35b-a3b", qwen36), ("qwen3-30b-a3b", qwen3)] {
+    for (name, spec, h) in target_models() {
         let ws: Vec<MoeWeights<CudaWeight>> = (0..layers)
             .map(|l| moe_layer(gpu, &spec, h, 1000 + l as u64))
             .collect();

@@ -12,32 +12,12 @@
 
 use std::time::Instant;
 
-use kestrel_core::dummy::dummy_value;
-use kestrel_core::{Backend, DType, MoeSpec, MoeWeights};
-use kestrel_cuda::{CudaBackend, CudaWeight};
+use kestrel_core::{Backend, MoeSpec};
+use kestrel_cuda::CudaBackend;
 
-/// Deterministic activations in [-1, 1).
-fn inputs(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
-    (0..(rows * cols) as u64)
-        .map(|i| dummy_value(seed, i, 0.0, 1.0))
-        .collect()
-}
-
-fn moe_layer(gpu: &CudaBackend, spec: &MoeSpec, h: usize, seed: u64) -> MoeWeights<CudaWeight> {
-    let (e, i) = (spec.num_experts, spec.intermediate);
-    let w = |shape: &[usize], s: u64, scale: f32| {
-        gpu.dummy_weight(shape, DType::BF16, seed * 16 + s, 0.0, scale)
-            .expect("weight")
-    };
-    MoeWeights {
-        router: w(&[e, h], 0, 0.05),
-        gate_up: w(&[e, 2 * i, h], 1, 0.03),
-        down: w(&[e, h, i], 2, 0.03),
-        shared_gate_up: spec.shared_intermediate.map(|si| w(&[2 * si, h], 3, 0.03)),
-        shared_down: spec.shared_intermediate.map(|si| w(&[h, si], 4, 0.03)),
-        shared_gate: spec.shared_intermediate.map(|_| w(&[1, h], 5, 0.05)),
-    }
-}
+#[path = "common/moe_layers.rs"]
+mod moe_layers;
+use moe_layers::{inputs, moe_layer, target_models};
 
 /// Useful FLOPs of one block over `t` tokens.
 fn flops(spec: &MoeSpec, h: usize, t: usize) -> f64 {
@@ -81,22 +61,7 @@ fn main() {
         gpu.name(),
         if host { "host-routed" } else { "device-routed" }
     );
-    let qwen36 = MoeSpec {
-        num_experts: 256,
-        top_k: 8,
-        intermediate: 512,
-        norm_topk_prob: true,
-        shared_intermediate: Some(512),
-    };
-    let qwen3 = MoeSpec {
-        num_experts: 128,
-        top_k: 8,
-        intermediate: 768,
-        norm_topk_prob: true,
-        shared_intermediate: None,
-    };
-    let h = 2048;
-    for (name, spec) in [("qwen3.6-35b-a3b", qwen36), ("qwen3-30b-a3b", qwen3)] {
+    for (name, spec, h) in target_models() {
         // One layer (over 1 GB of experts, far beyond L2).
         let w = moe_layer(&gpu, &spec, h, 1000);
         for t in [1024usize, 8192] {

@@ -39,6 +39,19 @@ pub struct MoeConfig {
     pub shared_intermediate: Option<usize>,
 }
 
+impl MoeConfig {
+    /// The backend's view of this MoE block.
+    pub fn spec(&self) -> kestrel_core::MoeSpec {
+        kestrel_core::MoeSpec {
+            num_experts: self.num_experts,
+            top_k: self.top_k,
+            intermediate: self.intermediate,
+            norm_topk_prob: self.norm_topk_prob,
+            shared_intermediate: self.shared_intermediate,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct LinearAttnConfig {
     pub num_k_heads: usize,

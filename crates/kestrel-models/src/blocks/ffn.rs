@@ -71,13 +71,7 @@ impl<B: Backend> FeedForward<B> {
                 shared_down,
                 shared_gate,
             },
-            spec: MoeSpec {
-                num_experts: e,
-                top_k: moe.top_k,
-                intermediate: i,
-                norm_topk_prob: moe.norm_topk_prob,
-                shared_intermediate: moe.shared_intermediate,
-            },
+            spec: moe.spec(),
         })
     }
 
