@@ -134,11 +134,19 @@ fn pack(ids: Option<&[u32]>, batch: &ForwardBatch, block_size: usize) -> Packed 
     }
 }
 
+/// The step in progress, recognised by the addresses of the batch and ids
+/// that `run_step` was given: the model passes those same references to every
+/// operation, so no per-layer comparison of block tables is needed (and no
+/// other batch can sit at that address while the step borrows it).
 struct Active {
-    ids: Vec<u32>,
-    batch: ForwardBatch,
+    ids: (usize, usize),
+    batch: usize,
     block_size: usize,
     layout: Arc<StepLayout>,
+}
+
+fn addr_of_ids(ids: &[u32]) -> (usize, usize) {
+    (ids.as_ptr() as usize, ids.len())
 }
 
 /// The persistent step buffer and the step in progress.
@@ -172,8 +180,8 @@ impl Gpu {
         );
         let base = ptr(store, &self.stream);
         st.active = Some(Active {
-            ids: ids.to_vec(),
-            batch: batch.clone(),
+            ids: addr_of_ids(ids),
+            batch: batch as *const ForwardBatch as usize,
             block_size,
             layout: Arc::new(StepLayout {
                 base,
@@ -194,12 +202,12 @@ impl Gpu {
         self.step.lock().unwrap().generation
     }
 
-    /// The layout of `batch`: the step's own when `batch` is the step's batch,
-    /// else a temporary one uploaded now.
+    /// The layout of `batch`: the step's own when `batch` is the batch the
+    /// step was begun with, else a temporary one uploaded now.
     pub fn layout(&self, batch: &ForwardBatch, block_size: usize) -> Arc<StepLayout> {
         if let Some(a) = &self.step.lock().unwrap().active
             && a.block_size == block_size
-            && a.batch == *batch
+            && a.batch == batch as *const ForwardBatch as usize
         {
             return a.layout.clone();
         }
@@ -215,11 +223,12 @@ impl Gpu {
         })
     }
 
-    /// Device address of the step's token ids when `ids` are the step's.
+    /// Device address of the step's token ids when `ids` is the slice the
+    /// step was begun with.
     pub fn step_ids(&self, ids: &[u32]) -> Option<u64> {
         let st = self.step.lock().unwrap();
         let a = st.active.as_ref()?;
-        (a.ids == ids).then(|| a.layout.ids())
+        (a.ids == addr_of_ids(ids)).then(|| a.layout.ids())
     }
 }
 
