@@ -108,7 +108,7 @@ fn main() -> ExitCode {
         outcomes: Vec::new(),
     };
     type Case = fn(&mut cases::Ctx);
-    let all: [(&str, Case); 7] = [
+    let all: [(&str, Case); 8] = [
         ("embedding", cases::embedding),
         ("elementwise", cases::elementwise),
         ("norms", cases::norms),
@@ -116,6 +116,7 @@ fn main() -> ExitCode {
         ("attention", cases::attention),
         ("moe", cases::moe),
         ("gated_delta_net", cases::gated_delta_net),
+        ("argmax_rows", cases::argmax_rows),
     ];
     for (name, case) in all {
         if let Err(p) = catch_unwind(AssertUnwindSafe(|| case(&mut ctx))) {

@@ -10,13 +10,14 @@ use crate::tensor::CudaTensor;
 /// Threads per row: a 250k vocabulary is 62k float4 loads, ~60 per thread.
 const THREADS: u32 = 1024;
 
-/// The column of each row's largest logit, on the device (one `i32` per row):
-/// ties go to the lowest index and NaN never wins (a row of NaN gives 0).
-/// Only a kernel launch: safe to record in a CUDA graph.
-pub fn argmax_rows(gpu: &Gpu, logits: &CudaTensor) -> CudaSlice<i32> {
+/// The column of each row's largest logit among its first `cols`, on the
+/// device (one `i32` per row): ties go to the lowest index and NaN never wins
+/// (a row of NaN gives 0). `cols` below the row length keeps a vocabulary's
+/// padded tail out. Only a kernel launch: safe to record in a CUDA graph.
+pub fn argmax_rows(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> CudaSlice<i32> {
     assert!(
-        logits.cols > 0 && logits.cols <= i32::MAX as usize,
-        "argmax_rows: {} columns",
+        (1..=logits.cols).contains(&cols) && logits.cols <= i32::MAX as usize,
+        "argmax over {cols} of {} columns",
         logits.cols
     );
     let out = gpu.alloc::<i32>(logits.rows);
@@ -29,42 +30,16 @@ pub fn argmax_rows(gpu: &Gpu, logits: &CudaTensor) -> CudaSlice<i32> {
         &[
             Arg::Ptr(ptr(&out, s)),
             Arg::Ptr(ptr(&logits.buf, s)),
+            Arg::I32(cols as i32),
             Arg::I32(logits.cols as i32),
         ],
     );
     out
 }
 
-/// The argmax of the first `cols` columns of each row, read back to the host
-/// (waits for the stream). All columns: one launch over every row. Fewer
-/// (a vocabulary padded beyond the tokenizer's): one single-row launch per
-/// row, the kernel reading `cols` values from the row's start.
+/// [`argmax_rows`], read back to the host (waits for the stream).
 pub fn argmax_rows_host(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> Vec<u32> {
-    assert!(
-        (1..=logits.cols).contains(&cols),
-        "argmax over {cols} of {} columns",
-        logits.cols
-    );
-    let ids = if cols == logits.cols {
-        argmax_rows(gpu, logits)
-    } else {
-        let out = gpu.alloc::<i32>(logits.rows);
-        let s = &gpu.stream;
-        for r in 0..logits.rows {
-            gpu.launch(
-                &gpu.k.argmax_rows,
-                (1, 1, 1),
-                THREADS,
-                0,
-                &[
-                    Arg::Ptr(ptr(&out, s) + (r * 4) as u64),
-                    Arg::Ptr(ptr(&logits.buf, s) + (r * logits.cols * 4) as u64),
-                    Arg::I32(cols as i32),
-                ],
-            );
-        }
-        out
-    };
+    let ids = argmax_rows(gpu, logits, cols);
     gpu.download(&ids, logits.rows)
         .into_iter()
         .map(|i| i as u32)

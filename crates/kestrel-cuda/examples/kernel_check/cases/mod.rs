@@ -6,6 +6,7 @@ mod elementwise;
 mod gdn;
 mod matmul;
 mod moe;
+mod sample;
 
 use kestrel_core::{Backend, BackendError, Result};
 use kestrel_cpu::CpuBackend;
@@ -19,6 +20,7 @@ pub use elementwise::{elementwise, embedding, norms};
 pub use gdn::gated_delta_net;
 pub use matmul::matmul;
 pub use moe::moe;
+pub use sample::argmax_rows;
 
 type Outputs = Vec<(String, Vec<f32>)>;
 
