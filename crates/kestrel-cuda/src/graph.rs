@@ -54,8 +54,6 @@ pub struct Recordings {
     generation: u64,
     pub captures: u64,
     pub replays: u64,
-    /// Recordings the driver refused (their steps run eagerly).
-    pub refused: u64,
 }
 
 impl Recordings {
@@ -97,7 +95,6 @@ impl Recordings {
                 let out = gpu.alloc::<f32>(rows * cols);
                 let Some(graph) = capture(gpu, cache, f, &out, rows, cols) else {
                     // Nothing of the refused recording ran: run the step now.
-                    self.refused += 1;
                     self.entries.insert(k, Entry::Eager);
                     return f(cache);
                 };
