@@ -40,14 +40,7 @@ pub fn moe(c: &mut Ctx) {
             shared_intermediate: shared,
         };
         let x = c.data.randn(t * h, 1.0);
-        let w = MoeWeights {
-            router: c.data.mat_bf16(&[e, h], 0.1),
-            gate_up: c.data.mat_bf16(&[e, 2 * inter, h], 0.06),
-            down: c.data.mat_bf16(&[e, h, inter], 0.1),
-            shared_gate_up: shared.map(|si| c.data.mat_bf16(&[2 * si, h], 0.06)),
-            shared_down: shared.map(|si| c.data.mat_bf16(&[h, si], 0.1)),
-            shared_gate: shared_gate.then(|| c.data.mat_bf16(&[1, h], 0.1)),
-        };
+        let w = random_weights(c, &spec, h, shared_gate);
         fn run<B: Backend>(
             b: &B,
             spec: &MoeSpec,
@@ -303,14 +296,7 @@ fn moe_decode(c: &mut Ctx) {
             norm_topk_prob: renorm,
             shared_intermediate: shared,
         };
-        let w = MoeWeights {
-            router: c.data.mat_bf16(&[e, h], 0.1),
-            gate_up: c.data.mat_bf16(&[e, 2 * inter, h], 0.06),
-            down: c.data.mat_bf16(&[e, h, inter], 0.1),
-            shared_gate_up: shared.map(|si| c.data.mat_bf16(&[2 * si, h], 0.06)),
-            shared_down: shared.map(|si| c.data.mat_bf16(&[h, si], 0.1)),
-            shared_gate: shared_gate.then(|| c.data.mat_bf16(&[1, h], 0.1)),
-        };
+        let w = random_weights(c, &spec, h, shared_gate);
         for &t in tokens {
             let x = c.data.randn(t * h, 1.0);
             let (cpu, gpu) = (
@@ -349,4 +335,27 @@ fn run_twice<B: Backend>(
     let first = b.to_host(&b.moe(&xt, &w, spec));
     let again = b.to_host(&b.moe(&xt, &w, spec));
     Ok(vec![repeatable("out", first, again)?])
+}
+
+/// Random bf16 weights of a block (drawn in a fixed order: router, experts,
+/// shared expert, its gate).
+fn random_weights(
+    c: &mut Ctx,
+    spec: &MoeSpec,
+    h: usize,
+    gated: bool,
+) -> MoeWeights<HostTensor<'static>> {
+    let (e, inter, shared) = (
+        spec.num_experts,
+        spec.intermediate,
+        spec.shared_intermediate,
+    );
+    MoeWeights {
+        router: c.data.mat_bf16(&[e, h], 0.1),
+        gate_up: c.data.mat_bf16(&[e, 2 * inter, h], 0.06),
+        down: c.data.mat_bf16(&[e, h, inter], 0.1),
+        shared_gate_up: shared.map(|si| c.data.mat_bf16(&[2 * si, h], 0.06)),
+        shared_down: shared.map(|si| c.data.mat_bf16(&[h, si], 0.1)),
+        shared_gate: gated.then(|| c.data.mat_bf16(&[1, h], 0.1)),
+    }
 }
