@@ -6,8 +6,9 @@
 //!   Hv/Hk in {1, 2, 4}, conv kernel 4): one fused kernel (`gdn_decode.cu`).
 //!   Its launch depends only on the number of sequences, so it is replayable;
 //! - prefill (Dk = Dv = 128): token-tiled conv, the chunked form in two
-//!   kernels (`gdn_chunk.cu`), then the gated norm. Eager only: its grid
-//!   follows the longest sequence;
+//!   kernels (`gdn_chunk.cu`, products on tensor cores as f32-accurate
+//!   3xTF32 unless `KESTREL_GDN_PREFILL=f32`), then the gated norm. Eager
+//!   only: its grid follows the longest sequence;
 //! - anything else: conv, the token-by-token recurrence, the gated norm.
 
 use cudarc::driver::CudaFunction;
@@ -31,14 +32,19 @@ const DECODE_CONV_KERNEL: usize = 4;
 /// and the floats of one (chunk, head) record of the prefill scratch.
 const CHUNK: usize = 64;
 const CHUNK_FLOATS: usize = 4 * HEAD_DIM * CHUNK + CHUNK * CHUNK + 4;
-/// Dynamic shared memory of the chunked kernels (see their layouts).
-const PREP_SMEM_BYTES: usize = (2 * HEAD_DIM * CHUNK + CHUNK * CHUNK) * 4;
-const STATE_SMEM_BYTES: usize = (HEAD_DIM * 36
-    + 2 * HEAD_DIM * CHUNK
-    + HEAD_DIM * (CHUNK + 4)
-    + CHUNK * CHUNK
-    + 2 * CHUNK * 32)
-    * 4;
+/// Dynamic shared memory of the chunked kernels (see their layouts): the
+/// prep's padded q^T and k^T rows (`KS`) and A; the state pass's larger
+/// layout (the tensor-core one, `STATE_SMEM_BYTES` in gdn_chunk.cu).
+const PREP_SMEM_BYTES: usize = (2 * HEAD_DIM * (CHUNK + 8) + CHUNK * CHUNK) * 4;
+const STATE_SMEM_BYTES: usize = 167_936;
+
+/// Whether the chunked kernels run their products on tensor cores (3xTF32,
+/// f32-accurate); `KESTREL_GDN_PREFILL=f32` selects the older all-FMA code.
+/// Read once.
+fn prefill_tensor_cores() -> bool {
+    static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TC.get_or_init(|| !std::env::var("KESTREL_GDN_PREFILL").is_ok_and(|v| v == "f32"))
+}
 
 pub fn gated_delta_net(
     gpu: &Gpu,
@@ -274,6 +280,7 @@ fn chunked(
         .map(|q| q.num_tokens.div_ceil(CHUNK))
         .sum();
     let scratch = gpu.alloc::<f32>(chunks * hv * CHUNK_FLOATS);
+    let tc = i32::from(prefill_tensor_cores());
     allow_smem(gpu, &gpu.k.gdn_chunk_prep, PREP_SMEM_BYTES);
     gpu.launch(
         &gpu.k.gdn_chunk_prep,
@@ -293,6 +300,7 @@ fn chunked(
             Arg::I32(spec.num_k_heads as i32),
             Arg::I32(hv as i32),
             Arg::F32(query_scale(spec.head_k_dim)),
+            Arg::I32(tc),
         ],
     );
     let core = gpu.alloc::<f32>(l.tokens * spec.value_width());
@@ -309,6 +317,7 @@ fn chunked(
             Arg::Ptr(l.seq_start()),
             Arg::Ptr(l.seq_slot()),
             Arg::I32(hv as i32),
+            Arg::I32(tc),
         ],
     );
     core

@@ -93,6 +93,7 @@ pub fn gated_delta_net(c: &mut Ctx) {
     let gpu = run(&c.gpu, &spec, &cache, &steps, &inputs, &w);
     c.record("gated_delta_net Hk2 Hv4 D128 K4", TOL_GDN, cpu, gpu);
     gated_delta_net_paths(c);
+    gdn_long_prefill(c);
 }
 
 /// The CUDA GDN paths on carried state: decode steps of 1..=8 sequences (the
@@ -162,55 +163,135 @@ fn gated_delta_net_paths(c: &mut Ctx) {
             dt_bias: c.data.vector(hv, 0.0, 1.0),
             norm: c.data.vector(d, 1.0, 0.2),
         };
-        fn run<B: Backend>(
-            b: &B,
-            spec: &GdnSpec,
-            cache: &CacheSpec,
-            steps: &[ForwardBatch],
-            inputs: &[Vec<f32>],
-            w: &GdnWeights<HostTensor>,
-        ) -> Result<Outputs> {
-            let w = GdnWeights {
-                conv: b.upload(&w.conv)?,
-                a_log: b.upload(&w.a_log)?,
-                dt_bias: b.upload(&w.dt_bias)?,
-                norm: b.upload(&w.norm)?,
-            };
-            let slots = cache.num_state_slots as u32;
-            let mut cache = b.new_cache(cache)?;
-            for slot in 0..slots {
-                b.zero_state(&mut cache, slot);
-            }
-            let mut outs = Vec::new();
-            for (i, (batch, x)) in steps.iter().zip(inputs).enumerate() {
-                let proj = b.from_host(batch.num_tokens(), spec.proj_width(), x);
-                // Layer 1 only: layer 0's state must stay untouched.
-                let o = b.gated_delta_net(&proj, &w, spec, &mut cache, 1, batch);
-                let sizes: Vec<String> = batch
-                    .seqs
-                    .iter()
-                    .map(|q| q.num_tokens.to_string())
-                    .collect();
-                outs.push(out(b, &format!("step{i} [{}]", sizes.join(",")), &o));
-            }
-            Ok(outs)
-        }
-        let cpu = run(&c.cpu, &spec, &cache, &steps, &inputs, &w);
-        let gpu = run(&c.gpu, &spec, &cache, &steps, &inputs, &w).and_then(|first| {
-            let again = run(&c.gpu, &spec, &cache, &steps, &inputs, &w)?;
-            let same = first.iter().zip(&again).all(|((_, a), (_, b))| {
-                a.iter()
-                    .map(|v| v.to_bits())
-                    .eq(b.iter().map(|v| v.to_bits()))
-            });
-            if same {
-                Ok(first)
-            } else {
-                Err(kestrel_core::BackendError::Invalid(
-                    "two runs on the same input differ".into(),
-                ))
-            }
-        });
+        let cpu = run_layer1(&c.cpu, &spec, &cache, &steps, &inputs, &w);
+        let gpu = run_twice(&c.gpu, &spec, &cache, &steps, &inputs, &w);
         c.record(&format!("gdn paths Hk{hk} Hv{hv} D{d}"), TOL_GDN, cpu, gpu);
     }
+}
+
+/// Runs `steps` on GDN layer 1 of a fresh cache (all slots zeroed), one
+/// output per step; layer 0's state must stay untouched.
+fn run_layer1<B: Backend>(
+    b: &B,
+    spec: &GdnSpec,
+    cache: &CacheSpec,
+    steps: &[ForwardBatch],
+    inputs: &[Vec<f32>],
+    w: &GdnWeights<HostTensor>,
+) -> Result<Outputs> {
+    let w = GdnWeights {
+        conv: b.upload(&w.conv)?,
+        a_log: b.upload(&w.a_log)?,
+        dt_bias: b.upload(&w.dt_bias)?,
+        norm: b.upload(&w.norm)?,
+    };
+    let slots = cache.num_state_slots as u32;
+    let mut cache = b.new_cache(cache)?;
+    for slot in 0..slots {
+        b.zero_state(&mut cache, slot);
+    }
+    let mut outs = Vec::new();
+    for (i, (batch, x)) in steps.iter().zip(inputs).enumerate() {
+        let proj = b.from_host(batch.num_tokens(), spec.proj_width(), x);
+        let o = b.gated_delta_net(&proj, &w, spec, &mut cache, 1, batch);
+        let sizes: Vec<String> = batch
+            .seqs
+            .iter()
+            .map(|q| q.num_tokens.to_string())
+            .collect();
+        outs.push(out(b, &format!("step{i} [{}]", sizes.join(",")), &o));
+    }
+    Ok(outs)
+}
+
+/// [`run_layer1`] twice on `b`: the two runs must agree bit for bit.
+fn run_twice<B: Backend>(
+    b: &B,
+    spec: &GdnSpec,
+    cache: &CacheSpec,
+    steps: &[ForwardBatch],
+    inputs: &[Vec<f32>],
+    w: &GdnWeights<HostTensor>,
+) -> Result<Outputs> {
+    let first = run_layer1(b, spec, cache, steps, inputs, w)?;
+    let again = run_layer1(b, spec, cache, steps, inputs, w)?;
+    let same = first.iter().zip(&again).all(|((_, a), (_, b))| {
+        a.iter()
+            .map(|v| v.to_bits())
+            .eq(b.iter().map(|v| v.to_bits()))
+    });
+    if same {
+        Ok(first)
+    } else {
+        Err(kestrel_core::BackendError::Invalid(
+            "two runs on the same input differ".into(),
+        ))
+    }
+}
+
+/// Long prefills through the chunked kernels: several sequences of odd
+/// lengths (2,113 tokens = 33 chunks + 1 token, and others with partial last
+/// chunks) in one step, decode, a second prefill that continues the carried
+/// states, and decode again. One value head decays very weakly (A_log = -5,
+/// a per-chunk decay around 0.7), so the state carries information across many
+/// chunks and rounding in the state pass accumulates the most. The Hv/Hk
+/// group is 2, as in Qwen3.6. The GPU side runs twice (bit-identical).
+fn gdn_long_prefill(c: &mut Ctx) {
+    let (hk, hv, d) = (2, 4, 128);
+    let spec = GdnSpec {
+        num_k_heads: hk,
+        num_v_heads: hv,
+        head_k_dim: d,
+        head_v_dim: d,
+        conv_kernel: 4,
+        norm_eps: 1e-6,
+    };
+    let cache = CacheSpec {
+        attn_layers: 0,
+        num_blocks: 0,
+        block_size: 16,
+        num_kv_heads: 0,
+        head_dim: 0,
+        gdn_layers: 2,
+        num_state_slots: 6,
+        gdn: Some(spec),
+    };
+    let batch = |seqs: &[(usize, u32)]| ForwardBatch {
+        seqs: seqs
+            .iter()
+            .map(|&(n, slot)| SeqChunk {
+                num_tokens: n,
+                cached_len: 0,
+                block_table: vec![],
+                state_slot: slot,
+            })
+            .collect(),
+    };
+    let decode = batch(&[(1, 4), (1, 0), (1, 5), (1, 2), (1, 1)]);
+    let steps = vec![
+        batch(&[(2113, 4), (1, 0), (777, 5), (1531, 2), (64, 1)]),
+        decode.clone(),
+        batch(&[(1000, 4), (333, 0), (65, 5), (2, 2), (129, 1)]),
+        decode,
+    ];
+    let inputs: Vec<Vec<f32>> = steps
+        .iter()
+        .map(|s| c.data.randn(s.num_tokens() * spec.proj_width(), 1.0))
+        .collect();
+    let mut a_log = c.data.uniform(hv, -1.0, 2.7);
+    a_log[1] = -5.0;
+    let w = GdnWeights {
+        conv: c.data.mat_bf16(&[spec.conv_dim(), spec.conv_kernel], 0.5),
+        a_log: HostTensor::from_f32(vec![hv], &a_log),
+        dt_bias: c.data.vector(hv, 0.0, 1.0),
+        norm: c.data.vector(d, 1.0, 0.2),
+    };
+    let cpu = run_layer1(&c.cpu, &spec, &cache, &steps, &inputs, &w);
+    let gpu = run_twice(&c.gpu, &spec, &cache, &steps, &inputs, &w);
+    c.record(
+        &format!("gdn long prefill Hk{hk} Hv{hv} D{d}"),
+        TOL_GDN,
+        cpu,
+        gpu,
+    );
 }
