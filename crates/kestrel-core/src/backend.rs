@@ -7,7 +7,10 @@
 
 use std::borrow::Cow;
 
-use crate::{DType, ForwardBatch, HostTensor, Result, dummy};
+use crate::{
+    CandidateRequest, DType, ForwardBatch, HostTensor, Result, RowCandidates, dummy,
+    top_candidates_host,
+};
 
 /// Rotary embedding over the first `rotary_dim` dims of each head
 /// (rotate-half pairing within those dims; `inv_freq[i] = theta^(-2i/rotary_dim)`).
@@ -298,6 +301,24 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn argmax_rows(&self, x: &Self::Tensor, cols: usize) -> Vec<u32> {
         let (_, row_len) = self.dims(x);
         argmax_host(&self.to_host(x), row_len, cols)
+    }
+
+    /// For each request, its row's best candidates after the sampler's
+    /// penalties and mask (see [`crate::candidates`]): the `count` largest
+    /// penalised logits among the first `cols` (NaN and `-inf` never; ties to
+    /// the lower id), the row's largest, and the count and weight of those
+    /// above the min-p line. A sampler finishes on them instead of copying
+    /// the row. The default copies the logits to the host and is the reference.
+    fn top_candidates(
+        &self,
+        logits: &Self::Tensor,
+        rows: &[CandidateRequest],
+    ) -> Vec<RowCandidates> {
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        let (_, row_len) = self.dims(logits);
+        top_candidates_host(&self.to_host(logits), row_len, rows)
     }
 
     // ---- operations ----------------------------------------------------

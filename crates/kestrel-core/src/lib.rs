@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod candidates;
 pub mod dummy;
 pub mod host;
 
@@ -14,6 +15,7 @@ pub use backend::{
     RopeSpec, StepKey, argmax_host,
 };
 pub use batch::{ForwardBatch, SeqChunk};
+pub use candidates::{CandidateRequest, RowCandidates, TokenPenalty, top_candidates_host};
 pub use host::{DType, HostTensor};
 
 /// Errors a backend can report. Kernels assume validated inputs; these cover

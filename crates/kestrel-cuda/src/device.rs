@@ -83,6 +83,7 @@ pub struct Kernels {
     pub moe_route_fill: CudaFunction,
     pub moe_combine: CudaFunction,
     pub argmax_rows: CudaFunction,
+    pub top_candidates: CudaFunction,
 }
 
 impl Kernels {
@@ -169,6 +170,7 @@ impl Kernels {
             moe_route_fill: f(&moe_prefill, "moe_route_fill")?,
             moe_combine: f(&moe_prefill, "moe_combine")?,
             argmax_rows: f(&sample, "argmax_rows")?,
+            top_candidates: f(&sample, "top_candidates")?,
         })
     }
 }

@@ -209,6 +209,14 @@ impl Backend for CudaBackend {
         ops::sample::argmax_rows_host(&self.gpu, x, cols)
     }
 
+    fn top_candidates(
+        &self,
+        logits: &CudaTensor,
+        rows: &[kestrel_core::CandidateRequest],
+    ) -> Vec<kestrel_core::RowCandidates> {
+        ops::sample::top_candidates(&self.gpu, logits, rows)
+    }
+
     fn embedding(&self, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
         ops::elementwise::embedding(&self.gpu, table, ids)
     }

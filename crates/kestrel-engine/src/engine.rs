@@ -33,7 +33,18 @@ impl Engine {
         model: Model<B>,
         config: EngineConfig,
     ) -> Result<EngineHandle> {
-        Self::spawn_inner(backend, model, config, None)
+        Self::spawn_inner(backend, model, config, None, true)
+    }
+
+    /// [`Engine::spawn`] that copies every sampled row to the host instead of
+    /// asking the backend for candidates (tests compare the two paths).
+    #[doc(hidden)]
+    pub fn spawn_with_full_row_sampling<B: Backend>(
+        backend: B,
+        model: Model<B>,
+        config: EngineConfig,
+    ) -> Result<EngineHandle> {
+        Self::spawn_inner(backend, model, config, None, false)
     }
 
     /// [`Engine::spawn`] with a [`LogitsObserver`] (for tests and debugging).
@@ -44,7 +55,7 @@ impl Engine {
         config: EngineConfig,
         observer: LogitsObserver,
     ) -> Result<EngineHandle> {
-        Self::spawn_inner(backend, model, config, Some(observer))
+        Self::spawn_inner(backend, model, config, Some(observer), true)
     }
 
     fn spawn_inner<B: Backend>(
@@ -52,6 +63,7 @@ impl Engine {
         model: Model<B>,
         config: EngineConfig,
         observer: Option<LogitsObserver>,
+        use_candidates: bool,
     ) -> Result<EngineHandle> {
         let model_config = model.config();
         let hybrid = model_config.arch.is_hybrid();
@@ -103,6 +115,7 @@ impl Engine {
                     commands: receiver,
                     shutting_down: false,
                     observer,
+                    use_candidates,
                 };
                 engine.run();
             })
@@ -157,6 +170,9 @@ struct EngineLoop<B: Backend> {
     commands: Receiver<Command>,
     shutting_down: bool,
     observer: Option<LogitsObserver>,
+    /// Sample from the backend's best candidates where they decide the token
+    /// (see `step::row_sources`); off only in tests.
+    use_candidates: bool,
 }
 
 impl<B: Backend> EngineLoop<B> {
@@ -284,6 +300,7 @@ impl<B: Backend> EngineLoop<B> {
             &mut self.scheduler,
             plan,
             self.observer.as_mut(),
+            self.use_candidates,
         )
     }
 

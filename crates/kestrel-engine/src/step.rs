@@ -3,9 +3,9 @@
 //! snapshot and cache what was computed, finish what stopped.
 
 use anyhow::{Context, Result};
-use kestrel_core::{Backend, ForwardBatch, SeqChunk};
+use kestrel_core::{Backend, CandidateRequest, ForwardBatch, RowCandidates, SeqChunk};
 use kestrel_models::Model;
-use kestrel_sampling::Finish;
+use kestrel_sampling::{DEFAULT_MAX_CANDIDATES, Finish};
 
 use crate::client::SeqId;
 use crate::engine::LogitsObserver;
@@ -18,6 +18,21 @@ enum Outcome {
     Failed(SeqId, String),
 }
 
+/// Where a sampled row's token comes from.
+enum RowSource {
+    /// Picked on the device (plain greedy).
+    Argmax(u32),
+    /// The device's best candidates (row `row` of the logits); the whole row
+    /// is fetched only if they cannot decide.
+    Candidates {
+        row: usize,
+        request: CandidateRequest,
+        found: RowCandidates,
+    },
+    /// The whole row, copied to the host.
+    Logits(Vec<f32>),
+}
+
 pub(crate) fn execute<B: Backend>(
     backend: &B,
     model: &Model<B>,
@@ -25,6 +40,7 @@ pub(crate) fn execute<B: Backend>(
     sched: &mut Scheduler,
     plan: StepPlan,
     mut observer: Option<&mut LogitsObserver>,
+    use_candidates: bool,
 ) -> Result<()> {
     if plan.chunks.is_empty() {
         return Ok(());
@@ -68,50 +84,47 @@ pub(crate) fn execute<B: Backend>(
         sampling.push(samples);
     }
     // One step either way; ending in logits lets decode steps be replayed.
-    let mut device_argmax = Vec::new().into_iter();
-    let mut logits = Vec::new();
+    let mut logits = None;
+    let mut sources = Vec::new().into_iter();
     if sampled_rows.is_empty() {
         model.decoder.forward(backend, &ids, &batch, cache);
     } else {
         let out = model
             .decoder
             .step_logits(backend, &ids, &batch, cache, &sampled_rows);
-        let vocab = backend.dims(&out).1;
-        let sampled_vocab = sched.config.sampled_vocab.map_or(vocab, |v| v.min(vocab));
-        if all_plain_argmax {
-            device_argmax = backend.argmax_rows(&out, sampled_vocab).into_iter();
-        } else {
-            logits = backend.to_host(&out);
-            if sampled_vocab < vocab {
-                // Padded ids (no token behind them) can never be sampled.
-                for row in logits.chunks_exact_mut(vocab) {
-                    row[sampled_vocab..].fill(f32::NEG_INFINITY);
-                }
-            }
-        }
+        let candidates = use_candidates && observer.is_none();
+        sources =
+            row_sources(backend, &out, sched, &plan, all_plain_argmax, candidates)?.into_iter();
+        logits = Some((sampled_vocab(backend, &out, sched), out));
     }
-    let vocab = if sampled_rows.is_empty() || all_plain_argmax {
-        0
-    } else {
-        logits.len() / sampled_rows.len()
-    };
 
     let mut outcomes = Vec::new();
-    let mut logits_rows = logits.chunks_exact_mut(vocab.max(1));
     for (chunk, samples) in plan.chunks.iter().zip(sampling) {
         let seq = sched
             .running_seq_mut(chunk.id)
             .context("sequence vanished")?;
         seq.cache.set_num_tokens(chunk.end, block_size)?;
         if samples {
-            let sampled = if all_plain_argmax {
-                device_argmax.next().context("missing argmax row").map(Ok)?
-            } else {
-                let row = logits_rows.next().context("missing logits row")?;
-                if let Some(observe) = observer.as_mut() {
-                    observe(&seq.request_id, row);
+            let sampled = match sources.next().context("missing sampled row")? {
+                RowSource::Argmax(token) => Ok(token),
+                RowSource::Logits(mut row) => {
+                    if let Some(observe) = observer.as_mut() {
+                        observe(&seq.request_id, &row);
+                    }
+                    seq.sampler.sample(&mut row, &seq.tokens)
                 }
-                seq.sampler.sample(row, &seq.tokens)
+                RowSource::Candidates {
+                    row,
+                    request,
+                    found,
+                } => match seq.sampler.sample_candidates(&request, &found) {
+                    Some(sampled) => sampled,
+                    None => {
+                        let (vocab, out) = logits.as_ref().context("logits vanished")?;
+                        let mut row = host_rows(backend, out, &[row], *vocab).remove(0);
+                        seq.sampler.sample(&mut row, &seq.tokens)
+                    }
+                },
             };
             match sampled {
                 Ok(token) => {
@@ -137,6 +150,95 @@ pub(crate) fn execute<B: Backend>(
         }
     }
     Ok(())
+}
+
+/// Ids that may be sampled: the tokenizer's vocabulary within the logits' width.
+fn sampled_vocab<B: Backend>(backend: &B, out: &B::Tensor, sched: &Scheduler) -> usize {
+    let vocab = backend.dims(out).1;
+    sched.config.sampled_vocab.map_or(vocab, |v| v.min(vocab))
+}
+
+/// Decide, for every sampled row in order, where its token comes from, and
+/// do the device work and copies that needs: the device argmax when every row
+/// is plain greedy; else, with `candidates`, the device's best candidates for
+/// the rows a sampler can finish on them, and one copy of the other rows.
+fn row_sources<B: Backend>(
+    backend: &B,
+    out: &B::Tensor,
+    sched: &mut Scheduler,
+    plan: &StepPlan,
+    all_plain_argmax: bool,
+    candidates: bool,
+) -> Result<Vec<RowSource>> {
+    let sampled_vocab = sampled_vocab(backend, out, sched);
+    if all_plain_argmax {
+        let ids = backend.argmax_rows(out, sampled_vocab);
+        return Ok(ids.into_iter().map(RowSource::Argmax).collect());
+    }
+    // Per sampled row: its candidate request, or None for a full-row copy.
+    let mut requests = Vec::new();
+    for chunk in &plan.chunks {
+        let seq = sched
+            .running_seq_mut(chunk.id)
+            .context("sequence vanished")?;
+        if chunk.end != seq.tokens.len() {
+            continue;
+        }
+        let row = requests.len();
+        requests.push(if candidates {
+            seq.sampler
+                .candidate_request(&seq.tokens, row, sampled_vocab, DEFAULT_MAX_CANDIDATES)
+        } else {
+            None
+        });
+    }
+    let asked: Vec<CandidateRequest> = requests.iter().flatten().cloned().collect();
+    let mut found = backend.top_candidates(out, &asked).into_iter();
+    let full: Vec<usize> = (0..requests.len())
+        .filter(|&r| requests[r].is_none())
+        .collect();
+    let mut copied = host_rows(backend, out, &full, sampled_vocab).into_iter();
+    requests
+        .into_iter()
+        .enumerate()
+        .map(|(row, request)| {
+            Ok(match request {
+                Some(request) => RowSource::Candidates {
+                    row,
+                    request,
+                    found: found.next().context("missing candidates")?,
+                },
+                None => RowSource::Logits(copied.next().context("missing logits row")?),
+            })
+        })
+        .collect()
+}
+
+/// Rows `rows` of the logits, copied to the host in one transfer, with the
+/// padded ids (no token behind them) at `-inf` so they are never sampled.
+fn host_rows<B: Backend>(
+    backend: &B,
+    out: &B::Tensor,
+    rows: &[usize],
+    sampled_vocab: usize,
+) -> Vec<Vec<f32>> {
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    let (num_rows, vocab) = backend.dims(out);
+    let values = if rows.len() == num_rows {
+        backend.to_host(out)
+    } else {
+        backend.to_host(&backend.gather_rows(out, rows))
+    };
+    values
+        .chunks_exact(vocab)
+        .map(|row| {
+            let mut row = row.to_vec();
+            row[sampled_vocab..].fill(f32::NEG_INFINITY);
+            row
+        })
+        .collect()
 }
 
 /// Offer what a prefill chunk computed to the prefix cache: on hybrid models

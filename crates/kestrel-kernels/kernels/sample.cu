@@ -56,3 +56,309 @@ KESTREL_EXTERN void argmax_rows(int* __restrict__ out, const float* __restrict__
         out[blockIdx.x] = bi == ARGMAX_NONE ? 0 : bi;
     }
 }
+
+// ---- Sampling candidates ---------------------------------------------------
+// top_candidates: per requested row, apply the sampler's penalties and mask,
+// then find the `count` largest logits (ties to the lowest id, NaN and -inf
+// never) by radix select over an order-preserving integer key, plus the
+// row's largest logit and the count and weight of the logits above the
+// min-p line. One block of 1024 threads per request; integer counts and
+// fixed reduction trees only, so the output repeats bit for bit.
+
+// A request: TOPC_DESC_WORDS ints (floats as their bits). Must match
+// `ops/sample.rs`.
+#define TOPC_ROW 0
+#define TOPC_COLS 1
+#define TOPC_COUNT 2
+#define TOPC_PEN_BEGIN 3      // into `aux`: 3 ints per penalty (id, output count, seen)
+#define TOPC_PEN_COUNT 4
+#define TOPC_MASK_BEGIN 5     // into `aux`: one id per masked token
+#define TOPC_MASK_COUNT 6
+#define TOPC_SCRATCH 7        // into `scratch` (cols floats), -1: no penalties, read the logits
+#define TOPC_OUT 8            // into `out`: TOPC_HEADER + 2 * count words
+#define TOPC_REPETITION 9
+#define TOPC_FREQUENCY 10
+#define TOPC_PRESENCE 11
+#define TOPC_MIN_P_OFFSET 12
+#define TOPC_INV_TEMPERATURE 13
+#define TOPC_DESC_WORDS 14
+// Output header: found, max logit bits, kept, 0, kept weight (f64, low then
+// high word), 0, 0; then `count` ids, then `count` logit bits.
+#define TOPC_HEADER 8
+#define TOPC_THREADS 1024
+#define TOPC_WARPS (TOPC_THREADS / 32)
+#define RADIX_BUCKETS 2048
+
+// Orders floats like their values with -0 == +0 (`candidates::rank_key`).
+__device__ __forceinline__ unsigned rank_key(float v) {
+    const unsigned b = v == 0.f ? 0u : __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float logit_of_key(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Not NaN and above -inf.
+__device__ __forceinline__ bool eligible(float v) { return v > -INFINITY; }
+
+// `candidates::penalised_logit`, operation for operation (no fused multiply-add).
+__device__ __forceinline__ float penalised(float v, int count, int seen, float rep, float freq,
+                                           float pres) {
+    if (seen && rep != 1.f) v = v > 0.f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
+    if (count > 0 && (freq != 0.f || pres != 0.f)) {
+        v = __fsub_rn(v, __fmul_rn(freq, __uint2float_rn((unsigned)count)));
+        v = __fsub_rn(v, pres);
+    }
+    return v;
+}
+
+// The key's bits above `shift` (shift 32: nothing, every key is in bucket 0).
+__device__ __forceinline__ unsigned key_prefix(unsigned key, int shift) {
+    return (unsigned)((unsigned long long)key >> shift);
+}
+
+__device__ __forceinline__ unsigned block_sum_u32(unsigned v, unsigned* tmp) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) tmp[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = tmp[threadIdx.x & 31];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ unsigned block_max_u32(unsigned v, unsigned* tmp) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) tmp[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = tmp[threadIdx.x & 31];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// A fixed tree: the same inputs give the same bits.
+__device__ __forceinline__ double block_sum_f64(double v, double* tmp) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) tmp[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = tmp[threadIdx.x & 31];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Exclusive prefix sum over the block's threads in thread order; `*total` gets the sum.
+__device__ __forceinline__ unsigned block_exclusive_scan(unsigned v, unsigned* tmp, unsigned* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) tmp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned w = tmp[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        tmp[lane] = w;
+    }
+    __syncthreads();
+    *total = tmp[TOPC_WARPS - 1];
+    return (warp ? tmp[warp - 1] : 0u) + x - v;
+}
+
+// Count keys into hist[bucket] for the eligible logits whose key bits above
+// `shift + bits` equal `prefix`; equal buckets within a warp are added once
+// (logits crowd into few buckets, and shared atomics on one address serialise).
+__device__ void radix_histogram(const float* src, int cols, unsigned prefix, int shift, int bits,
+                                unsigned* hist) {
+    for (int i = threadIdx.x; i < (1 << bits); i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    for (int base = 0; base < cols; base += blockDim.x) {
+        const int c = base + threadIdx.x;
+        int bucket = -1;
+        if (c < cols) {
+            const float v = src[c];
+            const unsigned k = rank_key(v);
+            if (eligible(v) && key_prefix(k, shift + bits) == prefix)
+                bucket = (int)((k >> shift) & ((1u << bits) - 1));
+        }
+        const unsigned peers = __match_any_sync(0xffffffffu, bucket);
+        if (bucket >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1)
+            atomicAdd(&hist[bucket], __popc(peers));
+    }
+    __syncthreads();
+}
+
+// The bucket holding the `want`-th largest key counted in `hist` (1-based):
+// sel[0] = the bucket, sel[1] = how many keys lie in higher buckets.
+__device__ void select_bucket(const unsigned* hist, int buckets, unsigned want, unsigned* sel,
+                              unsigned* tmp) {
+    const int per = (buckets + blockDim.x - 1) / blockDim.x;
+    unsigned mine = 0;
+    for (int j = 0; j < per; ++j) {
+        const int b = buckets - 1 - ((int)threadIdx.x * per + j);  // high buckets first
+        if (b >= 0) mine += hist[b];
+    }
+    unsigned total;
+    unsigned above = block_exclusive_scan(mine, tmp, &total);
+    for (int j = 0; j < per; ++j) {
+        const int b = buckets - 1 - ((int)threadIdx.x * per + j);
+        if (b < 0) break;
+        const unsigned h = hist[b];
+        if (above < want && want <= above + h) sel[0] = (unsigned)b, sel[1] = above;
+        above += h;
+    }
+    __syncthreads();
+}
+
+// Copy the row into scratch with the penalties, then the mask, applied.
+__device__ void penalise_row(const float* row, float* dst, const int* d, const int* aux) {
+    const int cols = d[TOPC_COLS];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = row[c];
+    __syncthreads();
+    const float rep = __int_as_float(d[TOPC_REPETITION]);
+    const float freq = __int_as_float(d[TOPC_FREQUENCY]);
+    const float pres = __int_as_float(d[TOPC_PRESENCE]);
+    const int* pen = aux + d[TOPC_PEN_BEGIN];
+    for (int e = threadIdx.x; e < d[TOPC_PEN_COUNT]; e += blockDim.x) {
+        const int id = pen[3 * e];
+        if (id >= 0 && id < cols) dst[id] = penalised(dst[id], pen[3 * e + 1], pen[3 * e + 2], rep, freq, pres);
+    }
+    __syncthreads();
+    const int* mask = aux + d[TOPC_MASK_BEGIN];
+    for (int e = threadIdx.x; e < d[TOPC_MASK_COUNT]; e += blockDim.x) {
+        const int id = mask[e];
+        if (id >= 0 && id < cols) dst[id] = -INFINITY;
+    }
+    __syncthreads();
+}
+
+// out, per request: see TOPC_HEADER. logits: [rows, stride]. Grid: one block
+// of TOPC_THREADS per request.
+KESTREL_EXTERN void top_candidates(unsigned* out, const float* logits, float* scratch,
+                                   const int* desc, const int* aux, int stride) { pdl_begin();
+    __shared__ unsigned hist[RADIX_BUCKETS];
+    __shared__ unsigned tmp[32];
+    __shared__ double tmp_f64[32];
+    __shared__ unsigned sel[2];
+    __shared__ unsigned warp_base[2][TOPC_WARPS];
+    const int* d = desc + blockIdx.x * TOPC_DESC_WORDS;
+    const int cols = d[TOPC_COLS], count = d[TOPC_COUNT];
+    unsigned* o = out + d[TOPC_OUT];
+    // Plain pointers (not __restrict__): the scratch row is written, then read.
+    const float* src = logits + (size_t)d[TOPC_ROW] * stride;
+    if (d[TOPC_SCRATCH] >= 0) {
+        penalise_row(src, scratch + d[TOPC_SCRATCH], d, aux);
+        src = scratch + d[TOPC_SCRATCH];
+    }
+
+    // The eligible logits, their largest key, and the first radix digit.
+    unsigned n_eligible = 0, max_key = 0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float v = src[c];
+        if (eligible(v)) ++n_eligible, max_key = max(max_key, rank_key(v));
+    }
+    n_eligible = block_sum_u32(n_eligible, tmp);
+    max_key = block_max_u32(max_key, tmp);
+    const float max_logit = n_eligible ? logit_of_key(max_key) : -INFINITY;
+    const unsigned found = min((unsigned)count, n_eligible);
+
+    // Radix select (11, 11, 10 bits from the top) of the found-th largest key.
+    // Keys with prefix > `prefix` (at `shift`) are taken; of those equal to
+    // it, the `want` lowest ids. Stops early once a bucket is taken whole.
+    unsigned prefix = 0, want = found;
+    int shift = 32;
+    bool whole_bucket = found == n_eligible;  // every eligible logit is taken
+    const int digit_bits[3] = {11, 11, 10};
+    for (int pass = 0; pass < 3 && !whole_bucket; ++pass) {
+        const int bits = digit_bits[pass];
+        radix_histogram(src, cols, prefix, shift - bits, bits, hist);
+        select_bucket(hist, 1 << bits, want, sel, tmp);
+        const unsigned bucket = sel[0], in_bucket = hist[bucket];
+        want -= sel[1];
+        prefix = (prefix << bits) | bucket;
+        shift -= bits;
+        __syncthreads();  // hist and sel are rewritten by the next pass
+        whole_bucket = in_bucket == want;
+    }
+
+    // Each warp walks its own contiguous run of columns, so positions follow
+    // id order: counts first, then the writes.
+    const float threshold = __int_as_float(d[TOPC_MIN_P_OFFSET]) == -INFINITY
+        ? -INFINITY : __fadd_rn(max_logit, __int_as_float(d[TOPC_MIN_P_OFFSET]));
+    const float inv_temp = __int_as_float(d[TOPC_INV_TEMPERATURE]);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int run = (cols + TOPC_WARPS - 1) / TOPC_WARPS;
+    const int run_begin = min(cols, warp * run), run_end = min(cols, run_begin + run);
+    unsigned n_above = 0, n_tied = 0, kept = 0;
+    double weight = 0.0;
+    for (int base = run_begin; base < run_end; base += 32) {
+        const int c = base + lane;
+        const float v = c < run_end ? src[c] : NAN;
+        const bool ok = eligible(v);
+        const unsigned p = key_prefix(rank_key(v), shift);
+        n_above += __popc(__ballot_sync(0xffffffffu, ok && found && p > prefix));
+        n_tied += __popc(__ballot_sync(0xffffffffu, ok && found && p == prefix));
+        if (ok && v >= threshold) {
+            ++kept;
+            if (inv_temp > 0.f) weight += (double)expf(__fmul_rn(__fsub_rn(v, max_logit), inv_temp));
+        }
+    }
+    kept = block_sum_u32(kept, tmp);
+    weight = block_sum_f64(weight, tmp_f64);
+    unsigned total;
+    const unsigned above_before = block_exclusive_scan(lane == 0 ? n_above : 0u, tmp, &total);
+    if (lane == 0) warp_base[0][warp] = above_before;
+    const unsigned tied_before = block_exclusive_scan(lane == 0 ? n_tied : 0u, tmp, &total);
+    if (lane == 0) warp_base[1][warp] = tied_before;
+    __syncthreads();
+
+    const unsigned n_taken_above = found - want;
+    unsigned* ids = o + TOPC_HEADER;
+    unsigned* vals = ids + count;
+    unsigned next_above = warp_base[0][warp], next_tied = warp_base[1][warp];
+    for (int base = run_begin; base < run_end && found; base += 32) {
+        const int c = base + lane;
+        const float v = c < run_end ? src[c] : NAN;
+        const bool ok = eligible(v);
+        const unsigned p = key_prefix(rank_key(v), shift);
+        const unsigned lower = (1u << lane) - 1;
+        const unsigned above = __ballot_sync(0xffffffffu, ok && p > prefix);
+        const unsigned tied = __ballot_sync(0xffffffffu, ok && p == prefix);
+        unsigned slot = 0xffffffffu;
+        if ((above >> lane) & 1) slot = next_above + __popc(above & lower);
+        if ((tied >> lane) & 1) {
+            const unsigned rank = next_tied + __popc(tied & lower);
+            if (rank < want) slot = n_taken_above + rank;
+        }
+        if (slot != 0xffffffffu) ids[slot] = (unsigned)c, vals[slot] = __float_as_uint(v);
+        next_above += __popc(above);
+        next_tied += __popc(tied);
+    }
+    if (threadIdx.x == 0) {
+        const unsigned long long w = (unsigned long long)__double_as_longlong(weight);
+        o[0] = found;
+        o[1] = __float_as_uint(max_logit);
+        o[2] = kept;
+        o[3] = 0;
+        o[4] = (unsigned)w;
+        o[5] = (unsigned)(w >> 32);
+        o[6] = 0;
+        o[7] = 0;
+    }
+}

@@ -5,8 +5,15 @@
 //! of rewriting the whole row: min-p becomes a logit threshold and top-k does
 //! not depend on it, so only the surviving candidates are ever exponentiated.
 //! Candidates are token ids; NaN and `-inf` logits never become candidates.
+//!
+//! Every filter leaves the candidates in ascending id order, whatever order
+//! it works in: the weight sums and the draw walk them in that order, so a
+//! sampler that sees only some of a row's ids (the device's best candidates)
+//! sums and draws exactly as one that sees the whole row.
 
 use std::cmp::Ordering;
+
+use kestrel_core::candidates::rank_key;
 
 /// Largest logit, ties to the lowest id; NaN is skipped. `None` when no
 /// logit is a number above `-inf`.
@@ -24,11 +31,12 @@ pub(crate) fn argmax(logits: &[f32]) -> Option<u32> {
 }
 
 /// Higher logit first, then lower id: a total order, so every selection and
-/// sort below is deterministic.
+/// sort below is deterministic. `-0.0` and `+0.0` are equal (as in
+/// [`argmax`] and the device's candidate search, which share [`rank_key`]).
 fn by_logit_desc(logits: &[f32]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
     move |&a, &b| {
-        logits[b as usize]
-            .total_cmp(&logits[a as usize])
+        rank_key(logits[b as usize])
+            .cmp(&rank_key(logits[a as usize]))
             .then(a.cmp(&b))
     }
 }
@@ -56,13 +64,14 @@ pub(crate) fn min_p_threshold(max_logit: f32, temperature: f32, min_p: f32) -> f
 }
 
 /// Keep the `k` best candidates (ties at the boundary go to lower ids).
-/// Linear time: a selection, not a sort.
+/// A linear selection, then a sort of the `k` kept ids back into id order.
 pub(crate) fn top_k(logits: &[f32], candidates: &mut Vec<u32>, k: usize) {
     if k == 0 || k >= candidates.len() {
         return;
     }
     candidates.select_nth_unstable_by(k - 1, by_logit_desc(logits));
     candidates.truncate(k);
+    candidates.sort_unstable();
 }
 
 /// Unnormalised probabilities `exp((logit - max) / T)` of the candidates,
@@ -113,19 +122,58 @@ pub(crate) fn top_p(
             candidates.select_nth_unstable_by(window - 1, &cmp);
         }
         candidates[..window].sort_unstable_by(&cmp);
-        let mut mass = 0.0;
-        for i in 0..window {
-            mass += weights[candidates[i] as usize] as f64;
-            if mass >= target {
-                candidates.truncate(i + 1);
-                return;
-            }
+        if let Some(len) = nucleus_len(&candidates[..window], weights, target) {
+            candidates.truncate(len);
+            break;
         }
         if window == candidates.len() {
             // Rounding left the sum just short of the target: keep everything.
-            return;
+            break;
         }
         window = (window * 8).min(candidates.len());
+    }
+    candidates.sort_unstable();
+}
+
+/// How many of `best_first` (sorted by [`by_logit_desc`]) top-p keeps when
+/// their mass, accumulated in that order, reaches `target`; `None` when it
+/// never does within them.
+fn nucleus_len(best_first: &[u32], weights: &[f32], target: f64) -> Option<usize> {
+    let mut mass = 0.0;
+    for (i, &id) in best_first.iter().enumerate() {
+        mass += weights[id as usize] as f64;
+        if mass >= target {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// [`top_p`] when `candidates` are only the best ids of a longer kept set
+/// whose weight sum is known to lie in `[total_lo, total_hi]`: applies it and
+/// returns `true` when the nucleus ends inside `candidates` at the same place
+/// for every total in that range (then it is exactly `top_p`'s); leaves
+/// `candidates` unchanged and returns `false` otherwise. `top_p < 1`.
+pub(crate) fn top_p_within(
+    logits: &[f32],
+    candidates: &mut Vec<u32>,
+    top_p: f32,
+    weights: &[f32],
+    (total_lo, total_hi): (f64, f64),
+) -> bool {
+    let mut best_first = candidates.clone();
+    best_first.sort_unstable_by(by_logit_desc(logits));
+    // The f64 product rounds monotonically, so the true target lies between these.
+    let low = nucleus_len(&best_first, weights, top_p as f64 * total_lo);
+    let high = nucleus_len(&best_first, weights, top_p as f64 * total_hi);
+    match (low, high) {
+        (Some(a), Some(b)) if a == b => {
+            best_first.truncate(a);
+            best_first.sort_unstable();
+            *candidates = best_first;
+            true
+        }
+        _ => false,
     }
 }
 
@@ -229,11 +277,12 @@ mod tests {
         assert_eq!(nucleus(&logits, 0.49, 1.0), vec![0]);
         assert_eq!(nucleus(&logits, 0.6, 1.0), vec![0, 2]);
         assert_eq!(nucleus(&logits, 0.74, 1.0), vec![0, 2]);
-        assert_eq!(nucleus(&logits, 0.8, 1.0), vec![0, 2, 1]);
+        // Kept sets come back in id order.
+        assert_eq!(nucleus(&logits, 0.8, 1.0), vec![0, 1, 2]);
         assert_eq!(nucleus(&logits, 1.0, 1.0), vec![0, 1, 2, 3]);
         // Temperature 2 flattens to ∝ sqrt(p): [.707, .5, .354, .354] / 1.914 = [.369, .261, .185, .185].
         assert_eq!(nucleus(&logits, 0.6, 0.5), vec![0, 2]);
-        assert_eq!(nucleus(&logits, 0.7, 0.5), vec![0, 2, 1]);
+        assert_eq!(nucleus(&logits, 0.7, 0.5), vec![0, 1, 2]);
     }
 
     #[test]
@@ -243,6 +292,32 @@ mod tests {
         assert_eq!(c.len(), 2500);
         // Ties are broken by id, so the nucleus is the lowest ids.
         assert_eq!(sorted(c), (0..2500).collect::<Vec<u32>>());
+    }
+
+    #[test]
+    fn top_k_and_top_p_leave_ids_in_order_and_zeros_tie() {
+        let logits = [-0.0f32, 3.0, 0.0, 5.0, 1.0];
+        let mut c: Vec<u32> = (0..5).collect();
+        top_k(&logits, &mut c, 4);
+        assert_eq!(c, vec![0, 1, 3, 4], "-0.0 ties +0.0: the lower id stays");
+        assert_eq!(argmax(&[-0.0, 0.0]), Some(0));
+    }
+
+    #[test]
+    fn top_p_within_decides_only_when_the_bounds_agree() {
+        // Weights 4, 2, 1, 1 (best first: ids 2, 0, 1, 3), of a longer set of total 10.
+        let logits = [2.0f32.ln(), 0.0, 4.0f32.ln(), 0.0];
+        let w = [2.0f32, 1.0, 4.0, 1.0];
+        let mut c: Vec<u32> = (0..4).collect();
+        // Target 0.5 * 10 = 5: ids 2 and 0 (mass 6) whatever the total in [9.9, 10.1].
+        assert!(top_p_within(&logits, &mut c, 0.5, &w, (9.9, 10.1)));
+        assert_eq!(c, vec![0, 2]);
+        // Target 0.6 * [9.9, 10.1] = [5.94, 6.06]: mass 6 is reached or not.
+        let mut c: Vec<u32> = (0..4).collect();
+        assert!(!top_p_within(&logits, &mut c, 0.6, &w, (9.9, 10.1)));
+        assert_eq!(c, vec![0, 1, 2, 3]);
+        // Target 0.9 * 10 = 9: beyond these candidates' mass 8.
+        assert!(!top_p_within(&logits, &mut c, 0.9, &w, (10.0, 10.0)));
     }
 
     #[test]

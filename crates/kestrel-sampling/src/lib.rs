@@ -9,6 +9,39 @@
 //! 4. otherwise temperature scaling, then min-p, then top-k, then top-p;
 //! 5. one draw from the renormalised distribution, with a per-sequence ChaCha RNG.
 //!
+//! Every filter leaves its kept ids in id order, and the weight sums and the
+//! draw walk them in that order, so the result depends only on which ids are
+//! kept, never on how a selection or sort permuted them.
+//!
+//! # Sampling from a backend's candidates
+//!
+//! [`Sampler::candidate_request`] asks a backend (`Backend::top_candidates`)
+//! for the row's `N` best penalised logits (`N` = 1 when greedy, `top_k` when
+//! it is at most the cap, else the cap, [`DEFAULT_MAX_CANDIDATES`]), the row's
+//! maximum, and the count and weight sum of the logits at or above the min-p
+//! line. [`Sampler::sample_candidates`] then runs the same pipeline on the
+//! candidates (as a short row in id order) and returns the token `sample`
+//! would, with the same single RNG draw, when the kept set is known to lie
+//! within them:
+//!
+//! - greedy (the argmax is the best candidate);
+//! - fewer than `N` came back (every eligible logit is there);
+//! - the largest logit is `+inf` (the same error);
+//! - the worst candidate is below the min-p line (min-p cuts inside);
+//! - `top_k <= N` (top-k of the row is top-k of the best `N`);
+//! - the min-p count is at most `N` (the min-p set is the candidates).
+//!
+//! Otherwise, with top-p < 1 and no top-k below the min-p count, the nucleus
+//! is searched within the candidates with the row's total weight known only
+//! to [`KEPT_WEIGHT_TOLERANCE`] (a device's `exp` is not the host's): the
+//! token is decided when the nucleus ends at the same candidate for every
+//! total in that range. In every other case (top-p 1 over a min-p set longer
+//! than `N`, a nucleus that ends past the candidates or too close to call, a
+//! top-k above `N` that cuts the min-p set) it returns `None` without drawing
+//! and the caller samples the whole row. `candidate_request` returns `None`
+//! up front when nothing can cut the row below `N` (no top-k within the cap,
+//! top-p 1, min-p 0, more ids than the cap).
+//!
 //! [`SamplingParams`] holds and validates the request's parameters,
 //! [`Sampler`] carries a sequence's RNG and token counts between steps, and
 //! [`StopConditions`] decides when generation ends.
@@ -20,5 +53,5 @@ mod sampler;
 mod stop;
 
 pub use params::{InvalidParam, SamplingParams};
-pub use sampler::{SampleError, Sampler};
+pub use sampler::{DEFAULT_MAX_CANDIDATES, KEPT_WEIGHT_TOLERANCE, SampleError, Sampler};
 pub use stop::{Finish, FinishReason, StopConditions};

@@ -4,7 +4,9 @@
 //! step costs work proportional to the new tokens plus the distinct tokens
 //! seen, never to the vocabulary or the prompt length.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use kestrel_core::TokenPenalty;
 
 /// Distinct tokens of prompt + output, and per-token counts of the output.
 #[derive(Clone, Debug, Default)]
@@ -73,6 +75,35 @@ impl TokenCounts {
     }
 }
 
+impl TokenCounts {
+    /// The tokens [`TokenCounts::apply`] would change with these penalties,
+    /// one entry per id in id order, for a backend to apply on the device.
+    pub(crate) fn penalties(
+        &self,
+        repetition: f32,
+        frequency: f32,
+        presence: f32,
+    ) -> Vec<TokenPenalty> {
+        let mut by_id = BTreeMap::new();
+        let blank = |id| TokenPenalty {
+            id,
+            seen: false,
+            output_count: 0,
+        };
+        if repetition != 1.0 {
+            for &id in &self.seen {
+                by_id.entry(id).or_insert_with(|| blank(id)).seen = true;
+            }
+        }
+        if frequency != 0.0 || presence != 0.0 {
+            for (&id, &count) in &self.output {
+                by_id.entry(id).or_insert_with(|| blank(id)).output_count = count;
+            }
+        }
+        by_id.into_values().collect()
+    }
+}
+
 /// A penalty above 1 makes a seen token less likely whatever its sign:
 /// positive logits shrink, negative ones grow more negative.
 pub(crate) fn repetition_penalised(logit: f32, penalty: f32) -> f32 {
@@ -116,6 +147,30 @@ mod tests {
         assert_eq!(step.num_output(), 1);
         assert_eq!(step.output.get(&5), Some(&1));
         assert_eq!(step.output.len(), 1);
+    }
+
+    #[test]
+    fn penalty_list_matches_apply() {
+        let mut counts = TokenCounts::new(4, true);
+        counts.sync(&[1, 2, 3, 1, 2, 2, 5, 7]);
+        let raw: Vec<f32> = (0..8).map(|i| i as f32 * 0.7 - 2.0).collect();
+        for (rep, freq, pres) in [
+            (1.3, 0.4, -0.6),
+            (1.0, 0.4, 0.0),
+            (0.8, 0.0, 0.0),
+            (1.0, 0.0, 0.0),
+        ] {
+            let mut want = raw.clone();
+            counts.apply(&mut want, rep, freq, pres);
+            let mut got = raw.clone();
+            for p in counts.penalties(rep, freq, pres) {
+                let l = &mut got[p.id as usize];
+                *l = kestrel_core::candidates::penalised_logit(*l, &p, rep, freq, pres);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{rep} {freq} {pres}");
+        }
+        assert!(counts.penalties(1.0, 0.0, 0.0).is_empty());
     }
 
     #[test]

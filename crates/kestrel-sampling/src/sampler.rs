@@ -1,10 +1,11 @@
 //! The per-sequence sampler: RNG, token counts and reusable scratch buffers.
 
+use kestrel_core::{CandidateRequest, RowCandidates};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
 use crate::filters::{
-    argmax, collect_candidates, compute_weights, draw, min_p_threshold, top_k, top_p,
+    argmax, collect_candidates, compute_weights, draw, min_p_threshold, top_k, top_p, top_p_within,
 };
 use crate::penalties::TokenCounts;
 use crate::{InvalidParam, SamplingParams, StopConditions};
@@ -86,7 +87,7 @@ impl Sampler {
             return Err(SampleError::EmptyLogits);
         }
         self.counts.sync(history);
-        if self.counts.num_output() < self.params.min_tokens {
+        if self.masks_stopping_ids() {
             for &id in &self.stopping_ids {
                 if let Some(logit) = logits.get_mut(id as usize) {
                     *logit = f32::NEG_INFINITY;
@@ -100,15 +101,184 @@ impl Sampler {
             p.frequency_penalty,
             p.presence_penalty,
         );
+        self.choose(logits)
+    }
+
+    /// The request for [`Backend::top_candidates`](kestrel_core::Backend::top_candidates)
+    /// that lets [`Sampler::sample_candidates`] choose this step's token from
+    /// row `row` (of which the first `cols` ids may be sampled), asking for at
+    /// most `max_candidates` when `top_k` does not bound them (the engine uses
+    /// [`DEFAULT_MAX_CANDIDATES`]). `None` when the answer could never decide:
+    /// no top-k within that many, top-p 1, min-p 0, and more ids than that, so
+    /// the draw needs the whole row. `history` as for [`Sampler::sample`].
+    pub fn candidate_request(
+        &mut self,
+        history: &[u32],
+        row: usize,
+        cols: usize,
+        max_candidates: usize,
+    ) -> Option<CandidateRequest> {
+        if cols == 0 || max_candidates == 0 {
+            return None;
+        }
+        self.counts.sync(history);
+        let p = &self.params;
+        let count = if p.is_greedy() {
+            1
+        } else {
+            match p.top_k_limit() {
+                Some(k) if k <= max_candidates => k,
+                _ if p.top_p >= 1.0 && p.min_p <= 0.0 && cols > max_candidates => return None,
+                _ => max_candidates,
+            }
+        }
+        .min(cols);
+        // The weight sum only matters for top-p over a kept set longer than the answer.
+        let needs_weight =
+            !p.is_greedy() && p.top_p < 1.0 && p.top_k_limit().is_none_or(|k| k > count);
+        let masked = if self.masks_stopping_ids() {
+            self.stopping_ids
+                .iter()
+                .copied()
+                .filter(|&id| (id as usize) < cols)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Some(CandidateRequest {
+            row,
+            cols,
+            count,
+            penalties: self.counts.penalties(
+                p.repetition_penalty,
+                p.frequency_penalty,
+                p.presence_penalty,
+            ),
+            masked,
+            repetition: p.repetition_penalty,
+            frequency: p.frequency_penalty,
+            presence: p.presence_penalty,
+            min_p_offset: if p.is_greedy() || p.min_p <= 0.0 {
+                f32::NEG_INFINITY
+            } else {
+                p.temperature * p.min_p.ln()
+            },
+            inv_temperature: if needs_weight {
+                1.0 / p.temperature
+            } else {
+                0.0
+            },
+        })
+    }
+
+    /// Choose the token from a backend's answer to `request` (made by
+    /// [`Sampler::candidate_request`] for this step): the same token, and the
+    /// same RNG draw, as [`Sampler::sample`] on the whole row. `None` when the
+    /// candidates cannot decide it (then no draw was made; call `sample` with
+    /// the row). The rules are in the crate documentation.
+    pub fn sample_candidates(
+        &mut self,
+        request: &CandidateRequest,
+        found: &RowCandidates,
+    ) -> Option<Result<u32, SampleError>> {
+        // The candidates as a short row in id order: position i holds the
+        // i-th smallest id, so filters that break ties by position (and sum
+        // in position order) act on it as on the whole row.
+        let mut by_id: Vec<(u32, f32)> = found
+            .ids
+            .iter()
+            .copied()
+            .zip(found.logits.iter().copied())
+            .collect();
+        by_id.sort_unstable_by_key(|c| c.0);
+        let short_row: Vec<f32> = by_id.iter().map(|c| c.1).collect();
+        let id_at = |i: u32| by_id[i as usize].0;
+        match self.coverage(request, found) {
+            Coverage::Decides => Some(self.choose(&short_row).map(id_at)),
+            Coverage::TopPInside => self
+                .choose_in_nucleus(&short_row, found.kept_weight)
+                .map(|r| r.map(id_at)),
+            Coverage::NeedsRow => None,
+        }
+    }
+
+    /// Whether the kept set of the full pipeline is known to lie within `found`.
+    fn coverage(&self, request: &CandidateRequest, found: &RowCandidates) -> Coverage {
+        let p = &self.params;
+        let n = found.ids.len();
+        let threshold = min_p_threshold(found.max_logit, p.temperature, p.min_p);
+        let whole_row = n < request.count;
+        let min_p_cuts_inside = found.logits.last().is_some_and(|&last| last < threshold);
+        let top_k_inside = p.top_k_limit().is_some_and(|k| k <= n);
+        if p.is_greedy()
+            || whole_row
+            || found.max_logit == f32::INFINITY
+            || min_p_cuts_inside
+            || top_k_inside
+            || found.kept <= n
+        {
+            return Coverage::Decides;
+        }
+        // The min-p kept set reaches past the candidates; top-k does not cut
+        // it, so only top-p can end the kept set inside them.
+        if p.top_p < 1.0
+            && p.top_k_limit().is_none_or(|k| k >= found.kept)
+            && request.inv_temperature > 0.0
+        {
+            Coverage::TopPInside
+        } else {
+            Coverage::NeedsRow
+        }
+    }
+
+    /// Top-p and the draw on the best candidates of a longer kept set whose
+    /// weight sum the backend reported (`kept_weight`, within
+    /// [`KEPT_WEIGHT_TOLERANCE`] of the host's): `None` when that uncertainty
+    /// leaves the nucleus's end open, or it ends past the candidates.
+    fn choose_in_nucleus(
+        &mut self,
+        short_row: &[f32],
+        kept_weight: f64,
+    ) -> Option<Result<u32, SampleError>> {
+        let p = &self.params;
+        let max_logit = max_logit(short_row);
+        collect_candidates(short_row, f32::NEG_INFINITY, &mut self.candidates);
+        compute_weights(
+            short_row,
+            &self.candidates,
+            max_logit,
+            1.0 / p.temperature,
+            &mut self.weights,
+        );
+        let bounds = (
+            kept_weight * (1.0 - KEPT_WEIGHT_TOLERANCE),
+            kept_weight * (1.0 + KEPT_WEIGHT_TOLERANCE),
+        );
+        if !top_p_within(
+            short_row,
+            &mut self.candidates,
+            p.top_p,
+            &self.weights,
+            bounds,
+        ) {
+            return None;
+        }
+        Some(self.draw_kept())
+    }
+
+    /// Whether the end tokens are masked this step (fewer than `min_tokens` generated).
+    fn masks_stopping_ids(&self) -> bool {
+        self.counts.num_output() < self.params.min_tokens
+    }
+
+    /// The pipeline after penalties: greedy argmax, or temperature, min-p,
+    /// top-k, top-p and one draw. The result indexes `logits`.
+    fn choose(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
+        let p = &self.params;
         if p.is_greedy() {
             return argmax(logits).ok_or(SampleError::NoCandidate);
         }
-
-        let max_logit = logits
-            .iter()
-            .copied()
-            .filter(|l| !l.is_nan())
-            .fold(f32::NEG_INFINITY, f32::max);
+        let max_logit = max_logit(logits);
         if max_logit == f32::NEG_INFINITY {
             return Err(SampleError::NoCandidate);
         }
@@ -129,7 +299,41 @@ impl Sampler {
             &mut self.weights,
         );
         top_p(logits, &mut self.candidates, p.top_p, &self.weights, total);
+        self.draw_kept()
+    }
+
+    /// The one RNG draw of a sampled token, over the kept candidates.
+    fn draw_kept(&mut self) -> Result<u32, SampleError> {
         let uniform: f64 = self.rng.random();
         draw(&self.candidates, &self.weights, uniform).ok_or(SampleError::NoCandidate)
     }
+}
+
+/// Candidates asked for when `top_k` does not bound them: enough for the
+/// nucleus of a peaked distribution, a few kilobytes to copy per row.
+pub const DEFAULT_MAX_CANDIDATES: usize = 1024;
+
+/// How far a backend's [`RowCandidates::kept_weight`] may be from the host's
+/// sum, relative: each weight is an f32 `exp` within 1 ulp on the host (libm)
+/// and 2 ulp on a GPU (CUDA `expf`) of the true value, so sums of the same
+/// terms differ by at most 3 * 2^-23 ≈ 3.6e-7 of the total (f64 summation
+/// adds ~1e-11); this leaves a margin of more than 5.
+pub const KEPT_WEIGHT_TOLERANCE: f64 = 2e-6;
+
+/// What a backend's candidates can decide.
+enum Coverage {
+    /// The whole kept set lies within them: run the pipeline on them.
+    Decides,
+    /// The min-p kept set is longer, but top-p may end inside them.
+    TopPInside,
+    NeedsRow,
+}
+
+/// Largest non-NaN logit (`-inf` when none).
+fn max_logit(logits: &[f32]) -> f32 {
+    logits
+        .iter()
+        .copied()
+        .filter(|l| !l.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max)
 }

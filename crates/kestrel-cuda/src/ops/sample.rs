@@ -1,8 +1,11 @@
 //! Greedy sampling on the device: one token id per row of logits, so a decode
 //! step hands the host a few integers instead of a vocabulary of floats, and
-//! the arg-max can be part of a recorded CUDA graph.
+//! the arg-max can be part of a recorded CUDA graph. For sampled rows,
+//! `top_candidates` hands back each row's best candidates after penalties.
 
 use cudarc::driver::CudaSlice;
+use kestrel_core::candidates::check_request;
+use kestrel_core::{CandidateRequest, RowCandidates};
 
 use crate::device::{Arg, Gpu, ptr};
 use crate::tensor::CudaTensor;
@@ -44,4 +47,146 @@ pub fn argmax_rows_host(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> Vec<u32>
         .into_iter()
         .map(|i| i as u32)
         .collect()
+}
+
+/// Words per request descriptor and of each answer's header
+/// (`TOPC_DESC_WORDS`, `TOPC_HEADER` in `sample.cu`).
+const DESC_WORDS: usize = 14;
+const HEADER_WORDS: usize = 8;
+
+/// Where one request's inputs and answer lie in the shared buffers.
+struct Layout {
+    /// Descriptors, then penalties (id, output count, seen) and masked ids.
+    words: Vec<i32>,
+    scratch_floats: usize,
+    out_words: usize,
+}
+
+/// Pack the requests for `top_candidates` (descriptor fields in the
+/// kernel's `TOPC_*` order, floats as their bits).
+fn layout(requests: &[CandidateRequest]) -> Layout {
+    let aux_len: usize = requests
+        .iter()
+        .map(|r| 3 * r.penalties.len() + r.masked.len())
+        .sum();
+    let mut desc = Vec::with_capacity(requests.len() * DESC_WORDS);
+    let mut aux = Vec::with_capacity(aux_len);
+    let (mut scratch_floats, mut out_words) = (0usize, 0usize);
+    let word = |n: usize| i32::try_from(n).expect("candidate buffers past 2^31 words");
+    for r in requests {
+        let pen_begin = aux.len();
+        // Ids past the columns have no logit to change.
+        let in_row = |id: u32| (id as usize) < r.cols;
+        for p in r.penalties.iter().filter(|p| in_row(p.id)) {
+            aux.extend([
+                word(p.id as usize),
+                word(p.output_count as usize),
+                p.seen as i32,
+            ]);
+        }
+        let pen_count = (aux.len() - pen_begin) / 3;
+        let mask_begin = aux.len();
+        aux.extend(
+            r.masked
+                .iter()
+                .filter(|&&id| in_row(id))
+                .map(|&id| word(id as usize)),
+        );
+        let mask_count = aux.len() - mask_begin;
+        // Rows without penalties or mask are read in place.
+        let scratch = if pen_count + mask_count == 0 {
+            -1
+        } else {
+            scratch_floats += r.cols;
+            word(scratch_floats - r.cols)
+        };
+        desc.extend([
+            word(r.row),
+            word(r.cols),
+            word(r.count),
+            word(requests.len() * DESC_WORDS + pen_begin),
+            word(pen_count),
+            word(requests.len() * DESC_WORDS + mask_begin),
+            word(mask_count),
+            scratch,
+            word(out_words),
+            r.repetition.to_bits() as i32,
+            r.frequency.to_bits() as i32,
+            r.presence.to_bits() as i32,
+            r.min_p_offset.to_bits() as i32,
+            r.inv_temperature.to_bits() as i32,
+        ]);
+        out_words += HEADER_WORDS + 2 * r.count;
+    }
+    desc.extend(aux);
+    Layout {
+        words: desc,
+        scratch_floats,
+        out_words,
+    }
+}
+
+/// [`Backend::top_candidates`](kestrel_core::Backend::top_candidates) on the
+/// device: one block per request, then one copy of every answer to the host
+/// (a few kilobytes per row instead of the vocabulary). Waits for the stream.
+pub fn top_candidates(
+    gpu: &Gpu,
+    logits: &CudaTensor,
+    requests: &[CandidateRequest],
+) -> Vec<RowCandidates> {
+    if requests.is_empty() {
+        return Vec::new();
+    }
+    assert!(
+        logits.cols <= i32::MAX as usize,
+        "candidates over {} columns",
+        logits.cols
+    );
+    for r in requests {
+        check_request(r, logits.rows, logits.cols);
+    }
+    let plan = layout(requests);
+    let words = gpu.upload(&plan.words);
+    let scratch = gpu.alloc::<f32>(plan.scratch_floats);
+    let out = gpu.alloc::<u32>(plan.out_words);
+    let s = &gpu.stream;
+    let words_ptr = ptr(&words, s);
+    gpu.launch(
+        &gpu.k.top_candidates,
+        (requests.len() as u32, 1, 1),
+        THREADS,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&logits.buf, s)),
+            Arg::Ptr(ptr(&scratch, s)),
+            Arg::Ptr(words_ptr),
+            Arg::Ptr(words_ptr),
+            Arg::I32(logits.cols as i32),
+        ],
+    );
+    let answers = gpu.download(&out, plan.out_words);
+    let mut at = 0;
+    requests
+        .iter()
+        .map(|r| {
+            let answer = &answers[at..at + HEADER_WORDS + 2 * r.count];
+            at += answer.len();
+            parse_answer(answer, r.count)
+        })
+        .collect()
+}
+
+/// One request's answer: the header, then `count` ids and `count` logits.
+fn parse_answer(words: &[u32], count: usize) -> RowCandidates {
+    let found = words[0] as usize;
+    assert!(found <= count, "top_candidates found {found} of {count}");
+    let (ids, logits) = words[HEADER_WORDS..].split_at(count);
+    let pairs = ids[..found]
+        .iter()
+        .zip(&logits[..found])
+        .map(|(&id, &bits)| (id, f32::from_bits(bits)))
+        .collect();
+    let weight = f64::from_bits(u64::from(words[4]) | (u64::from(words[5]) << 32));
+    RowCandidates::new(pairs, f32::from_bits(words[1]), words[2] as usize, weight)
 }
