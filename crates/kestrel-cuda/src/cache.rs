@@ -1,4 +1,5 @@
-//! Paged KV pools (bf16) and Gated DeltaNet state slots (f32) of every layer.
+//! Paged KV pools (bf16, or f32 under `Precision::F32`) and Gated DeltaNet
+//! state slots (f32) of every layer.
 //!
 //! KV pool layout per attention layer: `[num_blocks * block_size, Hkv, D]`, so a
 //! cache slot is `page * block_size + offset`. Per GDN layer: conv state
@@ -11,11 +12,15 @@ use cudarc::driver::CudaSlice;
 use kestrel_core::{BackendError, CacheSpec, ForwardBatch, GdnSpec, Result};
 
 use crate::device::{Gpu, ptr};
+use crate::precision::Precision;
 
 pub struct CudaCache {
     /// Unique per cache of this process: recorded steps name the cache they read.
     pub id: u64,
     pub spec: CacheSpec,
+    /// The KV element type, fixed at creation. The pools below are raw
+    /// storage of 16-bit words (two per element when f32).
+    pub kv_precision: Precision,
     pub k: Vec<CudaSlice<u16>>,
     pub v: Vec<CudaSlice<u16>>,
     pub conv: Vec<CudaSlice<f32>>,
@@ -32,7 +37,9 @@ impl CudaCache {
     }
 
     pub fn new(gpu: &Gpu, spec: &CacheSpec) -> Result<Self> {
+        let kv_precision = gpu.precision;
         let kv_len = spec.num_blocks * spec.block_size * spec.num_kv_heads * spec.head_dim;
+        let kv_words = kv_len * kv_precision.kv_bytes() / 2;
         let (conv_len, rec_len) = match (&spec.gdn, spec.gdn_layers) {
             (_, 0) => (0, 0),
             (Some(g), _) => (
@@ -45,7 +52,8 @@ impl CudaCache {
                 )));
             }
         };
-        let bytes = spec.attn_layers * kv_len * 4 + spec.gdn_layers * (conv_len + rec_len) * 4;
+        let bytes = spec.attn_layers * 2 * kv_len * kv_precision.kv_bytes()
+            + spec.gdn_layers * (conv_len + rec_len) * 4;
         let (free, _) = gpu
             .ctx
             .mem_get_info()
@@ -61,8 +69,9 @@ impl CudaCache {
         Ok(CudaCache {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             spec: spec.clone(),
-            k: (0..spec.attn_layers).map(|_| zeros_u16(kv_len)).collect(),
-            v: (0..spec.attn_layers).map(|_| zeros_u16(kv_len)).collect(),
+            kv_precision,
+            k: (0..spec.attn_layers).map(|_| zeros_u16(kv_words)).collect(),
+            v: (0..spec.attn_layers).map(|_| zeros_u16(kv_words)).collect(),
             conv: (0..spec.gdn_layers).map(|_| zeros_f32(conv_len)).collect(),
             recurrent: (0..spec.gdn_layers).map(|_| zeros_f32(rec_len)).collect(),
         })

@@ -17,6 +17,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use kestrel_core::{BackendError, Result};
 
+use crate::precision::Precision;
+
 /// A kernel argument, by value.
 #[derive(Clone, Copy, Debug)]
 pub enum Arg {
@@ -40,6 +42,7 @@ pub fn check<T, E: std::fmt::Debug>(r: std::result::Result<T, E>, what: &str) ->
 /// The kernels of every module, looked up once.
 pub struct Kernels {
     pub embedding_bf16: CudaFunction,
+    pub embedding_f16: CudaFunction,
     pub gather_rows_f32: CudaFunction,
     pub add_assign_f32: CudaFunction,
     pub swiglu_f32: CudaFunction,
@@ -48,6 +51,9 @@ pub struct Kernels {
     pub add_rms_norm: CudaFunction,
     pub qk_norm_rope_kv_write: CudaFunction,
     pub paged_attention: CudaFunction,
+    /// The same two over an f32 cache (`Precision::F32`).
+    pub qk_norm_rope_kv_write_f32: CudaFunction,
+    pub paged_attention_f32: CudaFunction,
     /// Tensor-core attention per head dim of `ops::attention::FAST_HEAD_DIMS`.
     pub attention_decode: [CudaFunction; 3],
     pub attention_decode_combine: CudaFunction,
@@ -71,9 +77,13 @@ pub struct Kernels {
     pub dummy_fill_f32: CudaFunction,
     /// `gemv[m - 1]`: the decode matrix product for `m` rows (1..=8).
     pub gemv: [CudaFunction; 8],
+    /// The same for f16 weights (`Precision::F32` with an f16 checkpoint).
+    pub gemv_f16: [CudaFunction; 8],
     pub moe_topk: CudaFunction,
     pub moe_gate_up: CudaFunction,
     pub moe_down: CudaFunction,
+    pub moe_gate_up_f16: CudaFunction,
+    pub moe_down_f16: CudaFunction,
     /// The device-routed prefill MoE (`kernels/moe_prefill.cu`, `ops::moe`).
     pub moe_split_x: CudaFunction,
     pub moe_router_gemm: CudaFunction,
@@ -114,6 +124,7 @@ impl Kernels {
         };
         Ok(Kernels {
             embedding_bf16: f(&elementwise, "embedding_bf16")?,
+            embedding_f16: f(&elementwise, "embedding_f16")?,
             gather_rows_f32: f(&elementwise, "gather_rows_f32")?,
             add_assign_f32: f(&elementwise, "add_assign_f32")?,
             swiglu_f32: f(&elementwise, "swiglu_f32")?,
@@ -122,6 +133,8 @@ impl Kernels {
             add_rms_norm: f(&norm, "add_rms_norm_f32")?,
             qk_norm_rope_kv_write: f(&attention, "qk_norm_rope_kv_write")?,
             paged_attention: f(&attention, "paged_attention")?,
+            qk_norm_rope_kv_write_f32: f(&attention, "qk_norm_rope_kv_write_f32")?,
+            paged_attention_f32: f(&attention, "paged_attention_f32")?,
             attention_decode: crate::ops::attention::fast_kernels(
                 &attention_decode,
                 "attention_decode",
@@ -159,9 +172,21 @@ impl Kernels {
                 f(&gemv, "gemv_m7")?,
                 f(&gemv, "gemv_m8")?,
             ],
+            gemv_f16: [
+                f(&gemv, "gemv_f16_m1")?,
+                f(&gemv, "gemv_f16_m2")?,
+                f(&gemv, "gemv_f16_m3")?,
+                f(&gemv, "gemv_f16_m4")?,
+                f(&gemv, "gemv_f16_m5")?,
+                f(&gemv, "gemv_f16_m6")?,
+                f(&gemv, "gemv_f16_m7")?,
+                f(&gemv, "gemv_f16_m8")?,
+            ],
             moe_topk: f(&moe, "moe_topk")?,
             moe_gate_up: f(&moe, "moe_gate_up")?,
             moe_down: f(&moe, "moe_down")?,
+            moe_gate_up_f16: f(&moe, "moe_gate_up_f16")?,
+            moe_down_f16: f(&moe, "moe_down_f16")?,
             moe_split_x: f(&moe_prefill, "moe_split_x")?,
             moe_router_gemm: crate::ops::moe::prefill_gemm(&moe_prefill, "moe_router_gemm")?,
             moe_gate_up_gemm: crate::ops::moe::prefill_gemm(&moe_prefill, "moe_gate_up_gemm")?,
@@ -225,10 +250,14 @@ pub struct Gpu {
     /// (the older path) instead of the device-routed grouped GEMMs:
     /// `KESTREL_MOE_PREFILL=host`, read once here.
     pub moe_prefill_host: bool,
+    /// bf16 (serving) or f32 (reference) arithmetic; caches take the KV
+    /// element type of the precision they were created under.
+    pub precision: Precision,
 }
 
 impl Gpu {
     pub fn new(ordinal: usize) -> Result<Self> {
+        let precision = Precision::from_env()?;
         // cudarc panics when libcuda is missing; ask first.
         if !unsafe { sys::is_culib_present() } {
             return Err(BackendError::Unavailable(
@@ -274,6 +303,7 @@ impl Gpu {
             capturing: Default::default(),
             pdl: std::env::var("KESTREL_CUDA_PDL").is_ok_and(|v| v == "1"),
             moe_prefill_host: std::env::var("KESTREL_MOE_PREFILL").is_ok_and(|v| v == "host"),
+            precision,
         })
     }
 

@@ -9,7 +9,9 @@
 //! up to 8 rows (decode) keep the activations in f32 (our GEMV kernels);
 //! larger products round them to bf16 for cuBLAS; both accumulate in f32.
 //! The KV cache is bf16; Gated DeltaNet state is f32. Everything else (norms,
-//! router, softmax, recurrence) computes in f32.
+//! router, softmax, recurrence) computes in f32. [`Precision::F32`]
+//! (`KESTREL_CUDA_PRECISION=f32`) removes the bf16 roundings of activations
+//! and the KV cache, at the cost of prefill speed.
 //!
 //! Decode steps are recorded once as CUDA graphs and replayed (`graph.rs`);
 //! the step's layout is uploaded once per step (`step.rs`).
@@ -22,6 +24,7 @@ mod cache;
 mod device;
 mod graph;
 mod ops;
+mod precision;
 mod probe;
 mod step;
 mod tensor;
@@ -32,6 +35,7 @@ use kestrel_core::{
 };
 
 pub use cache::CudaCache;
+pub use precision::Precision;
 pub use tensor::{CudaTensor, CudaWeight};
 
 use std::sync::Mutex;
@@ -64,6 +68,16 @@ impl CudaBackend {
     /// every step eagerly. `KESTREL_CUDA_GRAPHS=0` turns them off at start.
     pub fn set_graphs(&mut self, on: bool) {
         self.graphs = on;
+    }
+
+    /// The arithmetic of operations from now on; caches keep the KV element
+    /// type they were created with. Starts as `KESTREL_CUDA_PRECISION` says.
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.gpu.precision = precision;
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.gpu.precision
     }
 
     /// Steps recorded and replayed so far.
@@ -105,8 +119,10 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, t: &HostTensor) -> Result<CudaWeight> {
-        let data = match tensor::convert(t)? {
+        let keep_f16 = self.gpu.precision == Precision::F32;
+        let data = match tensor::convert(t, keep_f16)? {
             Converted::Bf16(bits) => WeightData::Bf16(self.try_upload(&bits)?),
+            Converted::F16(bits) => WeightData::F16(self.try_upload(&bits)?),
             Converted::F32(v) => WeightData::F32(self.try_upload(&v)?),
         };
         Ok(CudaWeight {

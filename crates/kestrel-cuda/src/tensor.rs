@@ -3,7 +3,10 @@
 //! Activations are f32 `[rows, cols]`: simple and exact enough to track the CPU
 //! reference; matrix products round them to bf16 on the way into cuBLAS.
 //! Weights: matrices (2-D and up) are stored bf16 whatever the checkpoint's
-//! dtype; vectors (norm weights, `A_log`, `dt_bias`) are stored f32.
+//! dtype, except that an f16 checkpoint keeps f16 matrices when uploaded
+//! under `Precision::F32` (exact; only the decode-style kernels that
+//! precision uses read them); vectors (norm weights, `A_log`, `dt_bias`) are
+//! stored f32.
 
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
@@ -18,7 +21,16 @@ pub struct CudaTensor {
 pub enum WeightData {
     /// bf16 bit patterns.
     Bf16(CudaSlice<u16>),
+    /// f16 bit patterns (see the module docs).
+    F16(CudaSlice<u16>),
     F32(CudaSlice<f32>),
+}
+
+/// The element format of a 16-bit matrix weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    Bf16,
+    F16,
 }
 
 pub struct CudaWeight {
@@ -35,9 +47,22 @@ impl CudaWeight {
         self.shape.first().copied().unwrap_or(1)
     }
 
+    /// A bf16 matrix, for paths that read nothing else.
     pub fn bf16(&self, what: &str) -> &CudaSlice<u16> {
+        match self.matrix(what) {
+            (b, Half::Bf16) => b,
+            (_, Half::F16) => panic!(
+                "{what}: this path reads bf16 weights, but they were uploaded as f16 \
+                 (an f16 checkpoint loaded under the f32 precision runs with that precision only)"
+            ),
+        }
+    }
+
+    /// A 16-bit matrix and its format.
+    pub fn matrix(&self, what: &str) -> (&CudaSlice<u16>, Half) {
         match &self.data {
-            WeightData::Bf16(b) => b,
+            WeightData::Bf16(b) => (b, Half::Bf16),
+            WeightData::F16(b) => (b, Half::F16),
             WeightData::F32(_) => panic!(
                 "{what}: expected a matrix weight, got a vector of shape {:?}",
                 self.shape
@@ -48,7 +73,7 @@ impl CudaWeight {
     pub fn f32(&self, what: &str) -> &CudaSlice<f32> {
         match &self.data {
             WeightData::F32(b) => b,
-            WeightData::Bf16(_) => panic!(
+            WeightData::Bf16(_) | WeightData::F16(_) => panic!(
                 "{what}: expected a vector weight, got a matrix of shape {:?}",
                 self.shape
             ),
@@ -59,11 +84,15 @@ impl CudaWeight {
 /// Host-side conversion of an uploaded tensor to the stored element type.
 pub enum Converted {
     Bf16(Vec<u16>),
+    F16(Vec<u16>),
     F32(Vec<f32>),
 }
 
 /// Validate the byte length and convert: vectors to f32, matrices to bf16.
-pub fn convert(t: &HostTensor) -> Result<Converted> {
+/// With `keep_f16`, f16 matrices whose rows are a multiple of 8 values stay
+/// f16: those are the ones the f16 kernels (16-byte row loads) read; others
+/// (e.g. Gated DeltaNet's `[C, 1, 4]` conv) go to bf16-only kernels.
+pub fn convert(t: &HostTensor, keep_f16: bool) -> Result<Converted> {
     let expected = t.numel() * t.dtype.size();
     if t.data.len() != expected {
         return Err(BackendError::Invalid(format!(
@@ -77,6 +106,14 @@ pub fn convert(t: &HostTensor) -> Result<Converted> {
         return Ok(Converted::F32(t.to_f32()));
     }
     let b = &t.data[..];
+    let row = t.shape.last().copied().unwrap_or(0);
+    if keep_f16 && t.dtype == DType::F16 && row.is_multiple_of(8) {
+        let bits = b
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        return Ok(Converted::F16(bits));
+    }
     let bits = match t.dtype {
         DType::BF16 => b
             .chunks_exact(2)
@@ -117,9 +154,9 @@ mod tests {
                 .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
                 .collect(),
         );
-        match convert(&t).unwrap() {
+        match convert(&t, false).unwrap() {
             Converted::F32(got) => assert_eq!(got, v),
-            Converted::Bf16(_) => panic!("a vector must be stored f32"),
+            Converted::Bf16(_) | Converted::F16(_) => panic!("a vector must be stored f32"),
         }
     }
 
@@ -133,7 +170,7 @@ mod tests {
             &[2, 2],
             v.iter().flat_map(|&x| x.to_le_bytes()).collect(),
         );
-        let Converted::Bf16(bits) = convert(&t).unwrap() else {
+        let Converted::Bf16(bits) = convert(&t, false).unwrap() else {
             panic!("a matrix must be stored bf16")
         };
         let got: Vec<f32> = bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect();
@@ -147,13 +184,34 @@ mod tests {
                 .flat_map(|&x| f16::from_f32(x).to_le_bytes())
                 .collect(),
         );
-        let Converted::Bf16(bits) = convert(&t).unwrap() else {
+        let Converted::Bf16(bits) = convert(&t, false).unwrap() else {
             panic!("a matrix must be stored bf16")
         };
         for (&b, &x) in bits.iter().zip(&h) {
             let want = bf16::from_f32(f16::from_f32(x).to_f32());
             assert_eq!(bf16::from_bits(b), want);
         }
+    }
+
+    #[test]
+    fn f16_matrices_stay_f16_only_when_asked() {
+        let bits_in = [0x3555u16, 0xfbff, 0, 1, 2, 3, 0x8001, 0x7bff];
+        let t = tensor(
+            DType::F16,
+            &[1, 8],
+            bits_in.iter().flat_map(|b| b.to_le_bytes()).collect(),
+        );
+        let Converted::F16(bits) = convert(&t, true).unwrap() else {
+            panic!("an f16 matrix must stay f16 when asked")
+        };
+        assert_eq!(bits, bits_in);
+        assert!(matches!(convert(&t, false).unwrap(), Converted::Bf16(_)));
+        // Vectors are f32 either way.
+        let v = tensor(DType::F16, &[8], t.data.to_vec());
+        assert!(matches!(convert(&v, true).unwrap(), Converted::F32(_)));
+        // Rows the f16 kernels cannot load (a conv's [C, 1, 4]) go to bf16.
+        let conv = tensor(DType::F16, &[2, 1, 4], vec![0; 16]);
+        assert!(matches!(convert(&conv, true).unwrap(), Converted::Bf16(_)));
     }
 
     #[test]
@@ -164,7 +222,7 @@ mod tests {
             &[2, 2],
             bits_in.iter().flat_map(|b| b.to_le_bytes()).collect(),
         );
-        let Converted::Bf16(bits) = convert(&t).unwrap() else {
+        let Converted::Bf16(bits) = convert(&t, false).unwrap() else {
             panic!("a matrix must be stored bf16")
         };
         assert_eq!(bits, bits_in);
@@ -173,7 +231,9 @@ mod tests {
     #[test]
     fn wrong_byte_length_is_an_error() {
         let t = tensor(DType::F32, &[2, 2], vec![0u8; 12]);
-        let err = convert(&t).err().expect("short data must be rejected");
+        let err = convert(&t, false)
+            .err()
+            .expect("short data must be rejected");
         assert!(err.to_string().contains("needs 16 bytes"), "{err}");
     }
 }

@@ -1,9 +1,18 @@
-// Full attention over a paged bf16 KV cache: the q/k norm + RoPE + cache write
+// Full attention over a paged KV cache: the q/k norm + RoPE + cache write
 // shared by every path, and a generic attention kernel for head dims that the
 // tensor-core kernels (attention_decode.cu, attention_prefill.cu) do not cover.
+// Both come for a bf16 cache (the default) and an f32 cache (`_f32`, the
+// reference precision: the generic kernel then serves every head dim).
 // Exact math (no fast math): the rotary angles and the softmax must track the
 // f32 reference.
 #include "common.cuh"
+
+namespace {
+__device__ __forceinline__ float kv_load(const __nv_bfloat16* p) { return bf16_to_f32(*p); }
+__device__ __forceinline__ float kv_load(const float* p) { return *p; }
+__device__ __forceinline__ void kv_store(__nv_bfloat16* p, float v) { *p = f32_to_bf16(v); }
+__device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
+}  // namespace
 
 // Per-head RMSNorm + RoPE for q and k, then k and v are written into the
 // cache. One warp per (token, head) item, items = T * (Hq + 2*Hkv) in order
@@ -13,12 +22,12 @@
 // (page * block_size + offset) of a cache laid out [slots, Hkv, D].
 // Dynamic shared memory: QKN_WARPS * (D + D/2) floats.
 constexpr int QKN_WARPS = 4;
-KESTREL_EXTERN void qk_norm_rope_kv_write(const float* __restrict__ proj, int proj_stride, float* __restrict__ q_out,
-                                          __nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache,
-                                          const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                                          const int* __restrict__ positions, const int* __restrict__ slot_mapping,
-                                          int tokens, int hq, int hkv, int d, int rotary_dim, float theta, float eps,
-                                          int k_offset, int v_offset) { pdl_begin();
+template <typename KV>
+__device__ __forceinline__ void qk_norm_rope_kv_write_impl(
+    const float* __restrict__ proj, int proj_stride, float* __restrict__ q_out, KV* __restrict__ k_cache,
+    KV* __restrict__ v_cache, const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+    const int* __restrict__ positions, const int* __restrict__ slot_mapping, int tokens, int hq, int hkv, int d,
+    int rotary_dim, float theta, float eps, int k_offset, int v_offset) {
     extern __shared__ float smem_qkn[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int heads = hq + 2 * hkv;
@@ -32,8 +41,8 @@ KESTREL_EXTERN void qk_norm_rope_kv_write(const float* __restrict__ proj, int pr
     if (head >= hq + hkv) {  // v head: copy into the cache as is
         const int h = head - hq - hkv;
         const float* src = row + v_offset + h * d;
-        __nv_bfloat16* dst = v_cache + (slot * hkv + h) * d;
-        for (int i = lane; i < d; i += 32) dst[i] = f32_to_bf16(src[i]);
+        KV* dst = v_cache + (slot * hkv + h) * d;
+        for (int i = lane; i < d; i += 32) kv_store(dst + i, src[i]);
         return;
     }
     const bool is_q = head < hq;
@@ -70,10 +79,22 @@ KESTREL_EXTERN void qk_norm_rope_kv_write(const float* __restrict__ proj, int pr
         if (is_q) {
             q_out[((size_t)t * hq + h) * d + i] = v;
         } else {
-            k_cache[(slot * hkv + h) * d + i] = f32_to_bf16(v);
+            kv_store(k_cache + (slot * hkv + h) * d + i, v);
         }
     }
 }
+
+#define KESTREL_QKN_ARGS                                                                                        \
+    const float *__restrict__ proj, int proj_stride, float *__restrict__ q_out, KV *__restrict__ k_cache,       \
+        KV *__restrict__ v_cache, const float *__restrict__ q_norm, const float *__restrict__ k_norm,           \
+        const int *__restrict__ positions, const int *__restrict__ slot_mapping, int tokens, int hq, int hkv, \
+        int d, int rotary_dim, float theta, float eps, int k_offset, int v_offset
+#define KESTREL_QKN_CALL                                                                                   \
+    pdl_begin();                                                                                           \
+    qk_norm_rope_kv_write_impl<KV>(proj, proj_stride, q_out, k_cache, v_cache, q_norm, k_norm, positions, \
+                                   slot_mapping, tokens, hq, hkv, d, rotary_dim, theta, eps, k_offset, v_offset)
+namespace qkn_bf16 { using KV = __nv_bfloat16; KESTREL_EXTERN void qk_norm_rope_kv_write(KESTREL_QKN_ARGS) { KESTREL_QKN_CALL; } }
+namespace qkn_f32 { using KV = float; KESTREL_EXTERN void qk_norm_rope_kv_write_f32(KESTREL_QKN_ARGS) { KESTREL_QKN_CALL; } }
 
 // The generic kernel below is simple and slow (no K/V reuse across queries).
 constexpr int ATTN_THREADS = 128;
@@ -84,12 +105,15 @@ constexpr int ATTN_MAX_DIMS_PER_THREAD = 4;  // head_dim <= 512
 // Grid (Hq, T), block ATTN_THREADS. Optional output gate: out *= sigmoid(gate)
 // with gate at proj[t, gate_offset + h*D + i] (gate_offset < 0: none).
 // Dynamic shared memory: D floats (q) + ATTN_THREADS floats (scores).
-KESTREL_EXTERN void paged_attention(float* __restrict__ out, const float* __restrict__ q,
-                                    const __nv_bfloat16* __restrict__ k_cache,
-                                    const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ positions,
-                                    const int* __restrict__ token_seq, const int* __restrict__ seq_table_offset,
-                                    const int* __restrict__ block_tables, int hq, int hkv, int d, int block_size,
-                                    float scale, const float* __restrict__ proj, int proj_stride, int gate_offset) { pdl_begin();
+template <typename KV>
+__device__ __forceinline__ void paged_attention_impl(float* __restrict__ out, const float* __restrict__ q,
+                                                     const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
+                                                     const int* __restrict__ positions,
+                                                     const int* __restrict__ token_seq,
+                                                     const int* __restrict__ seq_table_offset,
+                                                     const int* __restrict__ block_tables, int hq, int hkv, int d,
+                                                     int block_size, float scale, const float* __restrict__ proj,
+                                                     int proj_stride, int gate_offset) {
     extern __shared__ float smem[];
     float* qs = smem;
     float* ps = smem + d;
@@ -113,9 +137,9 @@ KESTREL_EXTERN void paged_attention(float* __restrict__ out, const float* __rest
         float s = -INFINITY;
         if (key <= pos) {
             const int64_t slot = (int64_t)table[key / block_size] * block_size + key % block_size;
-            const __nv_bfloat16* kr = k_cache + (slot * hkv + kvh) * d;
+            const KV* kr = k_cache + (slot * hkv + kvh) * d;
             float dot = 0.f;
-            for (int i = 0; i < d; ++i) dot += qs[i] * bf16_to_f32(kr[i]);
+            for (int i = 0; i < d; ++i) dot += qs[i] * kv_load(kr + i);
             s = dot * scale;
         }
         const float m_new = fmaxf(m, block_max(s, scratch));
@@ -134,7 +158,7 @@ KESTREL_EXTERN void paged_attention(float* __restrict__ out, const float* __rest
             for (int j = 0; j < n; ++j) {
                 const int kj = base + j;
                 const int64_t slot = (int64_t)table[kj / block_size] * block_size + kj % block_size;
-                a += ps[j] * bf16_to_f32(v_cache[(slot * hkv + kvh) * d + i]);
+                a += ps[j] * kv_load(v_cache + (slot * hkv + kvh) * d + i);
             }
             acc[r] = a;
         }
@@ -151,3 +175,15 @@ KESTREL_EXTERN void paged_attention(float* __restrict__ out, const float* __rest
         out[((size_t)t * hq + h) * d + i] = o;
     }
 }
+
+#define KESTREL_ATTN_ARGS                                                                                          \
+    float *__restrict__ out, const float *__restrict__ q, const KV *__restrict__ k_cache,                         \
+        const KV *__restrict__ v_cache, const int *__restrict__ positions, const int *__restrict__ token_seq,    \
+        const int *__restrict__ seq_table_offset, const int *__restrict__ block_tables, int hq, int hkv, int d, \
+        int block_size, float scale, const float *__restrict__ proj, int proj_stride, int gate_offset
+#define KESTREL_ATTN_CALL                                                                                        \
+    pdl_begin();                                                                                                 \
+    paged_attention_impl<KV>(out, q, k_cache, v_cache, positions, token_seq, seq_table_offset, block_tables, hq, \
+                             hkv, d, block_size, scale, proj, proj_stride, gate_offset)
+namespace attn_bf16 { using KV = __nv_bfloat16; KESTREL_EXTERN void paged_attention(KESTREL_ATTN_ARGS) { KESTREL_ATTN_CALL; } }
+namespace attn_f32 { using KV = float; KESTREL_EXTERN void paged_attention_f32(KESTREL_ATTN_ARGS) { KESTREL_ATTN_CALL; } }

@@ -1,5 +1,7 @@
 // Row-wise data movement and cheap element-wise math. Built with fast math:
 // nothing here feeds a softmax, decay or rotary angle.
+#include <cuda_fp16.h>
+
 #include "common.cuh"
 
 // out[t, :] = table[ids[t], :] widened to f32. Grid (ceil(cols/256), rows).
@@ -9,6 +11,15 @@ KESTREL_EXTERN void embedding_bf16(float* __restrict__ out, const __nv_bfloat16*
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     out[(size_t)t * cols + c] = bf16_to_f32(table[(size_t)ids[t] * cols + c]);
+}
+
+// The same for an f16 table (the reference precision's f16 checkpoints).
+KESTREL_EXTERN void embedding_f16(float* __restrict__ out, const __half* __restrict__ table,
+                                  const uint32_t* __restrict__ ids, int cols) { pdl_begin();
+    const int t = blockIdx.y;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    out[(size_t)t * cols + c] = __half2float(table[(size_t)ids[t] * cols + c]);
 }
 
 // out[i, :] = x[rows[i], :]. Grid (ceil(cols/256), n).

@@ -11,11 +11,10 @@
 //
 // `w_last`, when not null, replaces row N-1 of `w`: the MoE router appends the
 // shared expert's gate to the E router rows without a second launch.
-template <int M, int R, int U>
+template <int M, int R, int U, typename WT>
 __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __restrict__ x,
-                                          const __nv_bfloat16* __restrict__ w,
-                                          const __nv_bfloat16* __restrict__ w_last, int n_rows, int k,
-                                          int split) {
+                                          const uint16_t* __restrict__ w, const uint16_t* __restrict__ w_last,
+                                          int n_rows, int k, int split) {
     constexpr int V = M * R, SLOTS = (V + 31) / 32;  // sums per warp, per lane
     __shared__ float part[8][V];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -28,7 +27,7 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int n = min(row0 + r, n_rows - 1);
-        const __nv_bfloat16* p = (w_last != nullptr && n == n_rows - 1) ? w_last : w + (size_t)n * k;
+        const uint16_t* p = (w_last != nullptr && n == n_rows - 1) ? w_last : w + (size_t)n * k;
         rows[r] = reinterpret_cast<const uint4*>(p);
     }
     pdl_begin();
@@ -37,7 +36,7 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
     for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-    dot_chunks<M, R, U>(acc, rows, x, k, lane + 32 * s, 32 * split, k >> 3);
+    dot_chunks<M, R, U, WT>(acc, rows, x, k, lane + 32 * s, 32 * split, k >> 3);
 
     // Every lane ends with every sum; sum v = m * R + r is kept by lane v % 32.
     float mine[SLOTS];
@@ -74,11 +73,17 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 // L1 traffic well under the HBM traffic; U keeps 8 or 16 loads in flight per
 // lane. Chosen by timing variants on an H200 (R 1..8, U 1..8, 1..3 blocks per
 // SM) over K 512..4096 and N 512..248320.
-#define KESTREL_GEMV(M, R, U, MIN_BLOCKS)                                                                   \
-    KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                 \
-        gemv_m##M(float* __restrict__ y, const float* __restrict__ x, const __nv_bfloat16* __restrict__ w, \
-                  const __nv_bfloat16* __restrict__ w_last, int n_rows, int k, int split) {                \
-        gemv_body<M, R, U>(y, x, w, w_last, n_rows, k, split);                                             \
+// `gemv_f16_m*` take f16 weights (the reference precision's f16 checkpoints).
+#define KESTREL_GEMV(M, R, U, MIN_BLOCKS)                                                                      \
+    KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
+        gemv_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,         \
+                  const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                        \
+        gemv_body<M, R, U, Bf16W>(y, x, w, w_last, n_rows, k, split);                                         \
+    }                                                                                                         \
+    KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
+        gemv_f16_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,     \
+                      const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                    \
+        gemv_body<M, R, U, F16W>(y, x, w, w_last, n_rows, k, split);                                          \
     }
 
 KESTREL_GEMV(1, 2, 4, 1)

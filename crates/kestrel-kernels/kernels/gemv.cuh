@@ -7,6 +7,8 @@
 // Summation order depends only on the shapes (lane/chunk assignment and the
 // fixed shuffle tree), never on timing, so results are bit-reproducible.
 #pragma once
+#include <cuda_fp16.h>
+
 #include "common.cuh"
 
 // 16-byte weight load that does not allocate in L1: weights are read once,
@@ -20,20 +22,30 @@ __device__ __forceinline__ uint4 ld_weights(const uint4* p) {
     return v;
 }
 
-// bf16 -> f32 is a 16-bit shift; element 0 of a pair is the low half.
-__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+// The 16-bit weight formats: bf16 (every checkpoint in serving) and f16
+// (f16 checkpoints under the reference precision, kept exact). Element 0 of
+// a pair is the low half.
+struct Bf16W {
+    // bf16 -> f32 is a 16-bit shift.
+    static __device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
+    static __device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+};
+struct F16W {
+    static __device__ __forceinline__ float lo(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); }
+    static __device__ __forceinline__ float hi(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
+};
 
 // acc + sum_i a|b[i] * w[i] over 8 elements, in element order.
+template <typename WT>
 __device__ __forceinline__ float dot8(float acc, uint4 w, float4 a, float4 b) {
-    acc = fmaf(a.x, bf16_lo(w.x), acc);
-    acc = fmaf(a.y, bf16_hi(w.x), acc);
-    acc = fmaf(a.z, bf16_lo(w.y), acc);
-    acc = fmaf(a.w, bf16_hi(w.y), acc);
-    acc = fmaf(b.x, bf16_lo(w.z), acc);
-    acc = fmaf(b.y, bf16_hi(w.z), acc);
-    acc = fmaf(b.z, bf16_lo(w.w), acc);
-    acc = fmaf(b.w, bf16_hi(w.w), acc);
+    acc = fmaf(a.x, WT::lo(w.x), acc);
+    acc = fmaf(a.y, WT::hi(w.x), acc);
+    acc = fmaf(a.z, WT::lo(w.y), acc);
+    acc = fmaf(a.w, WT::hi(w.y), acc);
+    acc = fmaf(b.x, WT::lo(w.z), acc);
+    acc = fmaf(b.y, WT::hi(w.z), acc);
+    acc = fmaf(b.z, WT::lo(w.w), acc);
+    acc = fmaf(b.w, WT::hi(w.w), acc);
     return acc;
 }
 
@@ -42,7 +54,7 @@ __device__ __forceinline__ float dot8(float acc, uint4 w, float4 a, float4 b) {
 // floats apart (16-byte aligned). U chunks of every row are loaded before any
 // is used, so U * R loads are in flight per lane; the x rows (tiny, shared by
 // all warps) come through the read-only cache and are reused across the R rows.
-template <int M, int R, int U>
+template <int M, int R, int U, typename WT = Bf16W>
 __device__ __forceinline__ void dot_chunks(float (&acc)[M][R], const uint4* const (&w)[R],
                                            const float* __restrict__ x, size_t ldx, int first,
                                            int stride, int chunks) {
@@ -63,7 +75,7 @@ __device__ __forceinline__ void dot_chunks(float (&acc)[M][R], const uint4* cons
                 const float4* xm = reinterpret_cast<const float4*>(x + m * ldx) + 2 * cu;
                 const float4 a = __ldg(xm), b = __ldg(xm + 1);
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[m][r] = dot8(acc[m][r], wv[u][r], a, b);
+                for (int r = 0; r < R; ++r) acc[m][r] = dot8<WT>(acc[m][r], wv[u][r], a, b);
             }
         }
     }

@@ -183,16 +183,16 @@ KESTREL_EXTERN void __launch_bounds__(MOE_MAX_EXPERTS)
 // expert). Each warp step produces two act rows from four weight rows.
 // Grid (T, ceil(max(I, SI) / rows_per_block)), block 32 * items;
 // rows_per_block even. act rows are `act_ld` floats apart.
-KESTREL_EXTERN void __launch_bounds__(512)
-    moe_gate_up(float* __restrict__ act, const float* __restrict__ x, const int* __restrict__ ids,
-                const __nv_bfloat16* __restrict__ w_gate_up, const __nv_bfloat16* __restrict__ w_shared,
-                int hidden, int inter, int shared_inter, int top_k, int act_ld, int rows_per_block) { pdl_begin();
+template <typename WT>
+__device__ __forceinline__ void moe_gate_up_body(float* __restrict__ act, const float* __restrict__ x,
+                                                 const int* __restrict__ ids, const uint16_t* __restrict__ w_gate_up,
+                                                 const uint16_t* __restrict__ w_shared, int hidden, int inter,
+                                                 int shared_inter, int top_k, int act_ld, int rows_per_block) {
     const int t = blockIdx.x, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int items = blockDim.x >> 5;
     const bool shared = j >= top_k;
     const int rows = shared ? shared_inter : inter;
-    const __nv_bfloat16* w =
-        shared ? w_shared : w_gate_up + (size_t)ids[t * top_k + j] * 2 * inter * hidden;
+    const uint16_t* w = shared ? w_shared : w_gate_up + (size_t)ids[t * top_k + j] * 2 * inter * hidden;
     const float* xt = x + (size_t)t * hidden;
     float* out = act + ((size_t)t * items + j) * act_ld;
     const int a_end = min((int)(blockIdx.y + 1) * rows_per_block, rows);
@@ -205,13 +205,26 @@ KESTREL_EXTERN void __launch_bounds__(512)
             reinterpret_cast<const uint4*>(w + (size_t)(rows + a1) * hidden),
         };
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-        dot_chunks<1, 4, 4>(acc, wr, xt, 0, lane, 32, hidden >> 3);
+        dot_chunks<1, 4, 4, WT>(acc, wr, xt, 0, lane, 32, hidden >> 3);
         const float g0 = warp_sum(acc[0][0]), g1 = warp_sum(acc[0][1]);
         const float u0 = warp_sum(acc[0][2]), u1 = warp_sum(acc[0][3]);
         if (lane == 0) out[a] = siluf_exact(g0) * u0;
         if (lane == 1 && a + 1 < a_end) out[a + 1] = siluf_exact(g1) * u1;
     }
 }
+
+// bf16 weights, and f16 weights (`_f16`: the reference precision's f16 checkpoints).
+#define KESTREL_MOE_GATE_UP(NAME, WT)                                                                          \
+    KESTREL_EXTERN void __launch_bounds__(512)                                                                \
+        NAME(float* __restrict__ act, const float* __restrict__ x, const int* __restrict__ ids,               \
+             const uint16_t* __restrict__ w_gate_up, const uint16_t* __restrict__ w_shared, int hidden,       \
+             int inter, int shared_inter, int top_k, int act_ld, int rows_per_block) {                        \
+        pdl_begin();                                                                                          \
+        moe_gate_up_body<WT>(act, x, ids, w_gate_up, w_shared, hidden, inter, shared_inter, top_k, act_ld,    \
+                             rows_per_block);                                                                 \
+    }
+KESTREL_MOE_GATE_UP(moe_gate_up, Bf16W)
+KESTREL_MOE_GATE_UP(moe_gate_up_f16, F16W)
 
 // Weight rows per down-kernel warp step: with I = 512 each lane holds two
 // chunks per row, so 8 rows keep 16 loads in flight.
@@ -225,17 +238,19 @@ KESTREL_EXTERN void __launch_bounds__(512)
 // Grid (T, ceil(H / rows_per_block)), block 32 * items, dynamic shared memory
 // items * rows_per_block floats; rows_per_block a multiple of MOE_DOWN_R.
 // gate_col < 0: no shared-expert gate; else its logit is logits[t, gate_col].
-KESTREL_EXTERN void __launch_bounds__(512)
-    moe_down(float* __restrict__ out, const float* __restrict__ act, const int* __restrict__ ids,
-             const float* __restrict__ weights, const float* __restrict__ logits, int logits_ld, int gate_col,
-             const __nv_bfloat16* __restrict__ w_down, const __nv_bfloat16* __restrict__ w_shared, int hidden,
-             int inter, int shared_inter, int top_k, int act_ld, int rows_per_block) { pdl_begin();
+template <typename WT>
+__device__ __forceinline__ void moe_down_body(float* __restrict__ out, const float* __restrict__ act,
+                                              const int* __restrict__ ids, const float* __restrict__ weights,
+                                              const float* __restrict__ logits, int logits_ld, int gate_col,
+                                              const uint16_t* __restrict__ w_down,
+                                              const uint16_t* __restrict__ w_shared, int hidden, int inter,
+                                              int shared_inter, int top_k, int act_ld, int rows_per_block) {
     extern __shared__ float ys[];  // [items][rows_per_block]
     const int t = blockIdx.x, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int items = blockDim.x >> 5;
     const bool shared = j >= top_k;
     const int k_len = shared ? shared_inter : inter;
-    const __nv_bfloat16* w = shared ? w_shared : w_down + (size_t)ids[t * top_k + j] * hidden * inter;
+    const uint16_t* w = shared ? w_shared : w_down + (size_t)ids[t * top_k + j] * hidden * inter;
     const float* a = act + ((size_t)t * items + j) * act_ld;
     const int h0 = blockIdx.y * rows_per_block;
     for (int r0 = 0; r0 < rows_per_block; r0 += MOE_DOWN_R) {
@@ -246,7 +261,7 @@ KESTREL_EXTERN void __launch_bounds__(512)
         float acc[1][MOE_DOWN_R];
 #pragma unroll
         for (int r = 0; r < MOE_DOWN_R; ++r) acc[0][r] = 0.f;
-        dot_chunks<1, MOE_DOWN_R, 2>(acc, wr, a, 0, lane, 32, k_len >> 3);
+        dot_chunks<1, MOE_DOWN_R, 2, WT>(acc, wr, a, 0, lane, 32, k_len >> 3);
 #pragma unroll
         for (int r = 0; r < MOE_DOWN_R; ++r) {
             const float v = warp_sum(acc[0][r]);
@@ -267,3 +282,16 @@ KESTREL_EXTERN void __launch_bounds__(512)
         out[(size_t)t * hidden + h] = o;
     }
 }
+
+#define KESTREL_MOE_DOWN(NAME, WT)                                                                              \
+    KESTREL_EXTERN void __launch_bounds__(512)                                                                 \
+        NAME(float* __restrict__ out, const float* __restrict__ act, const int* __restrict__ ids,               \
+             const float* __restrict__ weights, const float* __restrict__ logits, int logits_ld, int gate_col,  \
+             const uint16_t* __restrict__ w_down, const uint16_t* __restrict__ w_shared, int hidden, int inter, \
+             int shared_inter, int top_k, int act_ld, int rows_per_block) {                                    \
+        pdl_begin();                                                                                           \
+        moe_down_body<WT>(out, act, ids, weights, logits, logits_ld, gate_col, w_down, w_shared, hidden, inter, \
+                          shared_inter, top_k, act_ld, rows_per_block);                                        \
+    }
+KESTREL_MOE_DOWN(moe_down, Bf16W)
+KESTREL_MOE_DOWN(moe_down_f16, F16W)

@@ -108,7 +108,7 @@ fn main() -> ExitCode {
         outcomes: Vec::new(),
     };
     type Case = fn(&mut cases::Ctx);
-    let all: [(&str, Case); 8] = [
+    let all: [(&str, Case); 10] = [
         ("embedding", cases::embedding),
         ("elementwise", cases::elementwise),
         ("norms", cases::norms),
@@ -117,6 +117,8 @@ fn main() -> ExitCode {
         ("moe", cases::moe),
         ("gated_delta_net", cases::gated_delta_net),
         ("argmax_rows", cases::argmax_rows),
+        ("top_candidates", cases::top_candidates),
+        ("precision_f32", cases::precision_f32),
     ];
     for (name, case) in all {
         if let Err(p) = catch_unwind(AssertUnwindSafe(|| case(&mut ctx))) {

@@ -7,7 +7,8 @@
 //! - prefill (anything else): causal flash attention on tensor cores, tiles of
 //!   64 queries x 64 keys.
 //!
-//! Head dims without a tensor-core kernel fall back to a generic kernel.
+//! Head dims without a tensor-core kernel, and f32 caches (`Precision::F32`),
+//! go through a generic kernel.
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use kestrel_core::{AttentionSpec, AttentionWeights, BackendError, ForwardBatch, 
 
 use crate::cache::CudaCache;
 use crate::device::{Arg, Gpu, blocks, ptr};
+use crate::precision::Precision;
 use crate::step::StepLayout;
 use crate::tensor::{CudaTensor, CudaWeight};
 
@@ -156,9 +158,14 @@ pub fn attention(
     let v_offset = k_offset + spec.kv_width();
     let (k_cache, v_cache) = (ptr(&cache.k[layer], s), ptr(&cache.v[layer], s));
 
+    let f32_cache = cache.kv_precision == Precision::F32;
     let q = gpu.alloc::<f32>(t * q_width);
     gpu.launch(
-        &gpu.k.qk_norm_rope_kv_write,
+        if f32_cache {
+            &gpu.k.qk_norm_rope_kv_write_f32
+        } else {
+            &gpu.k.qk_norm_rope_kv_write
+        },
         (blocks(t * (hq + 2 * hkv), QKN_WARPS), 1, 1),
         32 * QKN_WARPS as u32,
         (QKN_WARPS * (d + d / 2) * 4) as u32,
@@ -197,8 +204,11 @@ pub fn attention(
         proj: ptr(&proj.buf, s),
         proj_stride: proj.cols,
         gate_offset: if spec.output_gate { q_width as i32 } else { -1 },
+        f32_cache,
     };
     match FAST_HEAD_DIMS.iter().position(|&x| x == d) {
+        // The tensor-core kernels read bf16 pages.
+        _ if f32_cache => a.generic(),
         // Sequences without new tokens (if any) have no output row: not decode.
         Some(i) if l.max_new == 1 && l.tokens == l.seqs => a.decode(i),
         Some(i) => a.prefill(i),
@@ -224,6 +234,7 @@ struct Attend<'a> {
     proj: u64,
     proj_stride: usize,
     gate_offset: i32,
+    f32_cache: bool,
 }
 
 impl Attend<'_> {
@@ -327,7 +338,11 @@ impl Attend<'_> {
         let (gpu, l) = (self.gpu, self.l);
         let (hq, d) = (self.spec.num_q_heads, self.spec.head_dim);
         gpu.launch(
-            &gpu.k.paged_attention,
+            if self.f32_cache {
+                &gpu.k.paged_attention_f32
+            } else {
+                &gpu.k.paged_attention
+            },
             (hq as u32, l.tokens as u32, 1),
             THREADS,
             ((d + THREADS as usize) * 4) as u32,

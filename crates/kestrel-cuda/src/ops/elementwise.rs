@@ -1,7 +1,7 @@
 //! Embedding lookup, row gather, residual add and SwiGLU.
 
 use crate::device::{Arg, Gpu, blocks, ptr};
-use crate::tensor::{CudaTensor, CudaWeight};
+use crate::tensor::{CudaTensor, CudaWeight, Half};
 
 const THREADS: u32 = 256;
 
@@ -27,14 +27,18 @@ pub fn embedding(gpu: &Gpu, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
     };
     let s = &gpu.stream;
     let ids_ptr = staged.unwrap_or_else(|| ptr(ids_dev.as_ref().unwrap(), s));
+    let (table_bits, half) = table.matrix("embedding");
     gpu.launch(
-        &gpu.k.embedding_bf16,
+        match half {
+            Half::Bf16 => &gpu.k.embedding_bf16,
+            Half::F16 => &gpu.k.embedding_f16,
+        },
         (blocks(cols, THREADS as usize), ids.len() as u32, 1),
         THREADS,
         0,
         &[
             Arg::Ptr(ptr(&out, s)),
-            Arg::Ptr(ptr(table.bf16("embedding"), s)),
+            Arg::Ptr(ptr(table_bits, s)),
             Arg::Ptr(ids_ptr),
             Arg::I32(cols as i32),
         ],

@@ -3,14 +3,17 @@
 //! Up to [`GEMV_MAX_ROWS`] rows (decode steps) go through the `gemv` kernels:
 //! the product is bound by reading the weights once, the activations stay f32,
 //! and the launch depends only on the shapes, so it can be recorded in a CUDA
-//! graph. Larger batches go through cuBLAS with activations rounded to bf16.
+//! graph. Larger batches go through cuBLAS with activations rounded to bf16,
+//! except under `Precision::F32`, where they run through `gemv` 8 rows at a
+//! time (the weights are read once per 8 rows: slow, but no rounding).
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::CudaSlice;
 
 use crate::device::{Arg, Gpu, blocks, check, ptr};
-use crate::tensor::{CudaTensor, CudaWeight};
+use crate::precision::Precision;
+use crate::tensor::{CudaTensor, CudaWeight, Half};
 
 /// f32 activations rounded to bf16 (the cuBLAS input type).
 pub fn to_bf16(gpu: &Gpu, x: &CudaTensor) -> CudaSlice<u16> {
@@ -105,12 +108,22 @@ fn gemv_split(rows: usize, k: usize, n: usize) -> usize {
     split
 }
 
-/// `y[rows, n] = x[rows, k] . w[n, k]^T` with f32 `x` and `y`, bf16 `w`, all
-/// raw device addresses (16-byte aligned). `w_last` (0 for none) replaces row
-/// `n - 1` of `w`, which lets the MoE router append the shared-expert gate.
+/// `y[rows, n] = x[rows, k] . w[n, k]^T` with f32 `x` and `y`, 16-bit `w` of
+/// format `half`, all raw device addresses (16-byte aligned). `w_last` (0 for
+/// none, else of the same format) replaces row `n - 1` of `w`, which lets the
+/// MoE router append the shared-expert gate.
 /// Only kernel launches: safe to record in a CUDA graph.
 #[allow(clippy::too_many_arguments)]
-pub fn gemv(gpu: &Gpu, y: u64, x: u64, rows: usize, k: usize, w: u64, n: usize, w_last: u64) {
+pub fn gemv(
+    gpu: &Gpu,
+    y: u64,
+    x: u64,
+    rows: usize,
+    k: usize,
+    (w, half): (u64, Half),
+    n: usize,
+    w_last: u64,
+) {
     assert!(gemv_fits(rows, k), "gemv: {rows} rows of {k} not supported");
     assert!(
         (x | w | w_last).is_multiple_of(16),
@@ -121,8 +134,12 @@ pub fn gemv(gpu: &Gpu, y: u64, x: u64, rows: usize, k: usize, w: u64, n: usize, 
     }
     let split = gemv_split(rows, k, n);
     let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
+    let kernels = match half {
+        Half::Bf16 => &gpu.k.gemv,
+        Half::F16 => &gpu.k.gemv_f16,
+    };
     gpu.launch(
-        &gpu.k.gemv[rows - 1],
+        &kernels[rows - 1],
         (blocks(n, rows_per_block), 1, 1),
         256,
         0,
@@ -138,6 +155,16 @@ pub fn gemv(gpu: &Gpu, y: u64, x: u64, rows: usize, k: usize, w: u64, n: usize, 
     );
 }
 
+/// `gemv` over any number of rows, [`GEMV_MAX_ROWS`] at a time.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_chunked(gpu: &Gpu, y: u64, x: u64, rows: usize, k: usize, w: (u64, Half), n: usize) {
+    for first in (0..rows).step_by(GEMV_MAX_ROWS) {
+        let r = GEMV_MAX_ROWS.min(rows - first);
+        let (xo, yo) = ((first * k * 4) as u64, (first * n * 4) as u64);
+        gemv(gpu, y + yo, x + xo, r, k, w, n, 0);
+    }
+}
+
 pub fn matmul(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
     let n = w.dim0();
     let k = w.numel() / n.max(1);
@@ -146,11 +173,20 @@ pub fn matmul(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
         "matmul: weight {:?} does not take rows of {}",
         w.shape, x.cols
     );
-    if gemv_fits(x.rows, k) {
+    let f32_rows = gpu.precision == Precision::F32 && gemv_fits(1, k);
+    if gemv_fits(x.rows, k) || (f32_rows && x.rows > 0) {
         let out = gpu.alloc::<f32>(x.rows * n);
         let s = &gpu.stream;
-        let wp = ptr(w.bf16("matmul"), s);
-        gemv(gpu, ptr(&out, s), ptr(&x.buf, s), x.rows, k, wp, n, 0);
+        let (wb, half) = w.matrix("matmul");
+        gemv_chunked(
+            gpu,
+            ptr(&out, s),
+            ptr(&x.buf, s),
+            x.rows,
+            k,
+            (ptr(wb, s), half),
+            n,
+        );
         return CudaTensor {
             rows: x.rows,
             cols: n,

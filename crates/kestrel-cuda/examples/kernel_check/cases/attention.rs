@@ -9,7 +9,7 @@ use super::{Ctx, Outputs, TOL_ATTENTION, out};
 
 /// Two steps over two sequences with scattered pages: a prefill of both, then
 /// a decode of one and a further chunk of the other.
-fn attention_steps(block_size: usize, pages: &[u32]) -> Vec<ForwardBatch> {
+pub(super) fn attention_steps(block_size: usize, pages: &[u32]) -> Vec<ForwardBatch> {
     let table_a: Vec<u32> = pages[..3].to_vec();
     let table_b: Vec<u32> = pages[3..5].to_vec();
     let seq = |n, cached, table: &Vec<u32>, slot| SeqChunk {
@@ -43,7 +43,8 @@ pub fn attention(c: &mut Ctx) {
     ];
     for shape in configs {
         let steps = attention_steps(16, &[7, 2, 9, 4, 11]);
-        check_attention_steps(c, &format!("attention {}", shape.0), &shape, 12, &steps);
+        let label = format!("attention {}", shape.0);
+        check_attention_steps(c, &label, &shape, 12, &steps, TOL_ATTENTION);
     }
     for shape in [QWEN3_SHAPE, QWEN36_SHAPE] {
         attention_decode(c, &shape);
@@ -52,7 +53,7 @@ pub fn attention(c: &mut Ctx) {
 }
 
 /// (label, hq, hkv, head_dim, rotary_dim, theta, output gate).
-type AttnShape = (&'static str, usize, usize, usize, usize, f32, bool);
+pub(super) type AttnShape = (&'static str, usize, usize, usize, usize, f32, bool);
 const QWEN3_SHAPE: AttnShape = ("Hq32 Hkv4 D128", 32, 4, 128, 128, 1e6, false);
 const QWEN36_SHAPE: AttnShape = ("Hq16 Hkv2 D256 rot64 gate", 16, 2, 256, 64, 1e7, true);
 
@@ -88,7 +89,7 @@ fn attention_decode(c: &mut Ctx, shape: &AttnShape) {
         }
     }
     let label = format!("attention decode {}", shape.0);
-    check_attention_steps(c, &label, shape, 256, &steps);
+    check_attention_steps(c, &label, shape, 256, &steps, TOL_ATTENTION);
 }
 
 /// Prefill chunks of about 300 tokens on top of about 100 cached ones.
@@ -110,7 +111,7 @@ fn attention_prefill(c: &mut Ctx, shape: &AttnShape) {
         },
     ];
     let label = format!("attention prefill {}", shape.0);
-    check_attention_steps(c, &label, shape, 64, &steps);
+    check_attention_steps(c, &label, shape, 64, &steps, TOL_ATTENTION);
 }
 
 /// Block tables for sequences of `lens` tokens, drawn from a shuffled pool.
@@ -127,12 +128,13 @@ fn scattered_tables(c: &mut Ctx, lens: &[usize], bs: usize, num_blocks: usize) -
 
 /// Runs `steps` through layer 1 of a fresh two-layer cache on both backends
 /// and records each step's output.
-fn check_attention_steps(
+pub(super) fn check_attention_steps(
     c: &mut Ctx,
     label: &str,
     shape: &AttnShape,
     num_blocks: usize,
     steps: &[ForwardBatch],
+    tol: f64,
 ) {
     let &(_, hq, hkv, d, rot, theta, gate) = shape;
     let spec = AttentionSpec {
@@ -189,5 +191,5 @@ fn check_attention_steps(
     }
     let cpu = run(&c.cpu, &spec, &cache, steps, &inputs, &q_norm, &k_norm);
     let gpu = run(&c.gpu, &spec, &cache, steps, &inputs, &q_norm, &k_norm);
-    c.record(label, TOL_ATTENTION, cpu, gpu);
+    c.record(label, tol, cpu, gpu);
 }

@@ -6,6 +6,7 @@ mod elementwise;
 mod gdn;
 mod matmul;
 mod moe;
+mod precision;
 mod sample;
 
 use kestrel_core::{Backend, BackendError, Result};
@@ -20,7 +21,8 @@ pub use elementwise::{elementwise, embedding, norms};
 pub use gdn::gated_delta_net;
 pub use matmul::matmul;
 pub use moe::moe;
-pub use sample::argmax_rows;
+pub use precision::precision_f32;
+pub use sample::{argmax_rows, top_candidates};
 
 type Outputs = Vec<(String, Vec<f32>)>;
 

@@ -309,7 +309,10 @@ fn moe_decode(c: &mut Ctx) {
 }
 
 /// The block's weights on backend `b`.
-fn upload<B: Backend>(b: &B, w: &MoeWeights<HostTensor>) -> Result<MoeWeights<B::Weight>> {
+pub(super) fn upload<B: Backend>(
+    b: &B,
+    w: &MoeWeights<HostTensor>,
+) -> Result<MoeWeights<B::Weight>> {
     let up = |o: &Option<HostTensor>| o.as_ref().map(|t| b.upload(t)).transpose();
     Ok(MoeWeights {
         router: b.upload(&w.router)?,
@@ -339,7 +342,7 @@ fn run_twice<B: Backend>(
 
 /// Random bf16 weights of a block (drawn in a fixed order: router, experts,
 /// shared expert, its gate).
-fn random_weights(
+pub(super) fn random_weights(
     c: &mut Ctx,
     spec: &MoeSpec,
     h: usize,

@@ -6,7 +6,7 @@ use kestrel_core::{MoeSpec, MoeWeights};
 use super::{SharedExpert, top_k};
 use crate::device::{Arg, Gpu, blocks, ptr};
 use crate::ops::linear::gemv;
-use crate::tensor::{CudaTensor, CudaWeight};
+use crate::tensor::{CudaTensor, CudaWeight, Half};
 
 /// Intermediate rows per `moe_gate_up` block (even). A lone token needs small
 /// blocks to spread its few experts over all SMs; with more tokens there are
@@ -42,7 +42,7 @@ pub(super) fn moe_decode(
     // Router logits [T, E], plus the gate logit as column E when there is one.
     let ld = ne + usize::from(gate.is_some());
     let logits = gpu.alloc::<f32>(t * ld);
-    let router = ptr(w.router.bf16("router"), s);
+    let (router, router_half) = w.router.matrix("router");
     let x_ptr = ptr(&x.buf, s);
     gemv(
         gpu,
@@ -50,10 +50,24 @@ pub(super) fn moe_decode(
         x_ptr,
         t,
         h,
-        router,
+        (ptr(router, s), router_half),
         ld,
         gate.unwrap_or(0),
     );
+    // One format for the whole block (one checkpoint): the kernels take one.
+    let (gate_up, half) = w.gate_up.matrix("experts' gate_up");
+    let (down, down_half) = w.down.matrix("experts' down");
+    let shared_half = shared.map_or(half, |e| e.half);
+    assert!(
+        [router_half, down_half, shared_half]
+            .iter()
+            .all(|&x| x == half),
+        "MoE weights of one block mix bf16 and f16"
+    );
+    let (gate_up_kernel, down_kernel) = match half {
+        Half::Bf16 => (&gpu.k.moe_gate_up, &gpu.k.moe_down),
+        Half::F16 => (&gpu.k.moe_gate_up_f16, &gpu.k.moe_down_f16),
+    };
 
     let (ids, weights) = top_k(gpu, &logits, ld, t, spec);
 
@@ -61,7 +75,7 @@ pub(super) fn moe_decode(
     let act = gpu.alloc::<f32>(t * items * act_ld);
     let gu_rows = gate_up_rows(t);
     gpu.launch(
-        &gpu.k.moe_gate_up,
+        gate_up_kernel,
         (t as u32, blocks(act_ld, gu_rows), 1),
         32 * items as u32,
         0,
@@ -69,7 +83,7 @@ pub(super) fn moe_decode(
             Arg::Ptr(ptr(&act, s)),
             Arg::Ptr(x_ptr),
             Arg::Ptr(ptr(&ids, s)),
-            Arg::Ptr(ptr(w.gate_up.bf16("experts' gate_up"), s)),
+            Arg::Ptr(ptr(gate_up, s)),
             Arg::Ptr(sgu),
             Arg::I32(h as i32),
             Arg::I32(inter as i32),
@@ -84,7 +98,7 @@ pub(super) fn moe_decode(
     let out = gpu.alloc::<f32>(t * h);
     let dn_rows = down_rows(t);
     gpu.launch(
-        &gpu.k.moe_down,
+        down_kernel,
         (t as u32, blocks(h, dn_rows), 1),
         32 * items as u32,
         (items * dn_rows * 4) as u32,
@@ -96,7 +110,7 @@ pub(super) fn moe_decode(
             Arg::Ptr(ptr(&logits, s)),
             Arg::I32(ld as i32),
             Arg::I32(if gate.is_some() { ne as i32 } else { -1 }),
-            Arg::Ptr(ptr(w.down.bf16("experts' down"), s)),
+            Arg::Ptr(ptr(down, s)),
             Arg::Ptr(sdn),
             Arg::I32(h as i32),
             Arg::I32(inter as i32),

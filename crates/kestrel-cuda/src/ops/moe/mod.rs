@@ -25,6 +25,9 @@
 //! is read back and each selected expert runs as two cuBLAS products over its
 //! gathered rows, its output scattered back with the routing weight.
 //!
+//! Under `Precision::F32` a prefill runs through the decode path 8 tokens at
+//! a time, so its activations are never rounded to bf16.
+//!
 //! All paths add a token's experts in ascending id order, as the reference
 //! does, and the shared expert last.
 
@@ -37,7 +40,8 @@ use kestrel_core::{MoeSpec, MoeWeights};
 use cudarc::driver::CudaSlice;
 
 use crate::device::{Arg, Gpu, ptr};
-use crate::tensor::{CudaTensor, CudaWeight};
+use crate::precision::Precision;
+use crate::tensor::{CudaTensor, CudaWeight, Half};
 use decode::moe_decode;
 use host_routed::moe_host_routed;
 use prefill::moe_prefill;
@@ -83,6 +87,8 @@ struct SharedExpert {
     gate_up: u64,
     down: u64,
     inter: usize,
+    /// The format of all three matrices.
+    half: Half,
     /// The `[1, H]` gate row (`None`: the expert is added ungated).
     gate: Option<u64>,
 }
@@ -93,15 +99,25 @@ impl SharedExpert {
     fn of(gpu: &Gpu, w: &MoeWeights<CudaWeight>, spec: &MoeSpec) -> Option<Self> {
         let s = &gpu.stream;
         match (&w.shared_gate_up, &w.shared_down, spec.shared_intermediate) {
-            (Some(gu), Some(dn), Some(si)) => Some(SharedExpert {
-                gate_up: ptr(gu.bf16("shared gate_up"), s),
-                down: ptr(dn.bf16("shared down"), s),
-                inter: si,
-                gate: w
+            (Some(gu), Some(dn), Some(si)) => {
+                let (gate_up, half) = gu.matrix("shared gate_up");
+                let (down, down_half) = dn.matrix("shared down");
+                let gate = w
                     .shared_gate
                     .as_ref()
-                    .map(|g| ptr(g.bf16("shared expert gate"), s)),
-            }),
+                    .map(|g| g.matrix("shared expert gate"));
+                assert!(
+                    down_half == half && gate.is_none_or(|g| g.1 == half),
+                    "the shared expert's weights mix bf16 and f16"
+                );
+                Some(SharedExpert {
+                    gate_up: ptr(gate_up, s),
+                    down: ptr(down, s),
+                    inter: si,
+                    half,
+                    gate: gate.map(|g| ptr(g.0, s)),
+                })
+            }
             _ => None,
         }
     }
@@ -157,10 +173,42 @@ pub fn moe(gpu: &Gpu, x: &CudaTensor, w: &MoeWeights<CudaWeight>, spec: &MoeSpec
     if decode_fits(t, h, spec) {
         return moe_decode(gpu, x, w, spec);
     }
+    if gpu.precision == Precision::F32 && decode_fits(DECODE_MAX_TOKENS, h, spec) {
+        return moe_decode_chunked(gpu, x, w, spec);
+    }
     if !gpu.moe_prefill_host && prefill_fits(t, h, spec) {
         return moe_prefill(gpu, x, w, spec);
     }
     moe_host_routed(gpu, x, w, spec)
+}
+
+/// The decode path over any number of tokens, [`DECODE_MAX_TOKENS`] at a time.
+fn moe_decode_chunked(
+    gpu: &Gpu,
+    x: &CudaTensor,
+    w: &MoeWeights<CudaWeight>,
+    spec: &MoeSpec,
+) -> CudaTensor {
+    let (t, h, s) = (x.rows, x.cols, &gpu.stream);
+    let out = gpu.alloc::<f32>(t * h);
+    for first in (0..t).step_by(DECODE_MAX_TOKENS) {
+        let rows = DECODE_MAX_TOKENS.min(t - first);
+        let bytes = rows * h * 4;
+        let offset = (first * h * 4) as u64;
+        let chunk = CudaTensor {
+            rows,
+            cols: h,
+            buf: gpu.alloc::<f32>(rows * h),
+        };
+        gpu.copy_dtod(ptr(&chunk.buf, s), ptr(&x.buf, s) + offset, bytes);
+        let y = moe_decode(gpu, &chunk, w, spec);
+        gpu.copy_dtod(ptr(&out, s) + offset, ptr(&y.buf, s), bytes);
+    }
+    CudaTensor {
+        rows: t,
+        cols: h,
+        buf: out,
+    }
 }
 
 #[cfg(test)]
