@@ -3,9 +3,10 @@
 //
 // Two paths. Prefill (many tokens): f32 router logits, softmax + top-k, and
 // the row gathers/scatters around per-expert cuBLAS products, routed on the
-// host. Decode (1..8 tokens): routing stays on the device and the experts run
-// as streaming dot products (gemv.cuh) that read the selected experts'
-// weights by id, so the whole block is a fixed sequence of launches.
+// host. Decode (1..8 tokens): routing stays on the device (inside
+// moe_gate_up) and the experts run as streaming dot products (gemv.cuh) that
+// read the selected experts' weights by id, so the whole block is a fixed
+// sequence of launches.
 #include "gemv.cuh"
 
 // logits[t, e] = x[t, :] . w[e, :] with f32 accumulation (bf16 weights).
@@ -117,6 +118,8 @@ KESTREL_EXTERN void add_gated_rows(float* __restrict__ out, const float* __restr
 // this takes ~4 us with a launch (H200). Splitting the count over more
 // threads per expert measured slower. A NaN probability sorts below every
 // number, so the ranks stay a permutation.
+// The prefill path launches this; the decode path computes the same numbers
+// inside moe_gate_up (moe_route below): a change here must be made there too.
 // Grid T, block 32 * ceil(E / 32); E <= 512, k <= 32.
 KESTREL_EXTERN void __launch_bounds__(MOE_MAX_EXPERTS)
     moe_topk(int* __restrict__ ids, float* __restrict__ weights, const float* __restrict__ logits, int ld,
@@ -172,27 +175,138 @@ KESTREL_EXTERN void __launch_bounds__(MOE_MAX_EXPERTS)
     }
 }
 
-// Per token, its "items": the k routed experts (ids[t, j]) and then, when
-// present, the shared expert. Warp j of a block serves item j; blocks of the
-// same row range for all T tokens are adjacent (token = blockIdx.x), so an
-// expert chosen by several tokens, and the shared expert, are read from HBM
-// about once and served to the others by L2.
+// Most warps (items) of a decode block; moe_gate_up / moe_down launch bounds.
+#define MOE_MAX_ITEMS 16
+
+// One token's routing, computed by a whole block in shared memory: the same
+// numbers as moe_topk, so that the decode path need not launch it (a launch
+// on the critical path of every MoE layer, ~4 us with its gap on an H200,
+// where the arithmetic itself is a small part of that). Experts are taken in groups of 32, group g standing for
+// warp g of moe_topk's block: each group's max and sum use the same shuffle
+// tree over the same lanes, and the group partials are combined the way
+// block_max / block_sum combine per-warp values (lanes < groups, padding
+// -inf / 0), so mx, the sum and every probability are bit-identical to
+// moe_topk's. A block may have fewer warps than groups: warps loop.
+struct MoeRoute {
+    float val[MOE_MAX_EXPERTS];  // logits, then exp(l - mx), then probabilities
+    float key[MOE_MAX_EXPERTS];  // order key per expert, as moe_topk's
+    float part_max[MOE_MAX_EXPERTS / 32];
+    float part_sum[MOE_MAX_EXPERTS / 32];
+    unsigned picked[MOE_MAX_EXPERTS / 32];  // per group: ballot of its picks
+    float by_rank[MOE_MAX_ITEMS];           // picked probabilities, best first
+    int id[MOE_MAX_ITEMS];                  // picks in ascending expert id
+    float p[MOE_MAX_ITEMS];                 // their probabilities (not renormalised)
+};
+
+// Fills r.id / r.p (top_k <= MOE_MAX_ITEMS entries) and r.by_rank from the E
+// logits at l. Every thread of the block must call it; it ends with a
+// barrier, so the results are visible to all on return.
+__device__ __forceinline__ void moe_route(MoeRoute& r, const float* __restrict__ l, int experts, int top_k) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int groups = (experts + 31) >> 5;
+    for (int g = warp; g < groups; g += warps) {
+        const int e = g * 32 + lane;
+        const float v = e < experts ? l[e] : -INFINITY;
+        r.val[e] = v;
+        const float m = warp_max(v);
+        if (lane == 0) r.part_max[g] = m;
+    }
+    __syncthreads();
+    // Every warp reduces the partials itself (same tree, same value): no
+    // further barrier or broadcast needed.
+    const float mx = warp_max(lane < groups ? r.part_max[lane] : -INFINITY);
+    for (int g = warp; g < groups; g += warps) {
+        const int e = g * 32 + lane;
+        const float ex = e < experts ? expf(r.val[e] - mx) : 0.f;
+        r.val[e] = ex;
+        const float s = warp_sum(ex);
+        if (lane == 0) r.part_sum[g] = s;
+    }
+    __syncthreads();
+    const float sum = warp_sum(lane < groups ? r.part_sum[lane] : 0.f);
+    for (int g = warp; g < groups; g += warps) {
+        const int e = g * 32 + lane;
+        const float p = r.val[e] / sum;
+        r.val[e] = p;
+        r.key[e] = e < experts ? (isnan(p) ? -1.f : p) : -2.f;
+    }
+    __syncthreads();
+    // Ranks exactly as moe_topk counts them (exact integers, so the loop
+    // order does not matter); a pick's rank is exact, others stop past k.
+    for (int g = warp; g < groups; g += warps) {
+        const int e = g * 32 + lane;
+        const float mine = r.key[e];
+        int rank = 0;
+        for (int o0 = 0; o0 < groups * 32 && rank < top_k; o0 += 32) {
+#pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                const float other = r.key[o0 + j];
+                rank += (other > mine) || (other == mine && o0 + j < e);
+            }
+        }
+        const bool picked = e < experts && rank < top_k;
+        if (picked) r.by_rank[rank] = r.val[e];
+        const unsigned ballot = __ballot_sync(0xffffffffu, picked);
+        if (lane == 0) r.picked[g] = ballot;
+    }
+    __syncthreads();
+    // Position among the picks by ascending id: picks of earlier groups, then
+    // of earlier lanes of this one.
+    for (int g = warp; g < groups; g += warps) {
+        const unsigned mask = r.picked[g];
+        if ((mask >> lane) & 1u) {
+            int pos = __popc(mask & ((1u << lane) - 1u));
+            for (int b = 0; b < g; ++b) pos += __popc(r.picked[b]);
+            r.id[pos] = g * 32 + lane;
+            r.p[pos] = r.val[g * 32 + lane];
+        }
+    }
+    __syncthreads();
+}
+
+// Per token, its "items": the k routed experts and then, when present, the
+// shared expert. Warp j of a block serves item j; blocks of the same row
+// range for all T tokens are adjacent (token = blockIdx.x), so an expert
+// chosen by several tokens, and the shared expert, are read from HBM about
+// once and served to the others by L2.
 
 // act[t, j, a] = silu(gate[a]) * up[a] with gate/up = W_gate_up[item] . x[t]
 // (rows a and I + a of the item's [2I, H] matrix; I differs for the shared
 // expert). Each warp step produces two act rows from four weight rows.
-// Grid (T, ceil(max(I, SI) / rows_per_block)), block 32 * items;
-// rows_per_block even. act rows are `act_ld` floats apart.
+//
+// The routing comes first: every block computes its token's softmax + top-k
+// from the router logits (rows `logits_ld` apart, E = experts <= 512) with
+// moe_route, bit-identical to moe_topk, and the blocks with blockIdx.y == 0
+// write ids / weights [T, k] (ascending id, renormalised when asked) for
+// moe_down, which runs after this kernel. Every block recomputes it (128
+// blocks per token for Qwen3.6 at T = 1) rather than waiting on another
+// launch: the logits are 1 KB from L2 and the blocks run side by side.
+// Grid (T, ceil(max(I, SI) / rows_per_block)), block 32 * items (items <=
+// MOE_MAX_ITEMS, top_k <= items); rows_per_block even. act rows are
+// `act_ld` floats apart.
 template <typename WT>
-__device__ __forceinline__ void moe_gate_up_body(float* __restrict__ act, const float* __restrict__ x,
-                                                 const int* __restrict__ ids, const uint16_t* __restrict__ w_gate_up,
+__device__ __forceinline__ void moe_gate_up_body(float* __restrict__ act, int* __restrict__ ids,
+                                                 float* __restrict__ weights, const float* __restrict__ logits,
+                                                 int logits_ld, int experts, int renormalize,
+                                                 const float* __restrict__ x, const uint16_t* __restrict__ w_gate_up,
                                                  const uint16_t* __restrict__ w_shared, int hidden, int inter,
                                                  int shared_inter, int top_k, int act_ld, int rows_per_block) {
+    __shared__ MoeRoute route;
     const int t = blockIdx.x, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    moe_route(route, logits + (size_t)t * logits_ld, experts, top_k);
+    if (blockIdx.y == 0 && threadIdx.x < top_k) {
+        const int i = threadIdx.x;
+        // Summed in selection order (best first), as moe_topk and the reference.
+        float total = 0.f;
+        for (int r = 0; r < top_k; ++r) total += route.by_rank[r];
+        ids[t * top_k + i] = route.id[i];
+        weights[t * top_k + i] = renormalize ? route.p[i] / total : route.p[i];
+    }
+
     const int items = blockDim.x >> 5;
     const bool shared = j >= top_k;
     const int rows = shared ? shared_inter : inter;
-    const uint16_t* w = shared ? w_shared : w_gate_up + (size_t)ids[t * top_k + j] * 2 * inter * hidden;
+    const uint16_t* w = shared ? w_shared : w_gate_up + (size_t)route.id[j] * 2 * inter * hidden;
     const float* xt = x + (size_t)t * hidden;
     float* out = act + ((size_t)t * items + j) * act_ld;
     const int a_end = min((int)(blockIdx.y + 1) * rows_per_block, rows);
@@ -215,13 +329,15 @@ __device__ __forceinline__ void moe_gate_up_body(float* __restrict__ act, const 
 
 // bf16 weights, and f16 weights (`_f16`: the reference precision's f16 checkpoints).
 #define KESTREL_MOE_GATE_UP(NAME, WT)                                                                          \
-    KESTREL_EXTERN void __launch_bounds__(512)                                                                \
-        NAME(float* __restrict__ act, const float* __restrict__ x, const int* __restrict__ ids,               \
-             const uint16_t* __restrict__ w_gate_up, const uint16_t* __restrict__ w_shared, int hidden,       \
-             int inter, int shared_inter, int top_k, int act_ld, int rows_per_block) {                        \
+    KESTREL_EXTERN void __launch_bounds__(32 * MOE_MAX_ITEMS)                                                 \
+        NAME(float* __restrict__ act, int* __restrict__ ids, float* __restrict__ weights,                     \
+             const float* __restrict__ logits, int logits_ld, int experts, int renormalize,                   \
+             const float* __restrict__ x, const uint16_t* __restrict__ w_gate_up,                             \
+             const uint16_t* __restrict__ w_shared, int hidden, int inter, int shared_inter, int top_k,       \
+             int act_ld, int rows_per_block) {                                                                \
         pdl_begin();                                                                                          \
-        moe_gate_up_body<WT>(act, x, ids, w_gate_up, w_shared, hidden, inter, shared_inter, top_k, act_ld,    \
-                             rows_per_block);                                                                 \
+        moe_gate_up_body<WT>(act, ids, weights, logits, logits_ld, experts, renormalize, x, w_gate_up,       \
+                             w_shared, hidden, inter, shared_inter, top_k, act_ld, rows_per_block);           \
     }
 KESTREL_MOE_GATE_UP(moe_gate_up, Bf16W)
 KESTREL_MOE_GATE_UP(moe_gate_up_f16, F16W)

@@ -209,7 +209,12 @@ fn moe_prefill(c: &mut Ctx) {
 /// Decode-sized MoE blocks (1..8 tokens), which route on the device: Qwen3.6-
 /// and Qwen3-30B-like layouts scaled down, with and without the shared expert,
 /// its gate and renormalisation, a shared expert wider or narrower than the
-/// routed ones, and a Qwen3-Next-like 512 experts with 10 picks.
+/// routed ones, and a Qwen3-Next-like 512 experts with 10 picks. `moe_gate_up`
+/// routes each token itself, so the expert counts also cover its routing's
+/// shapes: Qwen3.6's 256 experts with 8 picks and a gated shared expert (at a
+/// small H), counts that are not multiples of 32 (20, 48, 300), and more
+/// groups of 32 experts than the block has warps (300 with 4 picks, 512
+/// with 10 + 1), where warps take several groups.
 fn moe_decode(c: &mut Ctx) {
     type Config = (
         &'static str,
@@ -221,7 +226,7 @@ fn moe_decode(c: &mut Ctx) {
         Option<usize>,
         bool,
     );
-    let configs: [(Config, &[usize]); 5] = [
+    let configs: [(Config, &[usize]); 8] = [
         (
             (
                 "3.6-like E64 k8 renorm shared+gate",
@@ -286,6 +291,27 @@ fn moe_decode(c: &mut Ctx) {
                 true,
             ),
             &[3],
+        ),
+        (
+            (
+                "3.6-like E256 k8 renorm shared+gate",
+                256,
+                8,
+                64,
+                256,
+                true,
+                Some(64),
+                true,
+            ),
+            &[1, 2, 8],
+        ),
+        (
+            ("E300 k4 renorm", 300, 4, 64, 128, true, None, false),
+            &[1, 5],
+        ),
+        (
+            ("E20 k3 shared Is24", 20, 3, 40, 200, false, Some(24), false),
+            &[1, 4],
         ),
     ];
     for ((label, e, k, inter, h, renorm, shared, shared_gate), tokens) in configs {

@@ -1,9 +1,9 @@
-//! The decode path (1..=8 tokens): routing and experts on the device in four
+//! The decode path (1..=8 tokens): routing and experts on the device in three
 //! launches whose shapes depend only on T and the spec.
 
 use kestrel_core::{MoeSpec, MoeWeights};
 
-use super::{SharedExpert, top_k};
+use super::SharedExpert;
 use crate::device::{Arg, Gpu, blocks, ptr};
 use crate::ops::linear::gemv;
 use crate::tensor::{CudaTensor, CudaWeight, Half};
@@ -69,9 +69,12 @@ pub(super) fn moe_decode(
         Half::F16 => (&gpu.k.moe_gate_up_f16, &gpu.k.moe_down_f16),
     };
 
-    let (ids, weights) = top_k(gpu, &logits, ld, t, spec);
-
-    // act[t, item, :] = silu(gate) * up of each picked expert (and the shared one).
+    // act[t, item, :] = silu(gate) * up of each picked expert (and the shared
+    // one). The kernel routes each token itself (softmax + top-k, as
+    // `moe_topk` would, bit for bit) instead of a separate launch on the
+    // critical path, and leaves the picks in ids / weights for `moe_down`.
+    let ids = gpu.alloc::<i32>(t * k);
+    let weights = gpu.alloc::<f32>(t * k);
     let act = gpu.alloc::<f32>(t * items * act_ld);
     let gu_rows = gate_up_rows(t);
     gpu.launch(
@@ -81,8 +84,13 @@ pub(super) fn moe_decode(
         0,
         &[
             Arg::Ptr(ptr(&act, s)),
-            Arg::Ptr(x_ptr),
             Arg::Ptr(ptr(&ids, s)),
+            Arg::Ptr(ptr(&weights, s)),
+            Arg::Ptr(ptr(&logits, s)),
+            Arg::I32(ld as i32),
+            Arg::I32(ne as i32),
+            Arg::I32(spec.norm_topk_prob as i32),
+            Arg::Ptr(x_ptr),
             Arg::Ptr(ptr(gate_up, s)),
             Arg::Ptr(sgu),
             Arg::I32(h as i32),

@@ -1,11 +1,13 @@
 //! Mixture of experts, two paths.
 //!
-//! Decode (1..=8 tokens, [`decode_fits`]): four launches whose shapes depend
+//! Decode (1..=8 tokens, [`decode_fits`]): three launches whose shapes depend
 //! only on T and the spec, with the routing never leaving the device, so a
 //! step can be recorded in a CUDA graph: router logits (a `gemv`, the
-//! shared-expert gate appended as one more row), a per-token softmax + top-k
-//! that also sorts the picks by expert id, then `moe_gate_up` and `moe_down`,
-//! which read each pick's weights by its id. Every (token, expert) pair runs
+//! shared-expert gate appended as one more row), then `moe_gate_up`, whose
+//! blocks each compute their token's softmax + top-k (the same numbers as
+//! `moe_topk`, picks sorted by expert id) before reading each pick's weights
+//! by its id, and `moe_down`, which reads the picks the first row of
+//! `moe_gate_up` blocks left behind. Every (token, expert) pair runs
 //! its own dot products; pairs of one row range run side by side, so an expert
 //! picked by several tokens is served from L2 after the first read.
 //!
@@ -130,7 +132,7 @@ const DECODE_MAX_TOKENS: usize = 8;
 /// Most experts the decode top-k holds (`MOE_MAX_EXPERTS` in moe.cu).
 const DECODE_MAX_EXPERTS: usize = 512;
 /// Most warps (experts per token, shared one included) in a decode block:
-/// the kernels' launch bounds allow 512 threads.
+/// the kernels' launch bounds allow 512 threads (`MOE_MAX_ITEMS` in moe.cu).
 const DECODE_MAX_ITEMS: usize = 16;
 /// Most (token, pick) pairs of the prefill path (32-bit row indices with room
 /// to spare in every product).
