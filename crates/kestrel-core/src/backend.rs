@@ -307,8 +307,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// penalties and mask (see [`crate::candidates`]): the `count` largest
     /// penalised logits among the first `cols` (NaN and `-inf` never; ties to
     /// the lower id), the row's largest, and the count and weight of those
-    /// above the min-p line. A sampler finishes on them instead of copying
-    /// the row. The default copies the logits to the host and is the reference.
+    /// above the min-p line, and, given the sampler's uniform draw, where the
+    /// kept weights summed in id order cross it. A sampler finishes on them
+    /// instead of copying the row. The default copies the logits to the host
+    /// and is the reference.
     fn top_candidates(
         &self,
         logits: &Self::Tensor,

@@ -6,6 +6,11 @@
 //! sampler's (`kestrel-sampling/src/penalties.rs`), in the same f32 operations,
 //! so both sides see bit-identical penalised logits. [`top_candidates_host`] is
 //! the reference every backend is checked against.
+//!
+//! A request may also carry the sampler's uniform draw: the backend then
+//! walks the kept logits in id order and reports where their cumulative
+//! weight crosses `uniform * kept_weight` ([`KeptDraw`]), so a row that no
+//! filter cuts (every finite logit kept) is sampled without copying it.
 
 /// Penalties of one token id that occurs in a sequence's history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +48,21 @@ pub struct CandidateRequest {
     /// `exp((logit - max_logit) * inv_temperature)` over the counted logits;
     /// 0 skips that work.
     pub inv_temperature: f32,
+    /// The sampler's uniform draw in `[0, 1)`: with a positive
+    /// `inv_temperature`, also find [`RowCandidates::draw`]. `None` skips it.
+    pub uniform: Option<f64>,
+}
+
+/// Where the kept logits' cumulative weight, walked in id order, first
+/// exceeds `uniform * kept_weight`: the sampler's draw (`filters::draw` in
+/// kestrel-sampling) as the backend's arithmetic sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KeptDraw {
+    pub id: u32,
+    /// The weight of the kept ids below `id`, and with it: the sampler checks
+    /// that its own sums, which may differ by rounding, cross at the same id.
+    pub before: f64,
+    pub after: f64,
 }
 
 /// The answer for one [`CandidateRequest`].
@@ -61,11 +81,20 @@ pub struct RowCandidates {
     /// Their weight sum (see [`CandidateRequest::inv_temperature`]). A device
     /// may differ from the host's f32 `exp` by a few ulp per term.
     pub kept_weight: f64,
+    /// Asked for by [`CandidateRequest::uniform`]; `None` also when rounding
+    /// left the target at or past the last cumulative weight.
+    pub draw: Option<KeptDraw>,
 }
 
 impl RowCandidates {
     /// Orders `(id, logit)` pairs best first, as [`RowCandidates::ids`] promises.
-    pub fn new(mut found: Vec<(u32, f32)>, max_logit: f32, kept: usize, kept_weight: f64) -> Self {
+    pub fn new(
+        mut found: Vec<(u32, f32)>,
+        max_logit: f32,
+        kept: usize,
+        kept_weight: f64,
+        draw: Option<KeptDraw>,
+    ) -> Self {
         found.sort_unstable_by(|a, b| rank_key(b.1).cmp(&rank_key(a.1)).then(a.0.cmp(&b.0)));
         Self {
             ids: found.iter().map(|c| c.0).collect(),
@@ -73,6 +102,7 @@ impl RowCandidates {
             max_logit,
             kept,
             kept_weight,
+            draw,
         }
     }
 }
@@ -162,6 +192,11 @@ pub fn check_request(req: &CandidateRequest, rows: usize, row_len: usize) {
         req.cols
     );
     assert!(req.count >= 1, "at least one candidate must be asked for");
+    assert!(
+        req.uniform.is_none_or(|u| (0.0..1.0).contains(&u)),
+        "uniform draw {:?} outside [0, 1)",
+        req.uniform
+    );
 }
 
 /// The first `cols` logits of a row with the request's penalties and mask.
@@ -188,13 +223,33 @@ fn row_candidates(row: &[f32], req: &CandidateRequest) -> RowCandidates {
         .max()
         .map_or(f32::NEG_INFINITY, logit_of_key);
     let threshold = kept_threshold(max_logit, req.min_p_offset);
+    let kept_ids = || eligible().filter(|(_, l)| **l >= threshold);
+    let weight = |l: f32| ((l - max_logit) * req.inv_temperature).exp();
     let (mut kept, mut kept_weight) = (0usize, 0f64);
-    for (_, &l) in eligible().filter(|(_, l)| **l >= threshold) {
+    for (_, &l) in kept_ids() {
         kept += 1;
         if req.inv_temperature > 0.0 {
-            kept_weight += ((l - max_logit) * req.inv_temperature).exp() as f64;
+            kept_weight += weight(l) as f64;
         }
     }
+    // The sampler's draw, operation for operation: f32 weights, f64 sums in
+    // id order, the first id whose cumulative weight exceeds the target.
+    let draw = req
+        .uniform
+        .filter(|_| req.inv_temperature > 0.0)
+        .and_then(|u| {
+            let target = u * kept_weight;
+            let mut mass = 0.0f64;
+            kept_ids().find_map(|(id, &l)| {
+                let before = mass;
+                mass += weight(l) as f64;
+                (target < mass).then_some(KeptDraw {
+                    id: id as u32,
+                    before,
+                    after: mass,
+                })
+            })
+        });
     let mut found: Vec<(u32, f32)> = eligible().map(|(id, &l)| (id as u32, l)).collect();
     let by_rank =
         |a: &(u32, f32), b: &(u32, f32)| rank_key(b.1).cmp(&rank_key(a.1)).then(a.0.cmp(&b.0));
@@ -202,7 +257,7 @@ fn row_candidates(row: &[f32], req: &CandidateRequest) -> RowCandidates {
         found.select_nth_unstable_by(req.count - 1, by_rank);
         found.truncate(req.count);
     }
-    RowCandidates::new(found, max_logit, kept, kept_weight)
+    RowCandidates::new(found, max_logit, kept, kept_weight, draw)
 }
 
 #[cfg(test)]
@@ -221,6 +276,7 @@ mod tests {
             presence: 0.0,
             min_p_offset: f32::NEG_INFINITY,
             inv_temperature: 0.0,
+            uniform: None,
         }
     }
 
@@ -292,5 +348,43 @@ mod tests {
         assert_eq!(c.kept, 3);
         let want = 1.0 + (-0.5f32).exp() as f64 + 1.0;
         assert!((c.kept_weight - want).abs() < 1e-12);
+        assert_eq!(c.draw, None, "not asked for");
+    }
+
+    #[test]
+    fn draw_walks_kept_ids_in_id_order() {
+        // Weights 1, -, 1, 0.5 (id 1 masked): cumulative 1, 2, 2.5.
+        let row = [0.0, 5.0, 0.0, -(2.0f32.ln())];
+        let mut req = request(4, 1);
+        req.masked = vec![1];
+        req.inv_temperature = 1.0;
+        let draw_at = |u: f64| {
+            let req = CandidateRequest {
+                uniform: Some(u),
+                ..req.clone()
+            };
+            top_candidates_host(&row, 4, &[req]).remove(0).draw.unwrap()
+        };
+        assert_eq!(
+            draw_at(0.0),
+            KeptDraw {
+                id: 0,
+                before: 0.0,
+                after: 1.0
+            }
+        );
+        assert_eq!(draw_at(0.3999).id, 0);
+        // Target 1.0 is not below the cumulative 1.0: the next kept id.
+        assert_eq!(
+            draw_at(0.4),
+            KeptDraw {
+                id: 2,
+                before: 1.0,
+                after: 2.0
+            }
+        );
+        assert_eq!(draw_at(0.7999).id, 2);
+        assert_eq!(draw_at(0.8).id, 3);
+        assert_eq!(draw_at(0.999).id, 3);
     }
 }

@@ -22,8 +22,9 @@ enum Outcome {
 enum RowSource {
     /// Picked on the device (plain greedy).
     Argmax(u32),
-    /// The device's best candidates (row `row` of the logits); the whole row
-    /// is fetched only if they cannot decide.
+    /// The device's best candidates, or its draw over a row no filter cuts
+    /// (row `row` of the logits); the whole row is fetched only if they
+    /// cannot decide.
     Candidates {
         row: usize,
         request: CandidateRequest,
@@ -160,8 +161,9 @@ fn sampled_vocab<B: Backend>(backend: &B, out: &B::Tensor, sched: &Scheduler) ->
 
 /// Decide, for every sampled row in order, where its token comes from, and
 /// do the device work and copies that needs: the device argmax when every row
-/// is plain greedy; else, with `candidates`, the device's best candidates for
-/// the rows a sampler can finish on them, and one copy of the other rows.
+/// is plain greedy; else, with `candidates`, the device's best candidates (or
+/// draw) for the rows a sampler can finish on them, and one copy of the
+/// other rows.
 fn row_sources<B: Backend>(
     backend: &B,
     out: &B::Tensor,

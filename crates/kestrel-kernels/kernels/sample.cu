@@ -62,8 +62,10 @@ KESTREL_EXTERN void argmax_rows(int* __restrict__ out, const float* __restrict__
 // then find the `count` largest logits (ties to the lowest id, NaN and -inf
 // never) by radix select over an order-preserving integer key, plus the
 // row's largest logit and the count and weight of the logits above the
-// min-p line. One block of 1024 threads per request; integer counts and
-// fixed reduction trees only, so the output repeats bit for bit.
+// min-p line, and, given the sampler's uniform draw, the kept id where the
+// weights summed in id order cross it. One block of 1024 threads per request;
+// integer counts and fixed reduction trees only, so the output repeats bit
+// for bit.
 
 // A request: TOPC_DESC_WORDS ints (floats as their bits). Must match
 // `ops/sample.rs`.
@@ -81,10 +83,14 @@ KESTREL_EXTERN void argmax_rows(int* __restrict__ out, const float* __restrict__
 #define TOPC_PRESENCE 11
 #define TOPC_MIN_P_OFFSET 12
 #define TOPC_INV_TEMPERATURE 13
-#define TOPC_DESC_WORDS 14
-// Output header: found, max logit bits, kept, 0, kept weight (f64, low then
-// high word), 0, 0; then `count` ids, then `count` logit bits.
-#define TOPC_HEADER 8
+#define TOPC_UNIFORM_LO 14    // the draw's uniform (f64 bits, low word first); negative: no draw
+#define TOPC_UNIFORM_HI 15
+#define TOPC_DESC_WORDS 16
+// Output header: found, max logit bits, kept, drawn id (TOPC_NO_DRAW: none),
+// then as f64 (low word first) the kept weight, and the cumulative weights
+// before and after the drawn id; then `count` ids, then `count` logit bits.
+#define TOPC_HEADER 10
+#define TOPC_NO_DRAW 0xffffffffu
 #define TOPC_THREADS 1024
 #define TOPC_WARPS (TOPC_THREADS / 32)
 #define RADIX_BUCKETS 2048
@@ -101,6 +107,62 @@ __device__ __forceinline__ float logit_of_key(unsigned k) {
 
 // Not NaN and above -inf.
 __device__ __forceinline__ bool eligible(float v) { return v > -INFINITY; }
+
+// A logit's weight in the kept sum and the draw: the sampler's f32
+// `exp((logit - max) * inv_temp)` (no fused multiply-add), 0 when not kept.
+__device__ __forceinline__ double kept_weight_of(float v, float threshold, float max_logit,
+                                                 float inv_temp) {
+    return eligible(v) && v >= threshold
+        ? (double)expf(__fmul_rn(__fsub_rn(v, max_logit), inv_temp)) : 0.0;
+}
+
+// Inclusive prefix sum over a warp's lanes in lane order (a fixed shuffle tree).
+__device__ __forceinline__ double warp_inclusive_scan_f64(double x) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    return x;
+}
+
+// The weight of columns [begin, end) summed by the calling warp in id order:
+// each 32-column chunk scanned, the chunk totals added in turn. Every lane
+// gets the sum.
+__device__ double warp_run_weight(const float* src, int begin, int end, float threshold,
+                                  float max_logit, float inv_temp) {
+    double sum = 0.0;
+    for (int base = begin; base < end; base += 32) {
+        const int c = base + (threadIdx.x & 31);
+        const double w = c < end ? kept_weight_of(src[c], threshold, max_logit, inv_temp) : 0.0;
+        sum += __shfl_sync(0xffffffffu, warp_inclusive_scan_f64(w), 31);
+    }
+    return sum;
+}
+
+// incl[w] = the sum of the warp totals of warps 0..=w (each warp passes its
+// total, the same in every lane), for every thread to read. Needs
+// TOPC_WARPS == 32.
+__device__ void warp_totals_inclusive_scan(double warp_total, double* incl) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // incl may still be read by a previous search
+    if (lane == 0) incl[warp] = warp_total;
+    __syncthreads();
+    if (warp == 0) {
+        const double x = warp_inclusive_scan_f64(incl[lane]);
+        incl[lane] = x;
+    }
+    __syncthreads();
+}
+
+// The columns [begin, end) split into TOPC_WARPS contiguous runs, one per warp.
+__device__ __forceinline__ void warp_run(int begin, int end, int warp, int* run_begin,
+                                         int* run_end) {
+    const int run = (end - begin + TOPC_WARPS - 1) / TOPC_WARPS;
+    *run_begin = min(end, begin + warp * run);
+    *run_end = min(end, *run_begin + run);
+}
 
 // `candidates::penalised_logit`, operation for operation (no fused multiply-add).
 __device__ __forceinline__ float penalised(float v, int count, int seen, float rep, float freq,
@@ -139,19 +201,6 @@ __device__ __forceinline__ unsigned block_max_u32(unsigned v, unsigned* tmp) {
     v = tmp[threadIdx.x & 31];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// A fixed tree: the same inputs give the same bits.
-__device__ __forceinline__ double block_sum_f64(double v, double* tmp) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) tmp[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = tmp[threadIdx.x & 31];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
@@ -254,9 +303,11 @@ KESTREL_EXTERN void top_candidates(unsigned* out, const float* logits, float* sc
                                    const int* desc, const int* aux, int stride) { pdl_begin();
     __shared__ unsigned hist[RADIX_BUCKETS];
     __shared__ unsigned tmp[32];
-    __shared__ double tmp_f64[32];
     __shared__ unsigned sel[2];
     __shared__ unsigned warp_base[2][TOPC_WARPS];
+    __shared__ double weight_incl[TOPC_WARPS];
+    __shared__ unsigned drawn_id;
+    __shared__ double drawn_sums[2];
     const int* d = desc + blockIdx.x * TOPC_DESC_WORDS;
     const int cols = d[TOPC_COLS], count = d[TOPC_COUNT];
     unsigned* o = out + d[TOPC_OUT];
@@ -284,6 +335,12 @@ KESTREL_EXTERN void top_candidates(unsigned* out, const float* logits, float* sc
     unsigned prefix = 0, want = found;
     int shift = 32;
     bool whole_bucket = found == n_eligible;  // every eligible logit is taken
+    if (found == 1 && !whole_bucket) {
+        // The best is the lowest id holding the largest key: no passes.
+        prefix = max_key;
+        shift = 0;
+        whole_bucket = true;
+    }
     const int digit_bits[3] = {11, 11, 10};
     for (int pass = 0; pass < 3 && !whole_bucket; ++pass) {
         const int bits = digit_bits[pass];
@@ -303,10 +360,12 @@ KESTREL_EXTERN void top_candidates(unsigned* out, const float* logits, float* sc
         ? -INFINITY : __fadd_rn(max_logit, __int_as_float(d[TOPC_MIN_P_OFFSET]));
     const float inv_temp = __int_as_float(d[TOPC_INV_TEMPERATURE]);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int run = (cols + TOPC_WARPS - 1) / TOPC_WARPS;
-    const int run_begin = min(cols, warp * run), run_end = min(cols, run_begin + run);
+    int run_begin, run_end;
+    warp_run(0, cols, warp, &run_begin, &run_end);
     unsigned n_above = 0, n_tied = 0, kept = 0;
-    double weight = 0.0;
+    // The kept weight in id order (warp runs in order, each summed chunk by
+    // chunk), so that the draw below can search the same sums.
+    double run_weight = 0.0;
     for (int base = run_begin; base < run_end; base += 32) {
         const int c = base + lane;
         const float v = c < run_end ? src[c] : NAN;
@@ -314,13 +373,60 @@ KESTREL_EXTERN void top_candidates(unsigned* out, const float* logits, float* sc
         const unsigned p = key_prefix(rank_key(v), shift);
         n_above += __popc(__ballot_sync(0xffffffffu, ok && found && p > prefix));
         n_tied += __popc(__ballot_sync(0xffffffffu, ok && found && p == prefix));
-        if (ok && v >= threshold) {
-            ++kept;
-            if (inv_temp > 0.f) weight += (double)expf(__fmul_rn(__fsub_rn(v, max_logit), inv_temp));
+        kept += ok && v >= threshold;
+        if (inv_temp > 0.f) {  // the same in every thread
+            const double w = kept_weight_of(v, threshold, max_logit, inv_temp);
+            run_weight += __shfl_sync(0xffffffffu, warp_inclusive_scan_f64(w), 31);
         }
     }
     kept = block_sum_u32(kept, tmp);
-    weight = block_sum_f64(weight, tmp_f64);
+    warp_totals_inclusive_scan(run_weight, weight_incl);
+    const double weight = weight_incl[TOPC_WARPS - 1];
+
+    // The draw: the first kept id whose cumulative weight exceeds
+    // uniform * weight. The warp runs' prefix sums pick a run; it is split
+    // into runs again until one is at most 32 columns (250k columns: 7.8k,
+    // 245, 8), whose lanes' prefix sums pick the id. Sums differ between
+    // levels only by f64 rounding; a target that falls between them reports
+    // no draw, and the sampler would have called such a target undecided.
+    const double uniform = __hiloint2double(d[TOPC_UNIFORM_HI], d[TOPC_UNIFORM_LO]);
+    if (threadIdx.x == 0) drawn_id = TOPC_NO_DRAW, drawn_sums[0] = drawn_sums[1] = 0.0;
+    __syncthreads();
+    if (uniform >= 0.0 && inv_temp > 0.f && weight > 0.0 && isfinite(max_logit)) {
+        const double target = uniform * weight;
+        int begin = 0, end = cols;
+        double base = 0.0;  // the weight of the kept ids below `begin`
+        bool lost = false;
+        for (;;) {
+            // Every thread reads the same sums: the loop is uniform over the block.
+            int w = 0;
+            while (w < TOPC_WARPS && !(target < base + weight_incl[w])) ++w;
+            if (w == TOPC_WARPS) {
+                lost = true;
+                break;
+            }
+            if (w > 0) base += weight_incl[w - 1];
+            warp_run(begin, end, w, &begin, &end);
+            if (end - begin <= 32) break;
+            int sub_begin, sub_end;
+            warp_run(begin, end, warp, &sub_begin, &sub_end);
+            warp_totals_inclusive_scan(
+                warp_run_weight(src, sub_begin, sub_end, threshold, max_logit, inv_temp),
+                weight_incl);
+        }
+        if (!lost && warp == 0) {
+            const int c = begin + lane;
+            const double w = c < end ? kept_weight_of(src[c], threshold, max_logit, inv_temp) : 0.0;
+            const double after = base + warp_inclusive_scan_f64(w);
+            const double prev = __shfl_up_sync(0xffffffffu, after, 1);
+            const unsigned crossed = __ballot_sync(0xffffffffu, c < end && target < after);
+            if (crossed && lane == __ffs(crossed) - 1) {
+                drawn_id = (unsigned)c;
+                drawn_sums[0] = lane ? prev : base;
+                drawn_sums[1] = after;
+            }
+        }
+    }
     unsigned total;
     const unsigned above_before = block_exclusive_scan(lane == 0 ? n_above : 0u, tmp, &total);
     if (lane == 0) warp_base[0][warp] = above_before;
@@ -350,15 +456,17 @@ KESTREL_EXTERN void top_candidates(unsigned* out, const float* logits, float* sc
         next_above += __popc(above);
         next_tied += __popc(tied);
     }
+    __syncthreads();  // the draw's result
     if (threadIdx.x == 0) {
-        const unsigned long long w = (unsigned long long)__double_as_longlong(weight);
+        const double f64s[3] = {weight, drawn_sums[0], drawn_sums[1]};
         o[0] = found;
         o[1] = __float_as_uint(max_logit);
         o[2] = kept;
-        o[3] = 0;
-        o[4] = (unsigned)w;
-        o[5] = (unsigned)(w >> 32);
-        o[6] = 0;
-        o[7] = 0;
+        o[3] = drawn_id;
+        for (int i = 0; i < 3; ++i) {
+            const unsigned long long b = (unsigned long long)__double_as_longlong(f64s[i]);
+            o[4 + 2 * i] = (unsigned)b;
+            o[5 + 2 * i] = (unsigned)(b >> 32);
+        }
     }
 }

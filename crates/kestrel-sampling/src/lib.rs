@@ -39,8 +39,23 @@
 //! than `N`, a nucleus that ends past the candidates or too close to call, a
 //! top-k above `N` that cuts the min-p set) it returns `None` without drawing
 //! and the caller samples the whole row. `candidate_request` returns `None`
-//! up front when nothing can cut the row below `N` (no top-k within the cap,
-//! top-p 1, min-p 0, more ids than the cap).
+//! up front when only a top-k above the cap could cut the row (top-p 1,
+//! min-p 0, more ids than the cap).
+//!
+//! # Drawing on the backend
+//!
+//! When nothing cuts the row (no top-k below its length, top-p 1, min-p 0:
+//! OpenAI's defaults) and it is longer than the cap, every eligible id is
+//! kept and the draw walks all of them. Then `candidate_request` takes the
+//! token's uniform from the RNG up front and sends it with the request (one
+//! candidate, weights at the row's temperature); the backend reports the id
+//! where the kept weights, summed in id order, cross `uniform * total`, and
+//! the sums just before and after it. `sample_candidates` accepts that id
+//! when the host's own sums, within [`KEPT_WEIGHT_TOLERANCE`] of the
+//! backend's, must cross at the same id; otherwise it returns `None` and the
+//! caller samples the row, which uses the same uniform (the sampler keeps it
+//! until a token is drawn), so the RNG stream is one value per sampled token
+//! on every path.
 //!
 //! [`SamplingParams`] holds and validates the request's parameters,
 //! [`Sampler`] carries a sequence's RNG and token counts between steps, and

@@ -1,5 +1,6 @@
 //! The per-sequence sampler: RNG, token counts and reusable scratch buffers.
 
+use kestrel_core::candidates::KeptDraw;
 use kestrel_core::{CandidateRequest, RowCandidates};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -35,6 +36,10 @@ pub struct Sampler {
     /// Indexed by token id; only candidates' entries are meaningful.
     weights: Vec<f32>,
     prompt_len: usize,
+    /// The RNG's next uniform, drawn early for a device draw
+    /// ([`Sampler::candidate_request`]) and used by the next token drawn,
+    /// whichever path draws it: the stream stays one value per sampled token.
+    next_uniform: Option<f64>,
 }
 
 impl Sampler {
@@ -58,6 +63,7 @@ impl Sampler {
             candidates: Vec::new(),
             weights: Vec::new(),
             prompt_len,
+            next_uniform: None,
         })
     }
 
@@ -108,9 +114,13 @@ impl Sampler {
     /// that lets [`Sampler::sample_candidates`] choose this step's token from
     /// row `row` (of which the first `cols` ids may be sampled), asking for at
     /// most `max_candidates` when `top_k` does not bound them (the engine uses
-    /// [`DEFAULT_MAX_CANDIDATES`]). `None` when the answer could never decide:
-    /// no top-k within that many, top-p 1, min-p 0, and more ids than that, so
-    /// the draw needs the whole row. `history` as for [`Sampler::sample`].
+    /// [`DEFAULT_MAX_CANDIDATES`]). When nothing cuts the row (no top-k below
+    /// `cols`, top-p 1, min-p 0) and it is longer than that, the request asks
+    /// for one candidate and carries this token's uniform draw instead, taken
+    /// from the RNG now (the token drawn next uses it, on any path). `None`
+    /// when the answer could never decide: a top-k above `max_candidates`
+    /// that cuts the row, with top-p 1 and min-p 0. `history` as for
+    /// [`Sampler::sample`].
     pub fn candidate_request(
         &mut self,
         history: &[u32],
@@ -123,19 +133,27 @@ impl Sampler {
         }
         self.counts.sync(history);
         let p = &self.params;
+        let unfiltered = p.top_p >= 1.0 && p.min_p <= 0.0;
+        let mut uniform = None;
         let count = if p.is_greedy() {
             1
         } else {
             match p.top_k_limit() {
                 Some(k) if k <= max_candidates => k,
-                _ if p.top_p >= 1.0 && p.min_p <= 0.0 && cols > max_candidates => return None,
+                // Every eligible id is kept: the device draws over the row.
+                k if unfiltered && cols > max_candidates && k.is_none_or(|k| k >= cols) => {
+                    uniform = Some(*self.next_uniform.get_or_insert_with(|| self.rng.random()));
+                    1
+                }
+                _ if unfiltered && cols > max_candidates => return None,
                 _ => max_candidates,
             }
         }
         .min(cols);
-        // The weight sum only matters for top-p over a kept set longer than the answer.
-        let needs_weight =
-            !p.is_greedy() && p.top_p < 1.0 && p.top_k_limit().is_none_or(|k| k > count);
+        // The weight sum only matters for top-p over a kept set longer than
+        // the answer, and for the device's draw.
+        let needs_weight = uniform.is_some()
+            || !p.is_greedy() && p.top_p < 1.0 && p.top_k_limit().is_none_or(|k| k > count);
         let masked = if self.masks_stopping_ids() {
             self.stopping_ids
                 .iter()
@@ -168,14 +186,16 @@ impl Sampler {
             } else {
                 0.0
             },
+            uniform,
         })
     }
 
     /// Choose the token from a backend's answer to `request` (made by
     /// [`Sampler::candidate_request`] for this step): the same token, and the
     /// same RNG draw, as [`Sampler::sample`] on the whole row. `None` when the
-    /// candidates cannot decide it (then no draw was made; call `sample` with
-    /// the row). The rules are in the crate documentation.
+    /// candidates cannot decide it (then no uniform was used up: `sample` on
+    /// the row draws with the one a draw request carried, or a fresh one).
+    /// The rules are in the crate documentation.
     pub fn sample_candidates(
         &mut self,
         request: &CandidateRequest,
@@ -198,6 +218,12 @@ impl Sampler {
             Coverage::TopPInside => self
                 .choose_in_nucleus(&short_row, found.kept_weight)
                 .map(|r| r.map(id_at)),
+            Coverage::Drawn(uniform) => {
+                let id = drawn_id(found, uniform)?;
+                debug_assert_eq!(self.next_uniform, Some(uniform), "a stale request");
+                self.next_uniform = None;
+                Some(Ok(id))
+            }
             Coverage::NeedsRow => None,
         }
     }
@@ -226,6 +252,10 @@ impl Sampler {
             && request.inv_temperature > 0.0
         {
             Coverage::TopPInside
+        } else if let Some(uniform) = request.uniform {
+            // Asked for only when nothing cuts the row: the kept set is every
+            // eligible id, over which the backend drew.
+            Coverage::Drawn(uniform)
         } else {
             Coverage::NeedsRow
         }
@@ -302,9 +332,13 @@ impl Sampler {
         self.draw_kept()
     }
 
-    /// The one RNG draw of a sampled token, over the kept candidates.
+    /// The one RNG draw of a sampled token, over the kept candidates (the
+    /// uniform a device draw was asked with, if it did not decide).
     fn draw_kept(&mut self) -> Result<u32, SampleError> {
-        let uniform: f64 = self.rng.random();
+        let uniform: f64 = self
+            .next_uniform
+            .take()
+            .unwrap_or_else(|| self.rng.random());
         draw(&self.candidates, &self.weights, uniform).ok_or(SampleError::NoCandidate)
     }
 }
@@ -317,7 +351,8 @@ pub const DEFAULT_MAX_CANDIDATES: usize = 1024;
 /// sum, relative: each weight is an f32 `exp` within 1 ulp on the host (libm)
 /// and 2 ulp on a GPU (CUDA `expf`) of the true value, so sums of the same
 /// terms differ by at most 3 * 2^-23 ≈ 3.6e-7 of the total (f64 summation
-/// adds ~1e-11); this leaves a margin of more than 5.
+/// adds ~1e-11); this leaves a margin of more than 5. The same holds for
+/// every partial sum of the backend's draw ([`kestrel_core::candidates::KeptDraw`]).
 pub const KEPT_WEIGHT_TOLERANCE: f64 = 2e-6;
 
 /// What a backend's candidates can decide.
@@ -326,7 +361,36 @@ enum Coverage {
     Decides,
     /// The min-p kept set is longer, but top-p may end inside them.
     TopPInside,
+    /// Every eligible id is kept and the backend drew over them with this uniform.
+    Drawn(f64),
     NeedsRow,
+}
+
+/// The id the host's draw (`filters::draw` over every kept id, in id order)
+/// picks, when the backend's report proves it: `None` when the report is
+/// missing or the target lies too close to a boundary to tell.
+///
+/// The host picks the first id whose cumulative weight `C(id)` exceeds its
+/// target `T = uniform * C(last)`, i.e. `id` exactly when
+/// `C(id - 1) <= T < C(id)`. The backend's sums are of the same penalised
+/// logits' weights, each within a relative [`KEPT_WEIGHT_TOLERANCE`] of the
+/// host's (all terms are positive, so every prefix sum is too), plus an
+/// absolute `2^-126` per term for weights one side flushes to zero. So the
+/// host's `C(id - 1)` is at most `before * (1 + tol) + slack`, its `C(id)` at
+/// least `after * (1 - tol) - slack`, and its `T` within `uniform *
+/// kept_weight * (1 ± tol) ± slack` (its product rounds by 2^-53, far inside
+/// the margin); the id is accepted only when those intervals do not touch.
+fn drawn_id(found: &RowCandidates, uniform: f64) -> Option<u32> {
+    let KeptDraw { id, before, after } = found.draw?;
+    let tol = KEPT_WEIGHT_TOLERANCE;
+    let slack = found.kept as f64 * f64::from(f32::MIN_POSITIVE);
+    let target = uniform * found.kept_weight;
+    let target_low = target * (1.0 - tol) - slack;
+    let target_high = target * (1.0 + tol) + slack;
+    let settled = before * (1.0 + tol) + slack <= target_low
+        && target_high < after * (1.0 - tol) - slack
+        && found.max_logit.is_finite();
+    settled.then_some(id)
 }
 
 /// Largest non-NaN logit (`-inf` when none).

@@ -1,8 +1,10 @@
 //! The candidate path (`Sampler::candidate_request`, a backend's
 //! `top_candidates`, `Sampler::sample_candidates`) against `Sampler::sample`
 //! on the whole row: the same token and the same RNG stream, or a detected
-//! fallback. The backend here is the host reference, `top_candidates_host`.
+//! fallback. The backend here is the host reference, `top_candidates_host`,
+//! with its sums skewed as a device's rounding would.
 
+use kestrel_core::candidates::KeptDraw;
 use kestrel_core::{CandidateRequest, RowCandidates, top_candidates_host};
 use kestrel_sampling::{SampleError, Sampler, SamplingParams};
 use rand::{Rng, SeedableRng};
@@ -14,6 +16,8 @@ const EOS: u32 = 2;
 #[derive(Debug, Default)]
 struct Paths {
     exact: usize,
+    /// Of `exact`: decided by the backend's draw.
+    drawn: usize,
     fallback: usize,
     no_request: usize,
 }
@@ -71,15 +75,22 @@ fn full_row(row: &[f32], cols: usize) -> Vec<f32> {
     r
 }
 
-/// The candidate side of one step; `skew` perturbs the reported weight sum
-/// relatively, as a device's `exp` would.
+/// Relative skews of a backend's sums (kept weight; a draw's before and
+/// after), as a device's `exp` and summation order would give.
+type Skew = [f64; 3];
+
+fn random_skew(rng: &mut ChaCha8Rng) -> Skew {
+    std::array::from_fn(|_| rng.random_range(-4e-7..4e-7))
+}
+
+/// The candidate side of one step.
 fn candidate_step(
     s: &mut Sampler,
     row: &[f32],
     cols: usize,
     history: &[u32],
     cap: usize,
-    skew: f64,
+    skew: Skew,
     paths: &mut Paths,
 ) -> Result<u32, SampleError> {
     let Some(req) = s.candidate_request(history, 0, cols, cap) else {
@@ -87,10 +98,15 @@ fn candidate_step(
         return s.sample(&mut full_row(row, cols), history);
     };
     let mut found = top_candidates_host(row, row.len(), std::slice::from_ref(&req)).remove(0);
-    found.kept_weight *= 1.0 + skew;
+    found.kept_weight *= 1.0 + skew[0];
+    if let Some(d) = found.draw.as_mut() {
+        d.before *= 1.0 + skew[1];
+        d.after *= 1.0 + skew[2];
+    }
     match s.sample_candidates(&req, &found) {
         Some(result) => {
             paths.exact += 1;
+            paths.drawn += usize::from(req.uniform.is_some() && req.count < found.kept);
             result
         }
         None => {
@@ -116,7 +132,7 @@ fn candidates_choose_what_the_full_row_chooses() {
         let mut history = prompt.clone();
         for step in 0..5 {
             let row = random_row(&mut rng, len);
-            let skew = rng.random_range(-4e-7..4e-7);
+            let skew = random_skew(&mut rng);
             let want = reference.sample(&mut full_row(&row, cols), &history);
             let got = candidate_step(&mut candidate, &row, cols, &history, cap, skew, &mut paths);
             assert_eq!(got, want, "case {case} step {step} cap {cap} {params:?}");
@@ -157,9 +173,7 @@ fn rows_that_need_the_whole_row_are_detected() {
         seed: Some(1),
         ..SamplingParams::default()
     };
-    // No filter can cut a 2000-id row to 64: nothing to ask the device.
-    assert!(request_for(&sampled(1.0, 0.0, 0), &flat, 64).1.is_none());
-    // A top-k beyond the cap alone cannot either.
+    // A top-k beyond the cap cuts a 2000-id row, but not to 64.
     assert!(request_for(&sampled(1.0, 0.0, 100), &flat, 64).1.is_none());
     // Min-p keeps nearly everything, top-p needs ~1800 ids: both fall back.
     for params in [sampled(1.0, 0.5, 0), sampled(0.9, 0.0, 0)] {
@@ -213,4 +227,137 @@ fn errors_match_the_full_row() {
             );
         }
     }
+}
+
+/// Parameters under which nothing cuts the row (OpenAI's defaults and kin):
+/// the backend draws.
+fn unfiltered_params(rng: &mut ChaCha8Rng) -> SamplingParams {
+    SamplingParams {
+        temperature: pick(rng, &[0.3, 0.7, 1.0, 1.0, 1.6]),
+        top_k: pick(rng, &[0, 0, -1, 5000]),
+        top_p: 1.0,
+        min_p: 0.0,
+        ..random_params(rng)
+    }
+}
+
+#[test]
+fn unfiltered_rows_are_drawn_like_the_full_row() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (len, cols) = (3000, 2990);
+    let mut paths = Paths::default();
+    let mut steps = 0;
+    for case in 0..400 {
+        let params = unfiltered_params(&mut rng);
+        let cap = pick(&mut rng, &[16, 64, 256, 1024]);
+        let prompt: Vec<u32> = (0..rng.random_range(1..40))
+            .map(|_| rng.random_range(0..len as u32))
+            .collect();
+        let mut reference = Sampler::new(&params, prompt.len(), &[EOS]).unwrap();
+        let mut candidate = reference.clone();
+        let mut history = prompt.clone();
+        for step in 0..6 {
+            let mut row = random_row(&mut rng, len);
+            match rng.random_range(0..12) {
+                // Rows no token can be drawn from: the same error, no draw.
+                0 => row.fill(pick(&mut rng, &[f32::NAN, f32::NEG_INFINITY])),
+                // One eligible id (decided by the candidate alone), or a few.
+                1 => {
+                    row.fill(f32::NEG_INFINITY);
+                    for _ in 0..rng.random_range(1..4) {
+                        row[rng.random_range(0..cols)] = rng.random_range(-3.0..3.0);
+                    }
+                }
+                _ => {}
+            }
+            let skew = random_skew(&mut rng);
+            let want = reference.sample(&mut full_row(&row, cols), &history);
+            let got = candidate_step(&mut candidate, &row, cols, &history, cap, skew, &mut paths);
+            assert_eq!(got, want, "case {case} step {step} cap {cap} {params:?}");
+            steps += 1;
+            // After an error the next row is drawn with the uniform still pending.
+            if let Ok(token) = want {
+                history.push(token);
+            }
+        }
+    }
+    println!("{paths:?} of {steps}");
+    assert_eq!(paths.no_request, 0, "{paths:?}");
+    assert!(paths.drawn > steps * 3 / 4, "{paths:?} of {steps}");
+}
+
+#[test]
+fn draws_too_close_to_call_fall_back_with_the_same_uniform() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let row: Vec<f32> = (0..2000).map(|_| rng.random_range(-2.0..2.0)).collect();
+    let params = SamplingParams {
+        seed: Some(9),
+        ..SamplingParams::default()
+    };
+    let (s, req) = request_for(&params, &row, 64);
+    let req = req.expect("an unfiltered row is drawn by the backend");
+    let uniform = req.uniform.unwrap();
+    assert_eq!((req.count, req.inv_temperature), (1, 1.0));
+    let honest = answer(&row, &req);
+    let d = honest.draw.unwrap();
+    let target = uniform * honest.kept_weight;
+    let with_draw = |draw: Option<KeptDraw>| RowCandidates {
+        draw,
+        ..honest.clone()
+    };
+    let mut reference = Sampler::new(&params, 1, &[EOS]).unwrap();
+    let want = reference.sample(&mut row.clone(), &[5]);
+    assert_eq!(
+        s.clone().sample_candidates(&req, &honest),
+        Some(want.clone())
+    );
+    for (what, found) in [
+        ("no draw", with_draw(None)),
+        (
+            "target at the sum before",
+            with_draw(Some(KeptDraw {
+                before: target,
+                ..d
+            })),
+        ),
+        (
+            "target just below the sum after",
+            with_draw(Some(KeptDraw {
+                after: target * (1.0 + 1e-7),
+                ..d
+            })),
+        ),
+        (
+            "total off by the tolerance",
+            RowCandidates {
+                kept_weight: (d.after / uniform) * (1.0 + 1e-6),
+                ..honest.clone()
+            },
+        ),
+    ] {
+        let mut s = s.clone();
+        assert_eq!(s.sample_candidates(&req, &found), None, "{what}");
+        // The row is then sampled with the uniform the request carried, and
+        // the stream goes on as the reference's.
+        assert_eq!(s.sample(&mut row.clone(), &[5]), want, "{what}");
+        let next: Vec<f32> = (0..2000).map(|i| (i % 13) as f32 * 0.1).collect();
+        assert_eq!(
+            s.sample(&mut next.clone(), &[5, 1]),
+            reference.clone().sample(&mut next.clone(), &[5, 1]),
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn a_repeated_request_carries_the_same_uniform() {
+    let params = SamplingParams {
+        seed: Some(4),
+        ..SamplingParams::default()
+    };
+    let row = vec![0.0f32; 500];
+    let (mut s, first) = request_for(&params, &row, 64);
+    // A step abandoned after the request (no sample): the uniform stays.
+    let again = s.candidate_request(&[5], 0, row.len(), 64);
+    assert_eq!(first.unwrap().uniform, again.unwrap().uniform);
 }

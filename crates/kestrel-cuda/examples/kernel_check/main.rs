@@ -108,7 +108,7 @@ fn main() -> ExitCode {
         outcomes: Vec::new(),
     };
     type Case = fn(&mut cases::Ctx);
-    let all: [(&str, Case); 10] = [
+    let all: [(&str, Case); 11] = [
         ("embedding", cases::embedding),
         ("elementwise", cases::elementwise),
         ("norms", cases::norms),
@@ -118,6 +118,7 @@ fn main() -> ExitCode {
         ("gated_delta_net", cases::gated_delta_net),
         ("argmax_rows", cases::argmax_rows),
         ("top_candidates", cases::top_candidates),
+        ("top_candidates_draw", cases::top_candidates_draw),
         ("precision_f32", cases::precision_f32),
     ];
     for (name, case) in all {

@@ -1,10 +1,11 @@
 //! Greedy sampling on the device: one token id per row of logits, so a decode
 //! step hands the host a few integers instead of a vocabulary of floats, and
 //! the arg-max can be part of a recorded CUDA graph. For sampled rows,
-//! `top_candidates` hands back each row's best candidates after penalties.
+//! `top_candidates` hands back each row's best candidates after penalties,
+//! and, given the sampler's uniform, where its kept weights cross it.
 
 use cudarc::driver::CudaSlice;
-use kestrel_core::candidates::check_request;
+use kestrel_core::candidates::{KeptDraw, check_request};
 use kestrel_core::{CandidateRequest, RowCandidates};
 
 use crate::device::{Arg, Gpu, ptr};
@@ -51,8 +52,10 @@ pub fn argmax_rows_host(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> Vec<u32>
 
 /// Words per request descriptor and of each answer's header
 /// (`TOPC_DESC_WORDS`, `TOPC_HEADER` in `sample.cu`).
-const DESC_WORDS: usize = 14;
-const HEADER_WORDS: usize = 8;
+const DESC_WORDS: usize = 16;
+const HEADER_WORDS: usize = 10;
+/// The header's drawn id when there is none (`TOPC_NO_DRAW`).
+const NO_DRAW: u32 = u32::MAX;
 
 /// Where one request's inputs and answer lie in the shared buffers.
 struct Layout {
@@ -116,6 +119,9 @@ fn layout(requests: &[CandidateRequest]) -> Layout {
             r.min_p_offset.to_bits() as i32,
             r.inv_temperature.to_bits() as i32,
         ]);
+        // Negative: no draw (the kernel's test).
+        let uniform = r.uniform.unwrap_or(-1.0).to_bits();
+        desc.extend([uniform as u32 as i32, (uniform >> 32) as u32 as i32]);
         out_words += HEADER_WORDS + 2 * r.count;
     }
     desc.extend(aux);
@@ -179,6 +185,7 @@ pub fn top_candidates(
 
 /// One request's answer: the header, then `count` ids and `count` logits.
 fn parse_answer(words: &[u32], count: usize) -> RowCandidates {
+    let f64_at = |i: usize| f64::from_bits(u64::from(words[i]) | (u64::from(words[i + 1]) << 32));
     let found = words[0] as usize;
     assert!(found <= count, "top_candidates found {found} of {count}");
     let (ids, logits) = words[HEADER_WORDS..].split_at(count);
@@ -187,6 +194,16 @@ fn parse_answer(words: &[u32], count: usize) -> RowCandidates {
         .zip(&logits[..found])
         .map(|(&id, &bits)| (id, f32::from_bits(bits)))
         .collect();
-    let weight = f64::from_bits(u64::from(words[4]) | (u64::from(words[5]) << 32));
-    RowCandidates::new(pairs, f32::from_bits(words[1]), words[2] as usize, weight)
+    let draw = (words[3] != NO_DRAW).then(|| KeptDraw {
+        id: words[3],
+        before: f64_at(6),
+        after: f64_at(8),
+    });
+    RowCandidates::new(
+        pairs,
+        f32::from_bits(words[1]),
+        words[2] as usize,
+        f64_at(4),
+        draw,
+    )
 }

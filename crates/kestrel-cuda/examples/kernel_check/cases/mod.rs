@@ -22,7 +22,7 @@ pub use gdn::gated_delta_net;
 pub use matmul::matmul;
 pub use moe::moe;
 pub use precision::precision_f32;
-pub use sample::{argmax_rows, top_candidates};
+pub use sample::{argmax_rows, top_candidates, top_candidates_draw};
 
 type Outputs = Vec<(String, Vec<f32>)>;
 

@@ -1,7 +1,9 @@
 //! Token choice on the device: the argmax of each logits row, over a whole
 //! row or over a prefix of it (a vocabulary padded past the tokenizer), and
-//! each row's best sampling candidates after penalties.
+//! each row's best sampling candidates after penalties, and the draw over a
+//! row that no filter cuts.
 
+use kestrel_core::candidates::KeptDraw;
 use kestrel_core::{Backend, CandidateRequest, Result, RowCandidates, TokenPenalty};
 
 use super::{Ctx, Outputs, TOL_F32, repeatable};
@@ -165,6 +167,7 @@ fn candidate_requests(c: &mut Ctx, cols: usize, rows: usize) -> Vec<CandidateReq
                     0.9 * 0.05f32.ln()
                 },
                 inv_temperature: if r == 3 { 0.0 } else { 1.0 / 0.9 },
+                uniform: None,
             }
         })
         .collect()
@@ -201,4 +204,191 @@ fn flatten(answers: &[RowCandidates]) -> Outputs {
 fn split_sums(mut outputs: Outputs) -> (Outputs, Outputs) {
     let sums = outputs.split_off(outputs.len() - 1);
     (outputs, sums)
+}
+
+/// How far the device's f64 sums may be from the reference's, relative: each
+/// weight is an f32 `exp` a few ulp apart (kestrel-sampling's
+/// `KEPT_WEIGHT_TOLERANCE`, which the sampler's acceptance test assumes).
+const TOL_KEPT_WEIGHT: f64 = 2e-6;
+
+/// The draw over every eligible logit (the sampler's request when nothing
+/// cuts the row): the drawn id must match the CPU reference exactly, the
+/// cumulative weights before and after it and the total to
+/// [`TOL_KEPT_WEIGHT`] in f64; two runs must agree bit for bit. Rows of a
+/// Qwen3.6-sized padded vocabulary, an odd width, and one narrower than a
+/// warp's last step; Gaussian, peaked, flat (exact sums), tied with signed
+/// zeros, NaN and -inf, penalised and masked rows; uniforms 0, random and
+/// just below 1; rows with nothing eligible (no draw).
+pub fn top_candidates_draw(c: &mut Ctx) {
+    for (len, cols) in [(248_320, 248_077), (1001, 1000), (40, 37)] {
+        let rows = 8;
+        let mut v = c.data.randn(rows * len, 2.0);
+        let row = |r: usize| r * len..(r + 1) * len;
+        // Row 1: peaked, a few hot ids.
+        for i in 0..4 {
+            let id = c.data.index(cols);
+            v[row(1)][id] = 12.0 + 2.0 * i as f32;
+        }
+        // Row 2: coarse values with ties, zeros of both signs, NaN and -inf.
+        for (i, x) in v[row(2)].iter_mut().enumerate() {
+            *x = match i % 11 {
+                3 => -0.0,
+                5 => f32::NAN,
+                8 => f32::NEG_INFINITY,
+                _ => (*x * 2.0).round() / 2.0,
+            };
+        }
+        // Row 3: flat: every weight 1, the sums exact on both sides.
+        v[row(3)].fill(0.0);
+        // Row 6: NaN and -inf but for a few values; a big one in the padding.
+        for (i, x) in v[row(6)].iter_mut().enumerate() {
+            *x = match i % 3 {
+                _ if i % 97 == 5 => (i % 11) as f32 * 0.5,
+                0 => f32::NAN,
+                _ => f32::NEG_INFINITY,
+            };
+        }
+        if cols < len {
+            v[row(6)][len - 1] = 100.0;
+        }
+        // Row 7: nothing eligible.
+        v[row(7)].fill(f32::NEG_INFINITY);
+        let requests = draw_requests(c, cols, rows);
+        fn run<B: Backend>(
+            b: &B,
+            rows: usize,
+            len: usize,
+            v: &[f32],
+            reqs: &[CandidateRequest],
+        ) -> Result<Vec<RowCandidates>> {
+            let logits = b.from_host(rows, len, v);
+            let first = b.top_candidates(&logits, reqs);
+            let again = b.top_candidates(&logits, reqs);
+            for (a, b) in draw_outputs(&first).into_iter().zip(draw_outputs(&again)) {
+                repeatable(&a.0, a.1, b.1)?;
+            }
+            let bits = |answers: &[RowCandidates]| -> Vec<u64> {
+                answers
+                    .iter()
+                    .flat_map(|a| sums(a).map(f64::to_bits))
+                    .collect()
+            };
+            if bits(&first) != bits(&again) {
+                return Err(kestrel_core::BackendError::Invalid(
+                    "draw sums: two runs on the same input differ".into(),
+                ));
+            }
+            Ok(first)
+        }
+        let case = format!("top_candidates draw [{rows}x{len}] first {cols}");
+        let (cpu, gpu) = match (
+            run(&c.cpu, rows, len, &v, &requests),
+            run(&c.gpu, rows, len, &v, &requests),
+        ) {
+            (Ok(cpu), Ok(gpu)) => (cpu, gpu),
+            (cpu, gpu) => {
+                let outputs = |r: Result<Vec<RowCandidates>>| r.map(|a| draw_outputs(&a));
+                c.record(&case, 0.0, outputs(cpu), outputs(gpu));
+                continue;
+            }
+        };
+        c.record(&case, 0.0, Ok(draw_outputs(&cpu)), Ok(draw_outputs(&gpu)));
+        // Each f64 sum as 1 + its relative error against the reference's 1.
+        let rel = |g: f64, r: f64| if g == r { 0.0 } else { (g - r).abs() / r.abs() };
+        let errors: Vec<f32> = cpu
+            .iter()
+            .zip(&gpu)
+            .flat_map(|(r, g)| {
+                let (r, g) = (sums(r), sums(g));
+                (0..3).map(move |i| 1.0 + rel(g[i], r[i]) as f32)
+            })
+            .collect();
+        c.record(
+            &format!("{case} f64 sums"),
+            TOL_KEPT_WEIGHT,
+            Ok(vec![("sums".into(), vec![1.0; errors.len()])]),
+            Ok(vec![("sums".into(), errors)]),
+        );
+    }
+}
+
+/// A draw answer's f64 sums: the total, and the weights before and after the
+/// drawn id (0 without a draw).
+fn sums(a: &RowCandidates) -> [f64; 3] {
+    let d = a.draw.unwrap_or(KeptDraw {
+        id: 0,
+        before: 0.0,
+        after: 0.0,
+    });
+    [a.kept_weight, d.before, d.after]
+}
+
+/// One draw request per row: every eligible logit kept (no min-p line), one
+/// candidate, temperatures 1, 0.7 and 1.6, penalties and masks on rows 2
+/// and 5, uniforms 0 (row 5), just below 1 (row 4), a middle one for the flat
+/// row 3, and random ones.
+fn draw_requests(c: &mut Ctx, cols: usize, rows: usize) -> Vec<CandidateRequest> {
+    (0..rows)
+        .map(|r| {
+            let penalised = r == 2 || r == 5;
+            let penalties = if penalised {
+                (0..(cols / 4).min(200))
+                    .map(|i| TokenPenalty {
+                        id: c.data.index(cols) as u32,
+                        seen: i % 3 != 0,
+                        output_count: (i % 4) as u32,
+                    })
+                    .collect::<Vec<_>>()
+            } else {
+                Vec::new()
+            };
+            // Penalty ids must be distinct.
+            let mut seen_ids = std::collections::HashSet::new();
+            let penalties = penalties
+                .into_iter()
+                .filter(|p| seen_ids.insert(p.id))
+                .collect();
+            let uniform = match r {
+                3 => 0.618_034,
+                4 => 0.999_999,
+                5 => 0.0,
+                _ => c.data.uniform(1, 0.0, 1.0)[0] as f64,
+            };
+            CandidateRequest {
+                row: r,
+                cols,
+                count: 1,
+                penalties,
+                masked: if penalised {
+                    (0..5).map(|_| c.data.index(cols) as u32).collect()
+                } else {
+                    Vec::new()
+                },
+                repetition: 1.3,
+                frequency: 0.4,
+                presence: -0.3,
+                min_p_offset: f32::NEG_INFINITY,
+                inv_temperature: 1.0 / [1.0f32, 0.7, 1.6][r % 3],
+                uniform: Some(uniform),
+            }
+        })
+        .collect()
+}
+
+/// The exactly compared outputs of draw answers: the drawn id (+1; 0 for
+/// none), the best candidate, the max and the kept count.
+fn draw_outputs(answers: &[RowCandidates]) -> Outputs {
+    let all = |f: &dyn Fn(&RowCandidates) -> f32| answers.iter().map(f).collect::<Vec<f32>>();
+    vec![
+        (
+            "draw_id".into(),
+            all(&|a| a.draw.map_or(0.0, |d| d.id as f32 + 1.0)),
+        ),
+        (
+            "best".into(),
+            all(&|a| a.ids.first().map_or(0.0, |&i| i as f32 + 1.0)),
+        ),
+        ("max_logit".into(), all(&|a| a.max_logit.max(-1e30))),
+        ("kept".into(), all(&|a| a.kept as f32 + 1.0)),
+    ]
 }
