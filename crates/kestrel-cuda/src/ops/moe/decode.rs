@@ -1,9 +1,9 @@
 //! The decode path (1..=8 tokens): routing and experts on the device in three
-//! launches whose shapes depend only on T and the spec.
+//! (T <= 2) or four launches whose shapes depend only on T and the spec.
 
 use kestrel_core::{MoeSpec, MoeWeights};
 
-use super::SharedExpert;
+use super::{SharedExpert, top_k};
 use crate::device::{Arg, Gpu, blocks, ptr};
 use crate::ops::linear::gemv;
 use crate::tensor::{CudaTensor, CudaWeight, Half};
@@ -15,6 +15,13 @@ use crate::tensor::{CudaTensor, CudaWeight, Half};
 fn gate_up_rows(tokens: usize) -> usize {
     if tokens == 1 { 4 } else { 8 }
 }
+
+/// Most tokens whose routing `moe_gate_up` computes itself. Every block of a
+/// token repeats it: at one or two tokens that costs about what the saved
+/// `moe_topk` launch did (H200, Qwen3.6 decode step, median of 20: T = 1
+/// 3.00 -> 2.98 ms, T = 2 3.64 -> 3.61, within run-to-run noise), beyond it
+/// costs more (T = 4 4.90 -> 5.00, T = 8 7.57 -> 7.93 ms).
+const ROUTE_IN_GATE_UP_MAX_TOKENS: usize = 2;
 
 /// Hidden rows per `moe_down` block (a multiple of `MOE_DOWN_R` = 8): 8, 16,
 /// then 32 from 3 tokens on, for the same reason.
@@ -70,11 +77,18 @@ pub(super) fn moe_decode(
     };
 
     // act[t, item, :] = silu(gate) * up of each picked expert (and the shared
-    // one). The kernel routes each token itself (softmax + top-k, as
-    // `moe_topk` would, bit for bit) instead of a separate launch on the
-    // critical path, and leaves the picks in ids / weights for `moe_down`.
-    let ids = gpu.alloc::<i32>(t * k);
-    let weights = gpu.alloc::<f32>(t * k);
+    // one). Up to `ROUTE_IN_GATE_UP_MAX_TOKENS` tokens the kernel routes each
+    // token itself (softmax + top-k, as `moe_topk` would, bit for bit)
+    // instead of a separate launch on the critical path, and leaves the picks
+    // in ids / weights for `moe_down`; with more tokens `moe_topk` runs first.
+    let (ids, weights, route_logits) = if t <= ROUTE_IN_GATE_UP_MAX_TOKENS {
+        let ids = gpu.alloc::<i32>(t * k);
+        let weights = gpu.alloc::<f32>(t * k);
+        (ids, weights, ptr(&logits, s))
+    } else {
+        let (ids, weights) = top_k(gpu, &logits, ld, t, spec);
+        (ids, weights, 0)
+    };
     let act = gpu.alloc::<f32>(t * items * act_ld);
     let gu_rows = gate_up_rows(t);
     gpu.launch(
@@ -86,7 +100,7 @@ pub(super) fn moe_decode(
             Arg::Ptr(ptr(&act, s)),
             Arg::Ptr(ptr(&ids, s)),
             Arg::Ptr(ptr(&weights, s)),
-            Arg::Ptr(ptr(&logits, s)),
+            Arg::Ptr(route_logits),
             Arg::I32(ld as i32),
             Arg::I32(ne as i32),
             Arg::I32(spec.norm_topk_prob as i32),

@@ -1,13 +1,14 @@
 //! Mixture of experts, two paths.
 //!
-//! Decode (1..=8 tokens, [`decode_fits`]): three launches whose shapes depend
-//! only on T and the spec, with the routing never leaving the device, so a
-//! step can be recorded in a CUDA graph: router logits (a `gemv`, the
-//! shared-expert gate appended as one more row), then `moe_gate_up`, whose
-//! blocks each compute their token's softmax + top-k (the same numbers as
-//! `moe_topk`, picks sorted by expert id) before reading each pick's weights
-//! by its id, and `moe_down`, which reads the picks the first row of
-//! `moe_gate_up` blocks left behind. Every (token, expert) pair runs
+//! Decode (1..=8 tokens, [`decode_fits`]): three or four launches whose
+//! shapes depend only on T and the spec, with the routing never leaving the
+//! device, so a step can be recorded in a CUDA graph: router logits (a
+//! `gemv`, the shared-expert gate appended as one more row), then at one or
+//! two tokens `moe_gate_up`, whose blocks each compute their token's softmax
+//! and top-k (the same numbers as `moe_topk`, picks sorted by expert id) before
+//! reading each pick's weights by its id, and with more tokens `moe_topk`
+//! first and `moe_gate_up` reading its picks; then `moe_down`, which reads
+//! the picks. Every (token, expert) pair runs
 //! its own dot products; pairs of one row range run side by side, so an expert
 //! picked by several tokens is served from L2 after the first read.
 //!
