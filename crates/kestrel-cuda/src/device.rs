@@ -58,6 +58,9 @@ pub struct Kernels {
     pub attention_decode: [CudaFunction; 3],
     pub attention_decode_combine: CudaFunction,
     pub attention_prefill: [CudaFunction; 3],
+    /// The 128-query double-buffered prefill per head dim; `None` where its
+    /// tiles exceed the device's shared memory per block (then the above runs).
+    pub attention_prefill_v2: [Option<CudaFunction>; 3],
     pub router_logits: CudaFunction,
     pub router_topk: CudaFunction,
     pub gather_rows_to_bf16: CudaFunction,
@@ -145,6 +148,10 @@ impl Kernels {
                 &attention_prefill,
                 "attention_prefill",
                 crate::ops::attention::prefill_smem_bytes,
+            )?,
+            attention_prefill_v2: crate::ops::attention::prefill_v2_kernels(
+                ctx,
+                &attention_prefill,
             )?,
             router_logits: f(&moe, "router_logits")?,
             router_topk: f(&moe, "router_topk")?,

@@ -213,3 +213,232 @@ __device__ __forceinline__ void prefill_tile(float* __restrict__ out, const floa
 PREFILL_KERNEL(64)
 PREFILL_KERNEL(128)
 PREFILL_KERNEL(256)
+
+// ---------------------------------------------------------------------------
+// Version 2 (the default; `KESTREL_ATTN_PREFILL=v1` selects the kernel above).
+//
+// Same arithmetic per key tile as version 1 (64-key tiles from key 0, the same
+// mma order and softmax updates), so its output is expected to be bit-identical;
+// what changes is how the tiles are fed:
+// - 128 queries per block (8 warps x 16 rows): every K/V tile brought from L2
+//   serves twice the queries, halving L2 -> shared traffic (at head_dim 256 a
+//   64-query block needs ~4 TB/s of L2 reads at 280 TFLOP/s).
+// - K and V of a tile are one cp.async group, double-buffered: tile it + 1
+//   streams in during all of tile it's math, with two barriers per tile
+//   instead of four and no wait for V between S and P.V.
+// - A warp skips a tile that lies wholly above its causal diagonal (exact:
+//   such a tile changes neither m, l nor O), and the O rescale is skipped when
+//   no row of the warp raised its max (multiplying by 1 is exact).
+// - Query tiles are the slowest grid dimension, heaviest first, so the
+//   longest blocks of every head start in the first wave instead of the
+//   last heads' longest blocks starting in the last wave.
+// Shared memory: (128 + 2 * 2 * 64) * D * 2 bytes = 48, 96, 192 KiB at
+// D = 64, 128, 256 (the host falls back to version 1 where that does not fit).
+constexpr int PF2_WARPS = 8;
+constexpr int PF2_ROWS = 16 * PF2_WARPS;
+constexpr int PF2_THREADS = 32 * PF2_WARPS;
+
+// Grid (hq, S, ceil(max_new / 128)), block 256.
+template <int D>
+__device__ __forceinline__ void prefill_tile_v2(float* __restrict__ out, const float* __restrict__ q,
+                                                const __nv_bfloat16* __restrict__ k_cache,
+                                                const __nv_bfloat16* __restrict__ v_cache,
+                                                const int* __restrict__ seq_start, const int* __restrict__ seq_len,
+                                                const int* __restrict__ table_offset,
+                                                const int* __restrict__ block_tables, int hq, int hkv,
+                                                int block_size, float scale_log2, const float* __restrict__ proj,
+                                                int proj_stride, int gate_offset) {
+    static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
+    constexpr int CH = D / 8;
+    constexpr int TILE = PF_KEYS * CH;  // 16-byte chunks of one K (or V) tile
+    extern __shared__ uint4 smem[];
+    uint4* sq = smem;
+    uint4* skv = sq + PF2_ROWS * CH;  // buffer b: K at skv + 2b * TILE, V right after it
+    // Cache rows of the keys of two tiles (-1: past the end, zero-filled).
+    __shared__ int64_t s_row[2][PF_KEYS];
+
+    const int qt = gridDim.z - 1 - blockIdx.z;
+    const int h = blockIdx.x, s = blockIdx.y;
+    const int t0 = seq_start[s], n_new = seq_start[s + 1] - t0;
+    const int row0 = qt * PF2_ROWS;
+    if (row0 >= n_new) return;
+    const int len = seq_len[s], cached = len - n_new;
+    const int kvh = h / (hq / hkv);
+    const int kv_end = cached + min(n_new, row0 + PF2_ROWS);
+    const int* table = block_tables + table_offset[s];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    // Keys this warp's real rows attend to: positions < w_end (0: no real row).
+    const int wrow0 = row0 + warp * 16;
+    const int w_end = wrow0 < n_new ? cached + min(n_new, wrow0 + 16) : 0;
+
+    auto stage_rows = [&](int buf, int kb) {
+        if (tid < PF_KEYS) {
+            const int key = kb + tid;
+            s_row[buf][tid] = key < kv_end ? kv_row(table, key, block_size, hkv, kvh) : -1;
+        }
+    };
+    auto load_tile = [&](int buf) {
+        uint4* sk = skv + 2 * buf * TILE;
+#pragma unroll
+        for (int i = 0; i < TILE / PF2_THREADS; ++i) {
+            const int idx = tid + i * PF2_THREADS;
+            const int r = idx / CH, ch = idx % CH;
+            const int64_t row = s_row[buf][r];
+            const int64_t off = (row < 0 ? 0 : row) * D + ch * 8;
+            cp_async_16(smem_addr(sk + swz<D>(r, ch)), k_cache + off, row >= 0);
+            cp_async_16(smem_addr(sk + TILE + swz<D>(r, ch)), v_cache + off, row >= 0);
+        }
+    };
+
+    // Q tile as bf16 (rows past the chunk are zero and never written out).
+    for (int idx = tid; idx < PF2_ROWS * CH; idx += PF2_THREADS) {
+        const int r = idx / CH, ch = idx % CH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (row0 + r < n_new) {
+            const float4* src = reinterpret_cast<const float4*>(q + ((size_t)(t0 + row0 + r) * hq + h) * D + ch * 8);
+            const float4 a = src[0], b = src[1];
+            v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+        }
+        sq[swz<D>(r, ch)] = v;
+    }
+    const int n_tiles = (kv_end + PF_KEYS - 1) / PF_KEYS;
+    stage_rows(0, 0);
+    if (n_tiles > 1) stage_rows(1, PF_KEYS);
+    __syncthreads();
+    load_tile(0);
+    cp_async_commit();
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const int pos0 = cached + wrow0 + g;  // position of row g; row g + 8 is pos0 + 8
+
+    for (int it = 0; it < n_tiles; ++it) {
+        const int kb = it * PF_KEYS, buf = it & 1;
+        // Every warp is done with tile it - 1, whose buffer the next copy
+        // overwrites, and the rows of tile it + 1 are staged.
+        __syncthreads();
+        if (it + 1 < n_tiles) load_tile(buf ^ 1);
+        cp_async_commit();  // possibly empty: keeps the group count uniform
+        // s_row[buf] was last read by tile it's copy, issued before the barrier.
+        if (it + 2 < n_tiles) stage_rows(buf, kb + 2 * PF_KEYS);
+        cp_async_wait<1>();  // this thread's part of tile it has landed
+        __syncthreads();     // ... and everyone's
+        // Wholly above this warp's diagonal (warp-uniform): nothing to add.
+        if (kb >= w_end) continue;
+        const uint4* sk = skv + 2 * buf * TILE;
+        const uint4* sv = sk + TILE;
+
+        float sc[PF_KEYS / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < PF_KEYS / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            uint32_t a[4];
+            ldmatrix_x4(a, smem_addr(sq + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+#pragma unroll
+            for (int jp = 0; jp < PF_KEYS / 16; ++jp) {
+                uint32_t b[4];
+                ldmatrix_x4(b, smem_addr(sk + swz<D>(jp * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                     2 * ks + ((lane >> 3) & 1))));
+                mma_bf16(sc[2 * jp], a, b[0], b[1]);
+                mma_bf16(sc[2 * jp + 1], a, b[2], b[3]);
+            }
+        }
+
+        // Scale, causal mask (only tiles that reach past row g's position), online softmax.
+        const bool diagonal = kb + PF_KEYS - 1 > pos0;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < PF_KEYS / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float v = sc[nt][e] * scale_log2;
+                if (diagonal && kb + 8 * nt + 2 * c + (e & 1) > pos0 + (e >> 1) * 8) v = -INFINITY;
+                sc[nt][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float alpha[2], base[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(m[r], quad_max(mx[r]));
+            base[r] = m_new == -INFINITY ? 0.f : m_new;
+            alpha[r] = exp2f(m[r] - base[r]);
+            m[r] = m_new;
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int nt = 0; nt < PF_KEYS / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
+                l[e >> 1] += sc[nt][e];
+            }
+        if (__any_sync(FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+            for (int nt = 0; nt < D / 8; ++nt) {
+                o[nt][0] *= alpha[0];
+                o[nt][1] *= alpha[0];
+                o[nt][2] *= alpha[1];
+                o[nt][3] *= alpha[1];
+            }
+        }
+
+#pragma unroll
+        for (int kk = 0; kk < PF_KEYS / 16; ++kk) {
+            const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                                   pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                   pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+            for (int np = 0; np < D / 16; ++np) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, smem_addr(sv + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                                           2 * np + (lane >> 4))));
+                mma_bf16(o[2 * np], a, b[0], b[1]);
+                mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();  // nothing may be in flight into shared memory at exit
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = wrow0 + g + 8 * r;
+        if (row >= n_new) continue;
+        const float inv_l = 1.f / quad_sum(l[r]);
+        const size_t t = t0 + row;
+        float* dst = out + (t * hq + h) * D + 2 * c;
+        const float* gate = proj + t * proj_stride + max(gate_offset, 0) + h * D + 2 * c;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            float2 v = make_float2(o[nt][2 * r] * inv_l, o[nt][2 * r + 1] * inv_l);
+            if (gate_offset >= 0) {
+                const float2 gt = *reinterpret_cast<const float2*>(gate + nt * 8);
+                v.x *= sigmoidf_exact(gt.x);
+                v.y *= sigmoidf_exact(gt.y);
+            }
+            *reinterpret_cast<float2*>(dst + nt * 8) = v;
+        }
+    }
+}
+
+// Blocks per SM: two at D <= 128 (96 KiB of tiles each at most; at D = 128 the
+// 128-register cap costs ~140 bytes of spills, outside the mma loops, which is
+// cheaper than halving the warps per SM), one at 256 (192 KiB, and its 128 O
+// accumulators per thread need the whole register file).
+#define PREFILL_V2_KERNEL(D, MIN_BLOCKS)                                                                          \
+    KESTREL_EXTERN void __launch_bounds__(PF2_THREADS, MIN_BLOCKS) attention_prefill_v2_d##D(                     \
+        float* __restrict__ out, const float* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,          \
+        const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ seq_start,                             \
+        const int* __restrict__ seq_len, const int* __restrict__ table_offset,                                    \
+        const int* __restrict__ block_tables, int hq, int hkv, int block_size, float scale_log2,                  \
+        const float* __restrict__ proj, int proj_stride, int gate_offset) {                                       \
+        pdl_begin();                                                                                              \
+        prefill_tile_v2<D>(out, q, k_cache, v_cache, seq_start, seq_len, table_offset, block_tables, hq, hkv,     \
+                           block_size, scale_log2, proj, proj_stride, gate_offset);                               \
+    }
+
+PREFILL_V2_KERNEL(64, 2)
+PREFILL_V2_KERNEL(128, 2)
+PREFILL_V2_KERNEL(256, 1)

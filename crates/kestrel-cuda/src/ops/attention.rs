@@ -4,16 +4,18 @@
 //!   tensor cores plus a combine kernel, replayable as a CUDA graph (the grid
 //!   depends only on the sequence count and the heads; lengths are read on
 //!   the device), or
-//! - prefill (anything else): causal flash attention on tensor cores, tiles of
-//!   64 queries x 64 keys.
+//! - prefill (anything else): causal flash attention on tensor cores: blocks
+//!   of 128 queries (8 warps) over double-buffered 64-key tiles, or where
+//!   those do not fit the device's shared memory (head_dim 256 on sm_121), or
+//!   with `KESTREL_ATTN_PREFILL=v1`, the older 64-query single-buffered kernel.
 //!
 //! Head dims without a tensor-core kernel, and f32 caches (`Precision::F32`),
 //! go through a generic kernel.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaFunction, CudaModule};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use kestrel_core::{AttentionSpec, AttentionWeights, BackendError, ForwardBatch, Result};
 
 use crate::cache::CudaCache;
@@ -39,9 +41,61 @@ const COMBINE_THREADS: u32 = 256;
 const PREFILL_ROWS: usize = 64;
 const PREFILL_KEYS: usize = 64;
 
+/// Mirror `PF2_ROWS` / `PF2_THREADS` (version 2 of the prefill kernel).
+const PREFILL_V2_ROWS: usize = 128;
+const PREFILL_V2_THREADS: u32 = 256;
+/// Static shared memory of either prefill kernel (the staged cache rows).
+const PREFILL_STATIC_SMEM: u32 = 2 * PREFILL_KEYS as u32 * 8;
+
 /// Dynamic shared memory of the prefill kernel: Q, K and V tiles of bf16.
 pub fn prefill_smem_bytes(d: usize) -> u32 {
     ((PREFILL_ROWS + 2 * PREFILL_KEYS) * d * 2) as u32
+}
+
+/// Dynamic shared memory of version 2: a 128-query Q tile and two buffers of
+/// K and V tiles, all bf16 (48, 96 and 192 KiB at head_dim 64, 128, 256).
+pub fn prefill_v2_smem_bytes(d: usize) -> u32 {
+    ((PREFILL_V2_ROWS + 2 * 2 * PREFILL_KEYS) * d * 2) as u32
+}
+
+/// `KESTREL_ATTN_PREFILL=v1` keeps the older prefill kernel (for A/B runs);
+/// read once per process.
+fn prefill_v1_forced() -> bool {
+    static V1: OnceLock<bool> = OnceLock::new();
+    *V1.get_or_init(|| std::env::var("KESTREL_ATTN_PREFILL").is_ok_and(|v| v == "v1"))
+}
+
+/// `attention_prefill_v2_d{D}` for every D of `FAST_HEAD_DIMS` whose tiles
+/// fit the device's opt-in shared memory per block; `None` for the others.
+pub fn prefill_v2_kernels(
+    ctx: &Arc<CudaContext>,
+    m: &Arc<CudaModule>,
+) -> Result<[Option<CudaFunction>; 3]> {
+    let limit = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .unwrap_or(0)
+        .max(0) as u32;
+    let load = |d: usize| -> Result<Option<CudaFunction>> {
+        let smem = prefill_v2_smem_bytes(d);
+        if smem + PREFILL_STATIC_SMEM > limit {
+            return Ok(None);
+        }
+        let name = format!("attention_prefill_v2_d{d}");
+        let f = m
+            .load_function(&name)
+            .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
+        Ok(Some(f))
+    };
+    Ok([
+        load(FAST_HEAD_DIMS[0])?,
+        load(FAST_HEAD_DIMS[1])?,
+        load(FAST_HEAD_DIMS[2])?,
+    ])
 }
 
 /// Warps per decode block (`dec_warps` in `kernels/attention_decode.cu`).
@@ -299,20 +353,43 @@ impl Attend<'_> {
         );
     }
 
-    /// Causal tiles of 64 queries per (sequence, q head); eager only: the grid
+    /// Causal query tiles per (sequence, q head); eager only: the grid
     /// follows this step's longest chunk.
     fn prefill(&self, dim_index: usize) {
         let (gpu, l) = (self.gpu, self.l);
         let (hq, d) = (self.spec.num_q_heads, self.spec.head_dim);
-        gpu.launch(
-            &gpu.k.attention_prefill[dim_index],
-            (
-                l.max_new.div_ceil(PREFILL_ROWS) as u32,
-                hq as u32,
-                l.seqs as u32,
+        let v2 = gpu.k.attention_prefill_v2[dim_index]
+            .as_ref()
+            .filter(|_| !prefill_v1_forced());
+        // Version 2 puts the query tile last (heaviest tiles of every head
+        // first); version 1 has it first.
+        let (f, grid, threads, smem) = match v2 {
+            Some(f) => (
+                f,
+                (
+                    hq as u32,
+                    l.seqs as u32,
+                    l.max_new.div_ceil(PREFILL_V2_ROWS) as u32,
+                ),
+                PREFILL_V2_THREADS,
+                prefill_v2_smem_bytes(d),
             ),
-            THREADS,
-            prefill_smem_bytes(d),
+            None => (
+                &gpu.k.attention_prefill[dim_index],
+                (
+                    l.max_new.div_ceil(PREFILL_ROWS) as u32,
+                    hq as u32,
+                    l.seqs as u32,
+                ),
+                THREADS,
+                prefill_smem_bytes(d),
+            ),
+        };
+        gpu.launch(
+            f,
+            grid,
+            threads,
+            smem,
             &[
                 Arg::Ptr(self.out),
                 Arg::Ptr(self.q),
@@ -391,6 +468,16 @@ mod tests {
             for bytes in [prefill_smem_bytes(d), decode_smem_bytes(d)] {
                 assert!(2 * bytes <= 228 * 1024 - 4 * 1024, "{d}: {bytes}");
                 assert!(bytes <= 99 * 1024 - 2 * 1024, "{d}: {bytes}");
+            }
+            // Version 2 (with its static rows) fits one block per SM on
+            // Hopper's 227 KiB per block, and sm_121's 99 KiB up to head_dim
+            // 128; it is not loaded where it does not fit.
+            let v2 = prefill_v2_smem_bytes(d) + PREFILL_STATIC_SMEM;
+            assert!(v2 <= 227 * 1024, "{d}: {v2}");
+            if d <= 128 {
+                // Two blocks per SM on Hopper.
+                assert!(2 * (v2 + 1024) <= 228 * 1024, "{d}: {v2}");
+                assert!(v2 <= 99 * 1024, "{d}: {v2}");
             }
         }
     }

@@ -5,7 +5,7 @@ use kestrel_core::{
     RopeSpec, SeqChunk,
 };
 
-use super::{Ctx, Outputs, TOL_ATTENTION, out};
+use super::{Ctx, Outputs, TOL_ATTENTION, out, repeatable};
 
 /// Two steps over two sequences with scattered pages: a prefill of both, then
 /// a decode of one and a further chunk of the other.
@@ -50,6 +50,44 @@ pub fn attention(c: &mut Ctx) {
         attention_decode(c, &shape);
         attention_prefill(c, &shape);
     }
+    for shape in LONG_SHAPES {
+        attention_prefill_long(c, &shape);
+    }
+}
+
+/// One shape per tensor-core head dim, few heads (the CPU reference is the
+/// cost of the long cases), each with GQA.
+const LONG_SHAPES: [AttnShape; 3] = [
+    ("Hq4 Hkv2 D64", 4, 2, 64, 64, 1e4, false),
+    ("Hq8 Hkv2 D128", 8, 2, 128, 128, 1e6, false),
+    ("Hq4 Hkv1 D256 rot64 gate", 4, 1, 256, 64, 1e7, true),
+];
+
+/// A long causal prefill split over two steps, next to short sequences in the
+/// same batches: 1,500 then 1,333 tokens (a chunk on top of 1,500 cached ones,
+/// so query tiles, key tiles and pages are all misaligned with each other),
+/// 77 then 1 (a decode row in a prefill step), 300 then 259, and a 5-token
+/// sequence in the first step only. Lengths end mid-tile and mid-page.
+fn attention_prefill_long(c: &mut Ctx, shape: &AttnShape) {
+    const BS: usize = 16;
+    let totals = [2833, 78, 559, 5];
+    let tables = scattered_tables(c, &totals, BS, 256);
+    let seq = |i: usize, n: usize, cached: usize| SeqChunk {
+        num_tokens: n,
+        cached_len: cached,
+        block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
+        state_slot: 0,
+    };
+    let steps = vec![
+        ForwardBatch {
+            seqs: vec![seq(0, 1500, 0), seq(1, 77, 0), seq(2, 300, 0), seq(3, 5, 0)],
+        },
+        ForwardBatch {
+            seqs: vec![seq(2, 259, 300), seq(0, 1333, 1500), seq(1, 1, 77)],
+        },
+    ];
+    let label = format!("attention prefill long {}", shape.0);
+    check_attention_steps(c, &label, shape, 256, &steps, TOL_ATTENTION);
 }
 
 /// (label, hq, hkv, head_dim, rotary_dim, theta, output gate).
@@ -127,7 +165,8 @@ fn scattered_tables(c: &mut Ctx, lens: &[usize], bs: usize, num_blocks: usize) -
 }
 
 /// Runs `steps` through layer 1 of a fresh two-layer cache on both backends
-/// and records each step's output.
+/// and records each step's output; CUDA runs everything twice (from a fresh
+/// cache) and must repeat bit for bit.
 pub(super) fn check_attention_steps(
     c: &mut Ctx,
     label: &str,
@@ -190,6 +229,13 @@ pub(super) fn check_attention_steps(
         Ok(outs)
     }
     let cpu = run(&c.cpu, &spec, &cache, steps, &inputs, &q_norm, &k_norm);
-    let gpu = run(&c.gpu, &spec, &cache, steps, &inputs, &q_norm, &k_norm);
+    let gpu = run(&c.gpu, &spec, &cache, steps, &inputs, &q_norm, &k_norm).and_then(|first| {
+        let again = run(&c.gpu, &spec, &cache, steps, &inputs, &q_norm, &k_norm)?;
+        first
+            .into_iter()
+            .zip(again)
+            .map(|((name, a), (_, b))| repeatable(&name, a, b))
+            .collect()
+    });
     c.record(label, tol, cpu, gpu);
 }

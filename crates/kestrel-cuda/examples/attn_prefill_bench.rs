@@ -1,0 +1,230 @@
+//! Micro-benchmark of the causal prefill attention (`Backend::attention` on
+//! one sequence with an empty cache) at the shapes of Qwen3.6-35B-A3B
+//! (Hq 16, Hkv 2, head_dim 256, rotary 64, output gate; 8,192 tokens) and
+//! Qwen3-30B-A3B (Hq 32, Hkv 4, head_dim 128; 8,192 and 32,768 tokens).
+//!
+//! The op is the q/k norm + RoPE + KV-write kernel followed by the flash
+//! attention kernel; the first is memory-bound and small (well under 1 % at
+//! these lengths). Per case: one warm-up call, then 5 calls each timed alone
+//! (host wall-clock between stream syncs); the median is reported as ms per
+//! layer and TFLOP/s of causal attention, 4 * T^2 / 2 * D * Hq FLOP. A
+//! checksum of the output's bits is printed: the two kernels are expected to
+//! agree bit for bit (same tiles, same arithmetic order).
+//!
+//! Usage: `attn_prefill_bench [--device N] [--kernel v1|v2]`. Without
+//! `--kernel` it runs itself twice, for the new kernel (v2) and the old one
+//! (v1, `KESTREL_ATTN_PREFILL=v1`), since the choice is read once per process.
+
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use kestrel_core::dummy::dummy_value;
+use kestrel_core::{
+    AttentionSpec, AttentionWeights, Backend, CacheSpec, ForwardBatch, HostTensor, RopeSpec,
+    SeqChunk,
+};
+use kestrel_cuda::CudaBackend;
+
+const BLOCK_SIZE: usize = 16;
+const RUNS: usize = 5;
+
+struct Case {
+    label: &'static str,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    rot: usize,
+    theta: f32,
+    gate: bool,
+    tokens: usize,
+}
+
+const CASES: [Case; 3] = [
+    Case {
+        label: "Qwen3.6 Hq16 Hkv2 D256 rot64 gate",
+        hq: 16,
+        hkv: 2,
+        d: 256,
+        rot: 64,
+        theta: 1e7,
+        gate: true,
+        tokens: 8192,
+    },
+    Case {
+        label: "Qwen3-30B Hq32 Hkv4 D128",
+        hq: 32,
+        hkv: 4,
+        d: 128,
+        rot: 128,
+        theta: 1e6,
+        gate: false,
+        tokens: 8192,
+    },
+    Case {
+        label: "Qwen3-30B Hq32 Hkv4 D128",
+        hq: 32,
+        hkv: 4,
+        d: 128,
+        rot: 128,
+        theta: 1e6,
+        gate: false,
+        tokens: 32768,
+    },
+];
+
+fn main() -> ExitCode {
+    let mut device = 0usize;
+    let mut kernel: Option<String> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--device" => {
+                device = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--device N")
+            }
+            "--kernel" => match args.next() {
+                Some(k) if k == "v1" || k == "v2" => kernel = Some(k),
+                _ => {
+                    eprintln!("--kernel takes v1 or v2");
+                    return ExitCode::from(2);
+                }
+            },
+            _ => {
+                eprintln!("usage: attn_prefill_bench [--device N] [--kernel v1|v2]");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    match kernel {
+        Some(k) => bench(device, &k),
+        None => {
+            // One process per kernel: the selection is read once per process.
+            let exe = std::env::current_exe().expect("own executable");
+            let mut ok = true;
+            for k in ["v2", "v1"] {
+                let status = Command::new(&exe)
+                    .args(["--device", &device.to_string(), "--kernel", k])
+                    .status()
+                    .expect("running the benchmark");
+                ok &= status.success();
+            }
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn bench(device: usize, kernel: &str) -> ExitCode {
+    if kernel == "v1" {
+        // SAFETY: single-threaded here, before anything reads the environment.
+        unsafe { std::env::set_var("KESTREL_ATTN_PREFILL", "v1") };
+    } else {
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("KESTREL_ATTN_PREFILL") };
+    }
+    let gpu = match CudaBackend::new(device) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("no CUDA: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "device: {}  kernel: {kernel}{}",
+        gpu.name(),
+        if kernel == "v1" {
+            " (KESTREL_ATTN_PREFILL=v1)"
+        } else {
+            ""
+        }
+    );
+    for case in &CASES {
+        run_case(&gpu, kernel, case);
+    }
+    ExitCode::SUCCESS
+}
+
+fn run_case(gpu: &CudaBackend, kernel: &str, c: &Case) {
+    let spec = AttentionSpec {
+        num_q_heads: c.hq,
+        num_kv_heads: c.hkv,
+        head_dim: c.d,
+        rope: RopeSpec {
+            theta: c.theta,
+            rotary_dim: c.rot,
+        },
+        norm_eps: 1e-6,
+        output_gate: c.gate,
+        scale: (c.d as f32).powf(-0.5),
+    };
+    let t = c.tokens;
+    let pages = t.div_ceil(BLOCK_SIZE);
+    let mut cache = gpu
+        .new_cache(&CacheSpec {
+            attn_layers: 1,
+            num_blocks: pages,
+            block_size: BLOCK_SIZE,
+            num_kv_heads: c.hkv,
+            head_dim: c.d,
+            gdn_layers: 0,
+            num_state_slots: 0,
+            gdn: None,
+        })
+        .expect("cache");
+    let ones = HostTensor::from_f32(vec![c.d], &vec![1.0; c.d]);
+    let w = AttentionWeights {
+        q_norm: gpu.upload(&ones).expect("q_norm"),
+        k_norm: gpu.upload(&ones).expect("k_norm"),
+    };
+    // The projection (q, [gate,] k, v) of every token: dummy values in [-1, 1).
+    let width = spec.proj_width();
+    let x: Vec<f32> = (0..(t * width) as u64)
+        .map(|i| dummy_value(11, i, 0.0, 1.0))
+        .collect();
+    let proj = gpu.from_host(t, width, &x);
+    drop(x);
+    let batch = ForwardBatch {
+        seqs: vec![SeqChunk {
+            num_tokens: t,
+            cached_len: 0,
+            block_table: (0..pages as u32).collect(),
+            state_slot: 0,
+        }],
+    };
+
+    // Warm-up (module loading, allocator pools), whose output is checksummed.
+    let out = gpu.attention(&proj, &w, &spec, &mut cache, 0, &batch);
+    gpu.synchronize().expect("warm-up");
+    let checksum = gpu
+        .to_host(&out)
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+            (h ^ v.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
+        });
+    drop(out);
+
+    let mut ms: Vec<f64> = (0..RUNS)
+        .map(|_| {
+            gpu.synchronize().expect("sync");
+            let t0 = Instant::now();
+            drop(gpu.attention(&proj, &w, &spec, &mut cache, 0, &batch));
+            gpu.synchronize().expect("timed call");
+            t0.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    let median = ms[RUNS / 2];
+    let flops = 4.0 * (t as f64) * (t as f64) / 2.0 * c.d as f64 * c.hq as f64;
+    println!(
+        "{kernel} {:<34} T={t:<6} {median:>9.3} ms/layer {:>7.1} TFLOP/s  (min {:.3} max {:.3} ms)  checksum {checksum:016x}",
+        c.label,
+        flops / (median * 1e-3) / 1e12,
+        ms[0],
+        ms[RUNS - 1],
+    );
+}
