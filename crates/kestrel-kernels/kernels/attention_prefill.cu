@@ -15,6 +15,139 @@ __device__ __forceinline__ int swz(int row, int ch) {
     return row * (D / 8) + (ch ^ (row & 7));
 }
 
+// ---- pieces shared by both versions (one warp = 16 query rows) ------------
+
+// The Q rows [row0, row0 + ROWS) of the chunk as bf16 into the swizzled tile
+// (rows past the chunk are zero and never written out).
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_q_tile(uint4* __restrict__ sq, const float* __restrict__ q, int t0, int row0,
+                                            int n_new, int hq, int h) {
+    constexpr int CH = D / 8;
+    for (int idx = threadIdx.x; idx < ROWS * CH; idx += THREADS) {
+        const int r = idx / CH, ch = idx % CH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (row0 + r < n_new) {
+            const float4* src = reinterpret_cast<const float4*>(q + ((size_t)(t0 + row0 + r) * hq + h) * D + ch * 8);
+            const float4 a = src[0], b = src[1];
+            v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+        }
+        sq[swz<D>(r, ch)] = v;
+    }
+}
+
+// sc = this warp's 16 query rows . the tile's PF_KEYS keys.
+template <int D>
+__device__ __forceinline__ void qk_scores(float (&sc)[PF_KEYS / 8][4], const uint4* sq, const uint4* sk, int warp,
+                                          int lane) {
+#pragma unroll
+    for (int nt = 0; nt < PF_KEYS / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, smem_addr(sq + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+#pragma unroll
+        for (int jp = 0; jp < PF_KEYS / 16; ++jp) {
+            uint32_t b[4];
+            ldmatrix_x4(b, smem_addr(sk + swz<D>(jp * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + ((lane >> 3) & 1))));
+            mma_bf16(sc[2 * jp], a, b[0], b[1]);
+            mma_bf16(sc[2 * jp + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// Scale, causal mask (only tiles that reach past row g's position pos0),
+// online softmax: sc becomes P (unnormalised, base 2); m, l and o are updated.
+// The O rescale is skipped when no row of the warp raised its max (exact:
+// it would multiply by 1).
+template <int D>
+__device__ __forceinline__ void online_softmax(float (&sc)[PF_KEYS / 8][4], float (&o)[D / 8][4], float (&m)[2],
+                                               float (&l)[2], int kb, int pos0, int c, float scale_log2) {
+    const bool diagonal = kb + PF_KEYS - 1 > pos0;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < PF_KEYS / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v = sc[nt][e] * scale_log2;
+            if (diagonal && kb + 8 * nt + 2 * c + (e & 1) > pos0 + (e >> 1) * 8) v = -INFINITY;
+            sc[nt][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m[r], quad_max(mx[r]));
+        // A row with no key yet (never the case for a real row after tile 0) stays neutral.
+        base[r] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[r] = exp2f(m[r] - base[r]);
+        m[r] = m_new;
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < PF_KEYS / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
+            l[e >> 1] += sc[nt][e];
+        }
+    if (__any_sync(FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            o[nt][0] *= alpha[0];
+            o[nt][1] *= alpha[0];
+            o[nt][2] *= alpha[1];
+            o[nt][3] *= alpha[1];
+        }
+    }
+}
+
+// o += P . V, P straight from the score accumulators (no shuffles).
+template <int D>
+__device__ __forceinline__ void pv_accumulate(float (&o)[D / 8][4], const float (&sc)[PF_KEYS / 8][4],
+                                              const uint4* sv, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < PF_KEYS / 16; ++kk) {
+        const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                               pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, smem_addr(sv + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                                       2 * np + (lane >> 4))));
+            mma_bf16(o[2 * np], a, b[0], b[1]);
+            mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// Rows g and g + 8 of the warp whose first row is wrow0: O / l, times the
+// sigmoid of the output gate when there is one (gate_offset >= 0).
+template <int D>
+__device__ __forceinline__ void store_rows(float* __restrict__ out, const float (&o)[D / 8][4], const float (&l)[2],
+                                           int wrow0, int g, int c, int n_new, int t0, int hq, int h,
+                                           const float* __restrict__ proj, int proj_stride, int gate_offset) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = wrow0 + g + 8 * r;
+        if (row >= n_new) continue;
+        const float inv_l = 1.f / quad_sum(l[r]);
+        const size_t t = t0 + row;
+        float* dst = out + (t * hq + h) * D + 2 * c;
+        const float* gate = proj + t * proj_stride + max(gate_offset, 0) + h * D + 2 * c;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            float2 v = make_float2(o[nt][2 * r] * inv_l, o[nt][2 * r + 1] * inv_l);
+            if (gate_offset >= 0) {
+                const float2 gt = *reinterpret_cast<const float2*>(gate + nt * 8);
+                v.x *= sigmoidf_exact(gt.x);
+                v.y *= sigmoidf_exact(gt.y);
+            }
+            *reinterpret_cast<float2*>(dst + nt * 8) = v;
+        }
+    }
+}
+
 // One block = 64 new tokens of one sequence for one q head.
 // Grid (ceil(max_new / 64), hq, S), block 128, dynamic shared memory
 // 3 * 64 * D * 2 bytes (Q, K and V tiles).
@@ -68,17 +201,7 @@ __device__ __forceinline__ void prefill_tile(float* __restrict__ out, const floa
         }
     };
 
-    // Q tile as bf16 (rows past the chunk are zero and never written out).
-    for (int idx = tid; idx < PF_ROWS * CH; idx += PF_THREADS) {
-        const int r = idx / CH, ch = idx % CH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row0 + r < n_new) {
-            const float4* src = reinterpret_cast<const float4*>(q + ((size_t)(t0 + row0 + r) * hq + h) * D + ch * 8);
-            const float4 a = src[0], b = src[1];
-            v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
-        }
-        sq[swz<D>(r, ch)] = v;
-    }
+    load_q_tile<D, PF_ROWS, PF_THREADS>(sq, q, t0, row0, n_new, hq, h);
     stage_rows(0, 0);
     __syncthreads();
     load_tile(sk, k_cache, 0);
@@ -101,102 +224,22 @@ __device__ __forceinline__ void prefill_tile(float* __restrict__ out, const floa
         __syncthreads();
 
         float sc[PF_KEYS / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < PF_KEYS / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-            uint32_t a[4];
-            ldmatrix_x4(a, smem_addr(sq + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
-#pragma unroll
-            for (int jp = 0; jp < PF_KEYS / 16; ++jp) {
-                uint32_t b[4];
-                ldmatrix_x4(b, smem_addr(sk + swz<D>(jp * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                     2 * ks + ((lane >> 3) & 1))));
-                mma_bf16(sc[2 * jp], a, b[0], b[1]);
-                mma_bf16(sc[2 * jp + 1], a, b[2], b[3]);
-            }
-        }
+        qk_scores<D>(sc, sq, sk, warp, lane);
 
         if (it + 1 < n_tiles) stage_rows((it + 1) & 1, kb + PF_KEYS);
         __syncthreads();  // every warp is done with K; the next tile's rows are staged
         if (it + 1 < n_tiles) load_tile(sk, k_cache, (it + 1) & 1);
         cp_async_commit();  // possibly empty: keeps the group count uniform
 
-        // Scale, causal mask (only tiles that reach past row g's position), online softmax.
-        const bool diagonal = kb + PF_KEYS - 1 > pos0;
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < PF_KEYS / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float v = sc[nt][e] * scale_log2;
-                if (diagonal && kb + 8 * nt + 2 * c + (e & 1) > pos0 + (e >> 1) * 8) v = -INFINITY;
-                sc[nt][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        float alpha[2], base[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float m_new = fmaxf(m[r], quad_max(mx[r]));
-            // A row with no key yet (never the case for a real row after tile 0) stays neutral.
-            base[r] = m_new == -INFINITY ? 0.f : m_new;
-            alpha[r] = exp2f(m[r] - base[r]);
-            m[r] = m_new;
-            l[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int nt = 0; nt < PF_KEYS / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
-                l[e >> 1] += sc[nt][e];
-            }
-#pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
-            o[nt][0] *= alpha[0];
-            o[nt][1] *= alpha[0];
-            o[nt][2] *= alpha[1];
-            o[nt][3] *= alpha[1];
-        }
+        online_softmax<D>(sc, o, m, l, kb, pos0, c, scale_log2);
 
         cp_async_wait<1>();  // V(it) has landed (the next K may still be in flight)
         __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < PF_KEYS / 16; ++kk) {
-            const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                                   pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                   pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, smem_addr(sv + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                                           2 * np + (lane >> 4))));
-                mma_bf16(o[2 * np], a, b[0], b[1]);
-                mma_bf16(o[2 * np + 1], a, b[2], b[3]);
-            }
-        }
+        pv_accumulate<D>(o, sc, sv, lane);
         __syncthreads();  // every warp is done with V before the next copy into it
     }
 
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = row0 + warp * 16 + g + 8 * r;
-        if (row >= n_new) continue;
-        const float inv_l = 1.f / quad_sum(l[r]);
-        const size_t t = t0 + row;
-        float* dst = out + (t * hq + h) * D + 2 * c;
-        const float* gate = proj + t * proj_stride + max(gate_offset, 0) + h * D + 2 * c;
-#pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
-            float2 v = make_float2(o[nt][2 * r] * inv_l, o[nt][2 * r + 1] * inv_l);
-            if (gate_offset >= 0) {
-                const float2 gt = *reinterpret_cast<const float2*>(gate + nt * 8);
-                v.x *= sigmoidf_exact(gt.x);
-                v.y *= sigmoidf_exact(gt.y);
-            }
-            *reinterpret_cast<float2*>(dst + nt * 8) = v;
-        }
-    }
+    store_rows<D>(out, o, l, row0 + warp * 16, g, c, n_new, t0, hq, h, proj, proj_stride, gate_offset);
 }
 
 #define PREFILL_KERNEL(D)                                                                                         \
@@ -227,8 +270,7 @@ PREFILL_KERNEL(256)
 //   streams in during all of tile it's math, with two barriers per tile
 //   instead of four and no wait for V between S and P.V.
 // - A warp skips a tile that lies wholly above its causal diagonal (exact:
-//   such a tile changes neither m, l nor O), and the O rescale is skipped when
-//   no row of the warp raised its max (multiplying by 1 is exact).
+//   such a tile changes neither m, l nor O).
 // - Query tiles are the slowest grid dimension, heaviest first, so the
 //   longest blocks of every head start in the first wave instead of the
 //   last heads' longest blocks starting in the last wave.
@@ -290,17 +332,7 @@ __device__ __forceinline__ void prefill_tile_v2(float* __restrict__ out, const f
         }
     };
 
-    // Q tile as bf16 (rows past the chunk are zero and never written out).
-    for (int idx = tid; idx < PF2_ROWS * CH; idx += PF2_THREADS) {
-        const int r = idx / CH, ch = idx % CH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row0 + r < n_new) {
-            const float4* src = reinterpret_cast<const float4*>(q + ((size_t)(t0 + row0 + r) * hq + h) * D + ch * 8);
-            const float4 a = src[0], b = src[1];
-            v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
-        }
-        sq[swz<D>(r, ch)] = v;
-    }
+    load_q_tile<D, PF2_ROWS, PF2_THREADS>(sq, q, t0, row0, n_new, hq, h);
     const int n_tiles = (kv_end + PF_KEYS - 1) / PF_KEYS;
     stage_rows(0, 0);
     if (n_tiles > 1) stage_rows(1, PF_KEYS);
@@ -331,96 +363,13 @@ __device__ __forceinline__ void prefill_tile_v2(float* __restrict__ out, const f
         const uint4* sv = sk + TILE;
 
         float sc[PF_KEYS / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < PF_KEYS / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-            uint32_t a[4];
-            ldmatrix_x4(a, smem_addr(sq + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
-#pragma unroll
-            for (int jp = 0; jp < PF_KEYS / 16; ++jp) {
-                uint32_t b[4];
-                ldmatrix_x4(b, smem_addr(sk + swz<D>(jp * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                     2 * ks + ((lane >> 3) & 1))));
-                mma_bf16(sc[2 * jp], a, b[0], b[1]);
-                mma_bf16(sc[2 * jp + 1], a, b[2], b[3]);
-            }
-        }
-
-        // Scale, causal mask (only tiles that reach past row g's position), online softmax.
-        const bool diagonal = kb + PF_KEYS - 1 > pos0;
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < PF_KEYS / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float v = sc[nt][e] * scale_log2;
-                if (diagonal && kb + 8 * nt + 2 * c + (e & 1) > pos0 + (e >> 1) * 8) v = -INFINITY;
-                sc[nt][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        float alpha[2], base[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float m_new = fmaxf(m[r], quad_max(mx[r]));
-            base[r] = m_new == -INFINITY ? 0.f : m_new;
-            alpha[r] = exp2f(m[r] - base[r]);
-            m[r] = m_new;
-            l[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int nt = 0; nt < PF_KEYS / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
-                l[e >> 1] += sc[nt][e];
-            }
-        if (__any_sync(FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                o[nt][0] *= alpha[0];
-                o[nt][1] *= alpha[0];
-                o[nt][2] *= alpha[1];
-                o[nt][3] *= alpha[1];
-            }
-        }
-
-#pragma unroll
-        for (int kk = 0; kk < PF_KEYS / 16; ++kk) {
-            const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                                   pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                   pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, smem_addr(sv + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                                           2 * np + (lane >> 4))));
-                mma_bf16(o[2 * np], a, b[0], b[1]);
-                mma_bf16(o[2 * np + 1], a, b[2], b[3]);
-            }
-        }
+        qk_scores<D>(sc, sq, sk, warp, lane);
+        online_softmax<D>(sc, o, m, l, kb, pos0, c, scale_log2);
+        pv_accumulate<D>(o, sc, sv, lane);
     }
     cp_async_wait<0>();  // nothing may be in flight into shared memory at exit
 
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = wrow0 + g + 8 * r;
-        if (row >= n_new) continue;
-        const float inv_l = 1.f / quad_sum(l[r]);
-        const size_t t = t0 + row;
-        float* dst = out + (t * hq + h) * D + 2 * c;
-        const float* gate = proj + t * proj_stride + max(gate_offset, 0) + h * D + 2 * c;
-#pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
-            float2 v = make_float2(o[nt][2 * r] * inv_l, o[nt][2 * r + 1] * inv_l);
-            if (gate_offset >= 0) {
-                const float2 gt = *reinterpret_cast<const float2*>(gate + nt * 8);
-                v.x *= sigmoidf_exact(gt.x);
-                v.y *= sigmoidf_exact(gt.y);
-            }
-            *reinterpret_cast<float2*>(dst + nt * 8) = v;
-        }
-    }
+    store_rows<D>(out, o, l, wrow0, g, c, n_new, t0, hq, h, proj, proj_stride, gate_offset);
 }
 
 // Blocks per SM: two at D <= 128 (96 KiB of tiles each at most; at D = 128 the

@@ -13,17 +13,10 @@ pub fn matmul(c: &mut Ctx) {
     ] {
         let x = c.data.randn(rows * k, 1.0);
         let w = c.data.mat_other(&[n, k], 0.05, dtype);
-        fn run<B: Backend>(
-            b: &B,
-            rows: usize,
-            k: usize,
-            x: &[f32],
-            w: &HostTensor,
-        ) -> Result<Outputs> {
-            let w = b.upload(w)?;
-            Ok(vec![out(b, "out", &b.matmul(&b.from_host(rows, k, x), &w))])
-        }
-        let (cpu, gpu) = (run(&c.cpu, rows, k, &x, &w), run(&c.gpu, rows, k, &x, &w));
+        let (cpu, gpu) = (
+            run_matmul(&c.cpu, rows, k, &x, &w),
+            run_matmul(&c.gpu, rows, k, &x, &w),
+        );
         // Non-bf16 checkpoints are rounded to bf16 on the GPU: same tolerance,
         // the rounding of x already dominates.
         c.record(
@@ -34,6 +27,18 @@ pub fn matmul(c: &mut Ctx) {
         );
     }
     matmul_decode(c);
+}
+
+/// `x [rows, k] @ w^T` on backend `b`.
+pub(super) fn run_matmul<B: Backend>(
+    b: &B,
+    rows: usize,
+    k: usize,
+    x: &[f32],
+    w: &HostTensor,
+) -> Result<Outputs> {
+    let w = b.upload(w)?;
+    Ok(vec![out(b, "out", &b.matmul(&b.from_host(rows, k, x), &w))])
 }
 
 /// Decode-sized products (1..8 rows), which take the `gemv` kernels: shapes of

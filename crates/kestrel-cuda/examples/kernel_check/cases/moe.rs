@@ -41,20 +41,9 @@ pub fn moe(c: &mut Ctx) {
         };
         let x = c.data.randn(t * h, 1.0);
         let w = random_weights(c, &spec, h, shared_gate);
-        fn run<B: Backend>(
-            b: &B,
-            spec: &MoeSpec,
-            t: usize,
-            h: usize,
-            x: &[f32],
-            w: &MoeWeights<HostTensor>,
-        ) -> Result<Outputs> {
-            let w = upload(b, w)?;
-            Ok(vec![out(b, "out", &b.moe(&b.from_host(t, h, x), &w, spec))])
-        }
         let (cpu, gpu) = (
-            run(&c.cpu, &spec, t, h, &x, &w),
-            run(&c.gpu, &spec, t, h, &x, &w),
+            run_block(&c.cpu, &spec, t, h, &x, &w),
+            run_block(&c.gpu, &spec, t, h, &x, &w),
         );
         c.record(&format!("moe {label}"), TOL_MOE, cpu, gpu);
     }
@@ -65,10 +54,12 @@ pub fn moe(c: &mut Ctx) {
 /// Prefill-sized MoE blocks (more than 8 tokens), which route on the device
 /// and run the experts as grouped tensor-core GEMMs: Qwen3.6- and Qwen3-30B-
 /// like layouts scaled down at 9..2000 tokens (partial tiles, experts with
-/// one token and with many), a shape whose dimensions are multiples of 8 but
-/// not of 64 (K and N tails), and a routing skewed onto one expert that also
-/// leaves experts unpicked. Each block runs twice and the two results must
-/// be bit-identical.
+/// one token and with many), the full Qwen3.6 expert shape (H 2048, I 512,
+/// 256 experts top-8, gated shared expert of 512) at 1,000 tokens (every
+/// expert tile partial), two shapes whose dimensions are multiples of 8 but
+/// not of 64 or 128 (row, K and N tails of the GEMM tiles), and a
+/// routing skewed onto one expert that also leaves experts unpicked. Each
+/// block runs twice and the two results must be bit-identical.
 ///
 /// Two experts whose logits differ by about the f32 rounding (~1e-6) at the
 /// k-th place would be picked differently by the reference and the kernels
@@ -76,7 +67,9 @@ pub fn moe(c: &mut Ctx) {
 /// router weights are multiples of 2^-10 below 1/2 and, from 700 tokens on,
 /// the inputs multiples of 1/4 below 8: every logit is then a multiple of
 /// 2^-12 below 2^11 (H <= 512), exact in f32 whatever the summation order,
-/// and ties go to the lower index in both.
+/// and ties go to the lower index in both. Above H = 512 the router weights
+/// are multiples of 2^-9 below 1/4 instead: multiples of 2^-11 below 2^12
+/// (H <= 2048), again within f32's 24 bits.
 fn moe_prefill(c: &mut Ctx) {
     // (label, E, k, I, H, renormalise, shared I, shared gate, skewed)
     type Config = (
@@ -90,7 +83,7 @@ fn moe_prefill(c: &mut Ctx) {
         bool,
         bool,
     );
-    let configs: [(Config, &[usize]); 4] = [
+    let configs: [(Config, &[usize]); 6] = [
         (
             (
                 "3.6-like E64 k8 renorm shared+gate",
@@ -135,6 +128,34 @@ fn moe_prefill(c: &mut Ctx) {
         ),
         (
             (
+                "tails E24 k6 I168 H328 renorm shared Is136+gate",
+                24,
+                6,
+                168,
+                328,
+                true,
+                Some(136),
+                true,
+                false,
+            ),
+            &[300, 1100],
+        ),
+        (
+            (
+                "Qwen3.6 E256 k8 I512 renorm shared Is512+gate",
+                256,
+                8,
+                512,
+                2048,
+                true,
+                Some(512),
+                true,
+                false,
+            ),
+            &[1000],
+        ),
+        (
+            (
                 "skewed E64 k4 shared+gate",
                 64,
                 4,
@@ -170,8 +191,14 @@ fn moe_prefill(c: &mut Ctx) {
                 r.iter_mut().for_each(|v| *v += bias);
             }
         }
+        assert!(h <= 2048, "the exact-logit argument above covers H <= 2048");
+        let (steps, top) = if h <= 512 {
+            (1024.0, 511.0)
+        } else {
+            (512.0, 127.0)
+        };
         for v in &mut router {
-            *v = ((*v * 1024.0).round() / 1024.0).clamp(-511.0 / 1024.0, 511.0 / 1024.0);
+            *v = ((*v * steps).round() / steps).clamp(-top / steps, top / steps);
         }
         let w = MoeWeights {
             router: crate::data::bf16_tensor(&[e, h], &router),
@@ -332,6 +359,19 @@ fn moe_decode(c: &mut Ctx) {
             c.record(&format!("moe decode {label} H{h} T{t}"), TOL_MOE, cpu, gpu);
         }
     }
+}
+
+/// One MoE block over `t` tokens of width `h` on backend `b`.
+pub(super) fn run_block<B: Backend>(
+    b: &B,
+    spec: &MoeSpec,
+    t: usize,
+    h: usize,
+    x: &[f32],
+    w: &MoeWeights<HostTensor>,
+) -> Result<Outputs> {
+    let w = upload(b, w)?;
+    Ok(vec![out(b, "out", &b.moe(&b.from_host(t, h, x), &w, spec))])
 }
 
 /// The block's weights on backend `b`.

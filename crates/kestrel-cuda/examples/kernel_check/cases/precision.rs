@@ -2,11 +2,12 @@
 //! blocks and attention over an f32 KV cache must match the CPU backend to
 //! f32 rounding, not just bf16 tolerance.
 
-use kestrel_core::{Backend, DType, HostTensor, MoeSpec, MoeWeights, Result};
+use kestrel_core::{Backend, DType, HostTensor, MoeSpec, Result};
 use kestrel_cuda::Precision;
 
 use super::attention::{AttnShape, attention_steps, check_attention_steps};
-use super::moe::{random_weights, upload};
+use super::matmul::run_matmul;
+use super::moe::{random_weights, run_block};
 use super::{Ctx, Outputs, out};
 
 /// f32 arithmetic in a different order, through chained products, softmax
@@ -46,13 +47,11 @@ fn matmul_rows(c: &mut Ctx) {
             x: &[f32],
             w: &HostTensor,
         ) -> Result<Outputs> {
-            let w = b.upload(w)?;
+            let mut outs = run_matmul(b, rows, k, x, w)?;
+            // The rows of w through the embedding kernel: exact.
             let ids: Vec<u32> = (0..rows as u32).collect();
-            Ok(vec![
-                out(b, "out", &b.matmul(&b.from_host(rows, k, x), &w)),
-                // The rows of w through the embedding kernel: exact.
-                out(b, "embedding", &b.embedding(&w, &ids)),
-            ])
+            outs.push(out(b, "embedding", &b.embedding(&b.upload(w)?, &ids)));
+            Ok(outs)
         }
         let (cpu, gpu) = (run(&c.cpu, rows, k, &x, &w), run(&c.gpu, rows, k, &x, &w));
         c.record(
@@ -88,20 +87,9 @@ fn moe_tokens(c: &mut Ctx) {
         };
         let x = c.data.randn(t * h, 1.0);
         let w = random_weights(c, &spec, h, gated);
-        fn run<B: Backend>(
-            b: &B,
-            spec: &MoeSpec,
-            t: usize,
-            h: usize,
-            x: &[f32],
-            w: &MoeWeights<HostTensor>,
-        ) -> Result<Outputs> {
-            let w = upload(b, w)?;
-            Ok(vec![out(b, "out", &b.moe(&b.from_host(t, h, x), &w, spec))])
-        }
         let (cpu, gpu) = (
-            run(&c.cpu, &spec, t, h, &x, &w),
-            run(&c.gpu, &spec, t, h, &x, &w),
+            run_block(&c.cpu, &spec, t, h, &x, &w),
+            run_block(&c.gpu, &spec, t, h, &x, &w),
         );
         c.record(&format!("f32 moe {label}"), TOL_REFERENCE, cpu, gpu);
     }
