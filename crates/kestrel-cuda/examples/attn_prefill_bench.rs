@@ -11,8 +11,8 @@
 //! checksum of the output's bits is printed: the two kernels are expected to
 //! agree bit for bit (same tiles, same arithmetic order).
 //!
-//! Usage: `attn_prefill_bench [--device N] [--kernel v1|v2]`. Without
-//! `--kernel` it runs itself twice, for the new kernel (v2) and the old one
+//! Usage: `attn_prefill_bench [--device N] [--v1 | --v2]`. With neither it
+//! runs itself twice, for the new kernel (v2) and the old one
 //! (v1, `KESTREL_ATTN_PREFILL=v1`), since the choice is read once per process.
 
 use std::process::{Command, ExitCode};
@@ -24,6 +24,9 @@ use kestrel_core::{
     SeqChunk,
 };
 use kestrel_cuda::CudaBackend;
+
+#[path = "common/bench_args.rs"]
+mod bench_args;
 
 const BLOCK_SIZE: usize = 16;
 const RUNS: usize = 5;
@@ -72,67 +75,42 @@ const CASES: [Case; 3] = [
     },
 ];
 
-fn main() -> ExitCode {
-    let mut device = 0usize;
-    let mut kernel: Option<String> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--device" => {
-                device = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .expect("--device N")
-            }
-            "--kernel" => match args.next() {
-                Some(k) if k == "v1" || k == "v2" => kernel = Some(k),
-                _ => {
-                    eprintln!("--kernel takes v1 or v2");
-                    return ExitCode::from(2);
-                }
-            },
-            _ => {
-                eprintln!("usage: attn_prefill_bench [--device N] [--kernel v1|v2]");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    match kernel {
-        Some(k) => bench(device, &k),
-        None => {
-            // One process per kernel: the selection is read once per process.
-            let exe = std::env::current_exe().expect("own executable");
-            let mut ok = true;
-            for k in ["v2", "v1"] {
-                let status = Command::new(&exe)
-                    .args(["--device", &device.to_string(), "--kernel", k])
-                    .status()
-                    .expect("running the benchmark");
-                ok &= status.success();
-            }
-            if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-    }
-}
+const V1: bench_args::Switch = bench_args::Switch {
+    flag: "--v1",
+    var: "KESTREL_ATTN_PREFILL",
+    value: "v1",
+};
+const V2: bench_args::Switch = bench_args::Switch {
+    flag: "--v2",
+    var: "KESTREL_ATTN_PREFILL",
+    value: "v2",
+};
 
-fn bench(device: usize, kernel: &str) -> ExitCode {
-    if kernel == "v1" {
-        // SAFETY: single-threaded here, before anything reads the environment.
-        unsafe { std::env::set_var("KESTREL_ATTN_PREFILL", "v1") };
+fn main() -> ExitCode {
+    let args = bench_args::parse("attn_prefill_bench [--device N] [--v1 | --v2]", &[V1, V2]);
+    let kernel = if args.has("--v1") {
+        "v1"
+    } else if args.has("--v2") {
+        "v2"
     } else {
-        // SAFETY: as above.
-        unsafe { std::env::remove_var("KESTREL_ATTN_PREFILL") };
-    }
-    let gpu = match CudaBackend::new(device) {
-        Ok(g) => g,
-        Err(e) => {
-            println!("no CUDA: {e}");
-            return ExitCode::FAILURE;
+        // One process per kernel: the selection is read once per process.
+        let exe = std::env::current_exe().expect("own executable");
+        let mut ok = true;
+        for flag in [V2.flag, V1.flag] {
+            let status = Command::new(&exe)
+                .args(["--device", &args.device.to_string(), flag])
+                .status()
+                .expect("running the benchmark");
+            ok &= status.success();
         }
+        return if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    };
+    let Some(gpu) = bench_args::open(args.device) else {
+        return ExitCode::FAILURE;
     };
     println!(
         "device: {}  kernel: {kernel}{}",

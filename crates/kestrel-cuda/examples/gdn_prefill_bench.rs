@@ -17,7 +17,6 @@ use std::time::Instant;
 
 use kestrel_core::dummy::dummy_value;
 use kestrel_core::{Backend, CacheSpec, DType, ForwardBatch, GdnSpec, GdnWeights, SeqChunk};
-use kestrel_cuda::CudaBackend;
 use kestrel_models::ModelConfig;
 use kestrel_models::blocks::gdn::gdn_spec;
 
@@ -26,35 +25,21 @@ fn flops(chunks: usize) -> f64 {
     2.0 * 4.5e6 * chunks as f64
 }
 
+#[path = "common/bench_args.rs"]
+mod bench_args;
+
 fn main() {
-    let mut device = 0;
-    let mut f32_path = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--device" => {
-                device = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .expect("--device N")
-            }
-            "--f32" => f32_path = true,
-            _ => {
-                eprintln!("usage: gdn_prefill_bench [--device N] [--f32]");
-                std::process::exit(2);
-            }
-        }
-    }
-    if f32_path {
-        // SAFETY: single-threaded here, before anything reads the environment.
-        unsafe { std::env::set_var("KESTREL_GDN_PREFILL", "f32") };
-    }
-    let gpu = match CudaBackend::new(device) {
-        Ok(g) => g,
-        Err(e) => {
-            println!("no CUDA: {e}");
-            return;
-        }
+    let args = bench_args::parse(
+        "gdn_prefill_bench [--device N] [--f32]",
+        &[bench_args::Switch {
+            flag: "--f32",
+            var: "KESTREL_GDN_PREFILL",
+            value: "f32",
+        }],
+    );
+    let f32_path = args.has("--f32");
+    let Some(gpu) = bench_args::open(args.device) else {
+        return;
     };
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/qwen3.6-35b-a3b/config.json");

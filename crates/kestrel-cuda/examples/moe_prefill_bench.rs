@@ -13,8 +13,9 @@
 use std::time::Instant;
 
 use kestrel_core::{Backend, MoeSpec};
-use kestrel_cuda::CudaBackend;
 
+#[path = "common/bench_args.rs"]
+mod bench_args;
 #[path = "common/moe_layers.rs"]
 mod moe_layers;
 use moe_layers::{inputs, moe_layer, target_models};
@@ -27,34 +28,17 @@ fn flops(spec: &MoeSpec, h: usize, t: usize) -> f64 {
 }
 
 fn main() {
-    let mut device = 0;
-    let mut host = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--device" => {
-                device = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .expect("--device N")
-            }
-            "--host" => host = true,
-            _ => {
-                eprintln!("usage: moe_prefill_bench [--device N] [--host]");
-                std::process::exit(2);
-            }
-        }
-    }
-    if host {
-        // SAFETY: single-threaded here, before anything reads the environment.
-        unsafe { std::env::set_var("KESTREL_MOE_PREFILL", "host") };
-    }
-    let gpu = match CudaBackend::new(device) {
-        Ok(g) => g,
-        Err(e) => {
-            println!("no CUDA: {e}");
-            return;
-        }
+    let args = bench_args::parse(
+        "moe_prefill_bench [--device N] [--host]",
+        &[bench_args::Switch {
+            flag: "--host",
+            var: "KESTREL_MOE_PREFILL",
+            value: "host",
+        }],
+    );
+    let host = args.has("--host");
+    let Some(gpu) = bench_args::open(args.device) else {
+        return;
     };
     println!(
         "device: {}  path: {}",

@@ -1,0 +1,75 @@
+//! Command-line handling shared by the micro-benchmarks: `--device N`, named
+//! switches that select an older code path through its environment variable,
+//! and opening the CUDA backend.
+
+use kestrel_cuda::CudaBackend;
+
+/// A switch: its flag and the environment variable (and value) it sets. The
+/// backend reads such variables once, when it starts, so they are set before.
+pub struct Switch {
+    pub flag: &'static str,
+    pub var: &'static str,
+    pub value: &'static str,
+}
+
+pub struct BenchArgs {
+    pub device: usize,
+    /// Flags of the switches given.
+    pub on: Vec<&'static str>,
+}
+
+impl BenchArgs {
+    pub fn has(&self, flag: &str) -> bool {
+        self.on.contains(&flag)
+    }
+}
+
+/// Parses `--device N` and the switches (exits with status 2 and the usage
+/// line on anything else), then sets each given switch's variable and clears
+/// the others', so the process runs exactly the selected paths.
+pub fn parse(usage: &str, switches: &[Switch]) -> BenchArgs {
+    let mut args = BenchArgs {
+        device: 0,
+        on: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        if a == "--device" {
+            match it.next().and_then(|v| v.parse().ok()) {
+                Some(d) => args.device = d,
+                None => fail(usage),
+            }
+        } else if let Some(s) = switches.iter().find(|s| s.flag == a) {
+            args.on.push(s.flag);
+        } else {
+            fail(usage);
+        }
+    }
+    for s in switches {
+        // SAFETY: single-threaded here, before anything reads the environment.
+        unsafe {
+            if args.has(s.flag) {
+                std::env::set_var(s.var, s.value);
+            } else {
+                std::env::remove_var(s.var);
+            }
+        }
+    }
+    args
+}
+
+fn fail(usage: &str) -> ! {
+    eprintln!("usage: {usage}");
+    std::process::exit(2);
+}
+
+/// The backend on `device`, or `None` after saying why there is none.
+pub fn open(device: usize) -> Option<CudaBackend> {
+    match CudaBackend::new(device) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            println!("no CUDA: {e}");
+            None
+        }
+    }
+}
