@@ -65,12 +65,7 @@ pub fn gated_delta_net(c: &mut Ctx) {
         inputs: &[Vec<f32>],
         w: &GdnWeights<HostTensor>,
     ) -> Result<Outputs> {
-        let w = GdnWeights {
-            conv: b.upload(&w.conv)?,
-            a_log: b.upload(&w.a_log)?,
-            dt_bias: b.upload(&w.dt_bias)?,
-            norm: b.upload(&w.norm)?,
-        };
+        let w = upload(b, w)?;
         let mut cache = b.new_cache(cache)?;
         for slot in 0..4 {
             b.zero_state(&mut cache, slot);
@@ -179,12 +174,7 @@ fn run_layer1<B: Backend>(
     inputs: &[Vec<f32>],
     w: &GdnWeights<HostTensor>,
 ) -> Result<Outputs> {
-    let w = GdnWeights {
-        conv: b.upload(&w.conv)?,
-        a_log: b.upload(&w.a_log)?,
-        dt_bias: b.upload(&w.dt_bias)?,
-        norm: b.upload(&w.norm)?,
-    };
+    let w = upload(b, w)?;
     let slots = cache.num_state_slots as u32;
     let mut cache = b.new_cache(cache)?;
     for slot in 0..slots {
@@ -294,4 +284,14 @@ fn gdn_long_prefill(c: &mut Ctx) {
         cpu,
         gpu,
     );
+}
+
+/// The layer's weights on backend `b`.
+fn upload<B: Backend>(b: &B, w: &GdnWeights<HostTensor>) -> Result<GdnWeights<B::Weight>> {
+    Ok(GdnWeights {
+        conv: b.upload(&w.conv)?,
+        a_log: b.upload(&w.a_log)?,
+        dt_bias: b.upload(&w.dt_bias)?,
+        norm: b.upload(&w.norm)?,
+    })
 }
