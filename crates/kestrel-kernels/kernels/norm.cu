@@ -14,6 +14,11 @@ KESTREL_EXTERN void rms_norm_f32(float* __restrict__ out, const float* __restric
 }
 
 // residual += x; out = rms_norm(residual) * w
+// Rows of up to ADD_NORM_REGS * blockDim.x values stay in registers between
+// the sum and the scaling: all loads of a thread are issued together, and the
+// updated residual is not read back from memory (decode calls this ~80 times
+// a step on one row, where each memory round trip is pure latency).
+constexpr int ADD_NORM_REGS = 16;
 KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, float* __restrict__ residual,
                                      const float* __restrict__ x, const float* __restrict__ w, int cols,
                                      float eps) { pdl_begin();
@@ -21,12 +26,34 @@ KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, float* __restrict_
     const size_t row = blockIdx.x;
     float* rr = residual + row * cols;
     const float* xr = x + row * cols;
+    float* o = out + row * cols;
     float ss = 0.f;
+    if (cols <= ADD_NORM_REGS * (int)blockDim.x) {
+        float v[ADD_NORM_REGS];
+#pragma unroll
+        for (int j = 0; j < ADD_NORM_REGS; ++j) {
+            const int c = threadIdx.x + j * blockDim.x;
+            v[j] = c < cols ? rr[c] + xr[c] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < ADD_NORM_REGS; ++j) {
+            const int c = threadIdx.x + j * blockDim.x;
+            if (c < cols) rr[c] = v[j];
+            ss += v[j] * v[j];
+        }
+        const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
+#pragma unroll
+        for (int j = 0; j < ADD_NORM_REGS; ++j) {
+            const int c = threadIdx.x + j * blockDim.x;
+            if (c < cols) o[c] = v[j] * inv * w[c];
+        }
+        return;
+    }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         const float v = rr[c] + xr[c];
         rr[c] = v;
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) out[row * cols + c] = rr[c] * inv * w[c];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = rr[c] * inv * w[c];
 }
