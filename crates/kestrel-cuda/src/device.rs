@@ -125,6 +125,14 @@ impl Kernels {
                 BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}"))
             })
         };
+        // `{prefix}1` .. `{prefix}8`: one entry point per activation row count.
+        let per_row_count = |m: &Arc<cudarc::driver::CudaModule>, prefix: &str| {
+            let mut all = Vec::with_capacity(8);
+            for rows in 1..=8 {
+                all.push(f(m, &format!("{prefix}{rows}"))?);
+            }
+            Ok::<_, BackendError>(all.try_into().unwrap_or_else(|_| unreachable!()))
+        };
         Ok(Kernels {
             embedding_bf16: f(&elementwise, "embedding_bf16")?,
             embedding_f16: f(&elementwise, "embedding_f16")?,
@@ -169,26 +177,8 @@ impl Kernels {
             gdn_chunk_state: f(&gdn_chunk, "gdn_chunk_state")?,
             dummy_fill_bf16: f(&dummy, "dummy_fill_bf16")?,
             dummy_fill_f32: f(&dummy, "dummy_fill_f32")?,
-            gemv: [
-                f(&gemv, "gemv_m1")?,
-                f(&gemv, "gemv_m2")?,
-                f(&gemv, "gemv_m3")?,
-                f(&gemv, "gemv_m4")?,
-                f(&gemv, "gemv_m5")?,
-                f(&gemv, "gemv_m6")?,
-                f(&gemv, "gemv_m7")?,
-                f(&gemv, "gemv_m8")?,
-            ],
-            gemv_f16: [
-                f(&gemv, "gemv_f16_m1")?,
-                f(&gemv, "gemv_f16_m2")?,
-                f(&gemv, "gemv_f16_m3")?,
-                f(&gemv, "gemv_f16_m4")?,
-                f(&gemv, "gemv_f16_m5")?,
-                f(&gemv, "gemv_f16_m6")?,
-                f(&gemv, "gemv_f16_m7")?,
-                f(&gemv, "gemv_f16_m8")?,
-            ],
+            gemv: per_row_count(&gemv, "gemv_m")?,
+            gemv_f16: per_row_count(&gemv, "gemv_f16_m")?,
             moe_topk: f(&moe, "moe_topk")?,
             moe_gate_up: f(&moe, "moe_gate_up")?,
             moe_down: f(&moe, "moe_down")?,

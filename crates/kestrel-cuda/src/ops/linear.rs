@@ -5,7 +5,8 @@
 //! and the launch depends only on the shapes, so it can be recorded in a CUDA
 //! graph. Larger batches go through cuBLAS with activations rounded to bf16,
 //! except under `Precision::F32`, where they run through `gemv` 8 rows at a
-//! time (the weights are read once per 8 rows: slow, but no rounding).
+//! time (the weights are read once per 8 rows: slow, but no rounding); rows
+//! whose length is not a multiple of 8 still go through cuBLAS in bf16.
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};

@@ -9,41 +9,13 @@ use super::{Ctx, Outputs, TOL_GDN, out};
 
 /// Prefill, a mixed step, a state snapshot, and a reset, over two GDN layers.
 pub fn gated_delta_net(c: &mut Ctx) {
-    let spec = GdnSpec {
-        num_k_heads: 2,
-        num_v_heads: 4,
-        head_k_dim: 128,
-        head_v_dim: 128,
-        conv_kernel: 4,
-        norm_eps: 1e-6,
-    };
-    let cache = CacheSpec {
-        attn_layers: 0,
-        num_blocks: 0,
-        block_size: 16,
-        num_kv_heads: 0,
-        head_dim: 0,
-        gdn_layers: 2,
-        num_state_slots: 4,
-        gdn: Some(spec),
-    };
-    let chunk = |n, slot| SeqChunk {
-        num_tokens: n,
-        cached_len: 0,
-        block_table: vec![],
-        state_slot: slot,
-    };
+    let spec = gdn_spec(2, 4, 128);
+    let cache = gdn_cache(spec, 4);
     // (batch, action before it): slots 1 and 3 run, 1 is snapshotted into 0, 3 is reset.
     let steps = vec![
-        ForwardBatch {
-            seqs: vec![chunk(70, 1), chunk(2, 3)],
-        },
-        ForwardBatch {
-            seqs: vec![chunk(1, 1), chunk(5, 3)],
-        },
-        ForwardBatch {
-            seqs: vec![chunk(3, 0), chunk(1, 1), chunk(4, 3)],
-        },
+        batch(&[(70, 1), (2, 3)]),
+        batch(&[(1, 1), (5, 3)]),
+        batch(&[(3, 0), (1, 1), (4, 3)]),
     ];
     let inputs: Vec<Vec<f32>> = steps
         .iter()
@@ -98,36 +70,9 @@ pub fn gated_delta_net(c: &mut Ctx) {
 /// kernels. The GPU side runs twice: the outputs must agree bit for bit.
 fn gated_delta_net_paths(c: &mut Ctx) {
     for (hk, hv, d) in [(2, 4, 128), (4, 4, 128), (1, 4, 128), (2, 4, 64)] {
-        let spec = GdnSpec {
-            num_k_heads: hk,
-            num_v_heads: hv,
-            head_k_dim: d,
-            head_v_dim: d,
-            conv_kernel: 4,
-            norm_eps: 1e-6,
-        };
+        let spec = gdn_spec(hk, hv, d);
         let slots = 8;
-        let cache = CacheSpec {
-            attn_layers: 0,
-            num_blocks: 0,
-            block_size: 16,
-            num_kv_heads: 0,
-            head_dim: 0,
-            gdn_layers: 2,
-            num_state_slots: slots,
-            gdn: Some(spec),
-        };
-        let batch = |seqs: &[(usize, u32)]| ForwardBatch {
-            seqs: seqs
-                .iter()
-                .map(|&(n, slot)| SeqChunk {
-                    num_tokens: n,
-                    cached_len: 0,
-                    block_table: vec![],
-                    state_slot: slot,
-                })
-                .collect(),
-        };
+        let cache = gdn_cache(spec, slots);
         let mut steps = vec![batch(&[
             (5, 0),
             (17, 1),
@@ -228,35 +173,8 @@ fn run_twice<B: Backend>(
 /// group is 2, as in Qwen3.6. The GPU side runs twice (bit-identical).
 fn gdn_long_prefill(c: &mut Ctx) {
     let (hk, hv, d) = (2, 4, 128);
-    let spec = GdnSpec {
-        num_k_heads: hk,
-        num_v_heads: hv,
-        head_k_dim: d,
-        head_v_dim: d,
-        conv_kernel: 4,
-        norm_eps: 1e-6,
-    };
-    let cache = CacheSpec {
-        attn_layers: 0,
-        num_blocks: 0,
-        block_size: 16,
-        num_kv_heads: 0,
-        head_dim: 0,
-        gdn_layers: 2,
-        num_state_slots: 6,
-        gdn: Some(spec),
-    };
-    let batch = |seqs: &[(usize, u32)]| ForwardBatch {
-        seqs: seqs
-            .iter()
-            .map(|&(n, slot)| SeqChunk {
-                num_tokens: n,
-                cached_len: 0,
-                block_table: vec![],
-                state_slot: slot,
-            })
-            .collect(),
-    };
+    let spec = gdn_spec(hk, hv, d);
+    let cache = gdn_cache(spec, 6);
     let decode = batch(&[(1, 4), (1, 0), (1, 5), (1, 2), (1, 1)]);
     let steps = vec![
         batch(&[(2113, 4), (1, 0), (777, 5), (1531, 2), (64, 1)]),
@@ -294,4 +212,47 @@ fn upload<B: Backend>(b: &B, w: &GdnWeights<HostTensor>) -> Result<GdnWeights<B:
         dt_bias: b.upload(&w.dt_bias)?,
         norm: b.upload(&w.norm)?,
     })
+}
+
+/// A layer with `hk` key heads, `hv` value heads, head dims `d` and a
+/// 4-tap convolution.
+fn gdn_spec(hk: usize, hv: usize, d: usize) -> GdnSpec {
+    GdnSpec {
+        num_k_heads: hk,
+        num_v_heads: hv,
+        head_k_dim: d,
+        head_v_dim: d,
+        conv_kernel: 4,
+        norm_eps: 1e-6,
+    }
+}
+
+/// Two GDN layers (the cases run layer 1) with `slots` state slots.
+fn gdn_cache(spec: GdnSpec, slots: usize) -> CacheSpec {
+    CacheSpec {
+        attn_layers: 0,
+        num_blocks: 0,
+        block_size: 16,
+        num_kv_heads: 0,
+        head_dim: 0,
+        gdn_layers: 2,
+        num_state_slots: slots,
+        gdn: Some(spec),
+    }
+}
+
+/// A step of fresh chunks, `(tokens, state slot)` each (GDN layers keep no
+/// pages: the state slot carries everything).
+fn batch(seqs: &[(usize, u32)]) -> ForwardBatch {
+    ForwardBatch {
+        seqs: seqs
+            .iter()
+            .map(|&(n, slot)| SeqChunk {
+                num_tokens: n,
+                cached_len: 0,
+                block_table: vec![],
+                state_slot: slot,
+            })
+            .collect(),
+    }
 }
