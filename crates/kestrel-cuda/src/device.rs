@@ -68,6 +68,7 @@ pub struct Kernels {
     pub scatter_add_weighted: CudaFunction,
     pub add_gated_rows: CudaFunction,
     pub gdn_conv: CudaFunction,
+    pub gdn_conv_v4: CudaFunction,
     pub gdn_recurrent: CudaFunction,
     pub gdn_gated_norm: CudaFunction,
     /// Fused decode step per Hv/Hk group size (1, 2, 4).
@@ -95,6 +96,7 @@ pub struct Kernels {
     pub moe_route_plan: CudaFunction,
     pub moe_route_fill: CudaFunction,
     pub moe_combine: CudaFunction,
+    pub moe_gate_logit: CudaFunction,
     pub argmax_rows: CudaFunction,
     pub top_candidates: CudaFunction,
 }
@@ -168,6 +170,7 @@ impl Kernels {
             scatter_add_weighted: f(&moe, "scatter_add_weighted")?,
             add_gated_rows: f(&moe, "add_gated_rows")?,
             gdn_conv: f(&gdn, "gdn_conv")?,
+            gdn_conv_v4: f(&gdn, "gdn_conv_v4")?,
             gdn_recurrent: f(&gdn, "gdn_recurrent")?,
             gdn_gated_norm: f(&gdn, "gdn_gated_norm")?,
             gdn_decode_g1: f(&gdn_decode, "gdn_decode_g1")?,
@@ -191,6 +194,7 @@ impl Kernels {
             moe_route_plan: f(&moe_prefill, "moe_route_plan")?,
             moe_route_fill: f(&moe_prefill, "moe_route_fill")?,
             moe_combine: f(&moe_prefill, "moe_combine")?,
+            moe_gate_logit: f(&moe_prefill, "moe_gate_logit")?,
             argmax_rows: f(&sample, "argmax_rows")?,
             top_candidates: f(&sample, "top_candidates")?,
         })

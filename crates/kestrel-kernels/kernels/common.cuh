@@ -6,11 +6,16 @@
 #define KESTREL_EXTERN extern "C" __global__
 
 // Programmatic dependent launch. Kernels are launched so that their blocks may
-// be scheduled while the previous kernel on the stream still runs; every
-// kernel therefore starts with pdl_begin(): wait until the previous kernel
-// has finished and its writes are visible, then allow the next kernel to be
-// scheduled. Nothing may touch global memory that another kernel writes or
-// reads before pdl_wait(). Without the launch attribute both are no-ops.
+// be scheduled while the previous kernel on the stream still runs. Every
+// kernel calls pdl_begin() (or pdl_launch_dependents() and later pdl_wait())
+// before it touches any global memory that another kernel writes or reads:
+// pdl_launch_dependents() first lets the next kernel be scheduled as soon as
+// all of this kernel's blocks are resident (the next kernel still waits for
+// this one to finish in its own pdl_wait(), so ordering is unchanged), and
+// pdl_wait() then waits until the previous kernel has finished and its writes
+// are visible. Only memory no kernel ever writes (weights) may be read before
+// pdl_wait(): that is how a GEMV streams its first weights while its
+// predecessor is still finishing. Without the launch attribute both are no-ops.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -24,8 +29,8 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 
 __device__ __forceinline__ void pdl_begin() {
-    pdl_wait();
     pdl_launch_dependents();
+    pdl_wait();
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -3,6 +3,8 @@
 // specialised kernels of gdn_decode.cu / gdn_chunk.cu do not cover), and the
 // gated RMSNorm. Exact math throughout: the decay
 // exp(-exp(A_log) * softplus(a + dt_bias)) compounds over tokens.
+#include <type_traits>
+
 #include "gdn.cuh"
 
 constexpr int GDN_CONV_TOKENS = 64;  // tokens per block of gdn_conv
@@ -12,59 +14,106 @@ constexpr int GDN_CONV_TOKENS = 64;  // tokens per block of gdn_conv
 // where inputs before the sequence's new tokens come from
 // conv_state[slot, c, 0..K-1] (oldest first). Tiling the tokens keeps long
 // prompts parallel; only tile 0 reads the old state, so tile 0 also writes the
-// new one (the last K-1 inputs) once it has read it.
-// Grid (ceil(C/128), ceil(max_new/64), S), block 128.
-KESTREL_EXTERN void gdn_conv(float* __restrict__ out, const float* __restrict__ proj, int proj_stride,
-                             const __nv_bfloat16* __restrict__ conv_w, float* __restrict__ conv_state,
-                             const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int channels,
-                             int kernel) { pdl_begin();
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+// new one (the last K-1 inputs) once it has read it. A thread owns V adjacent
+// channels: V = 4 (16-byte loads and stores, when the rows allow them) keeps
+// four times the bytes in flight per thread, which an 8K-token prefill needs
+// to stream its ~0.5 GB per layer near the HBM rate; it is built for conv
+// kernels of at most KMAX = 4 taps (Qwen3.5/3.6, Qwen3-Next), so that its
+// windows fit in registers (sized for 8 taps it took 165 registers a thread
+// and ran slower than V = 1).
+// Grid (ceil(C/(128 V)), ceil(max_new/64), S), block 128.
+template <int V, int KMAX>
+__device__ __forceinline__ void gdn_conv_body(float* __restrict__ out, const float* __restrict__ proj,
+                                              int proj_stride, const __nv_bfloat16* __restrict__ conv_w,
+                                              float* __restrict__ conv_state, const int* __restrict__ seq_start,
+                                              const int* __restrict__ seq_slot, int channels, int kernel) {
+    using Vec = typename std::conditional<V == 4, float4, float>::type;
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
     const int tile = blockIdx.y, s = blockIdx.z;
     const int start = seq_start[s], n = seq_start[s + 1] - start;
     const int t0 = tile * GDN_CONV_TOKENS;
     if (c >= channels || t0 >= n) return;
     const int hist = kernel - 1;
-    float* st = conv_state + ((size_t)seq_slot[s] * channels + c) * hist;
     const float* x = proj + (size_t)start * proj_stride + c;  // x[i * proj_stride]: new input i
-    float window[GDN_MAX_KERNEL];  // the `hist` inputs before the current token, oldest first
-    float w[GDN_MAX_KERNEL];
+    auto input = [&](int i) { return *reinterpret_cast<const Vec*>(x + (size_t)i * proj_stride); };
+    auto lane = [](const Vec& v, int e) -> float {
+        if constexpr (V == 4) return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+        else return v;
+    };
+    float window[V][KMAX];  // the `hist` inputs before the current token, oldest first
+    float w[V][KMAX];
 #pragma unroll
-    for (int j = 0; j < GDN_MAX_KERNEL; ++j) {
-        if (j < kernel) w[j] = bf16_to_f32(conv_w[(size_t)c * kernel + j]);
-        if (j < hist) {
-            const int i = t0 - hist + j;
-            window[j] = i >= 0 ? x[(size_t)i * proj_stride] : st[hist + i];
+    for (int e = 0; e < V; ++e) {
+        const float* st = conv_state + ((size_t)seq_slot[s] * channels + c + e) * hist;
+#pragma unroll
+        for (int j = 0; j < KMAX; ++j) {
+            if (j < kernel) w[e][j] = bf16_to_f32(conv_w[(size_t)(c + e) * kernel + j]);
+            if (j < hist) {
+                const int i = t0 - hist + j;
+                window[e][j] = i >= 0 ? x[(size_t)i * proj_stride + e] : st[hist + i];
+            }
         }
     }
     const int t1 = min(t0 + GDN_CONV_TOKENS, n);
     // Unrolled so that several tokens' loads are in flight at once.
 #pragma unroll 8
     for (int t = t0; t < t1; ++t) {
-        const float xt = x[(size_t)t * proj_stride];
-        float acc = 0.f;
+        const Vec xt = input(t);
+        float res[V];
 #pragma unroll
-        for (int j = 0; j < GDN_MAX_KERNEL - 1; ++j)
-            if (j < hist) acc += w[j] * window[j];
-        acc += w[hist] * xt;
-        out[(size_t)(start + t) * channels + c] = siluf_exact(acc);
+        for (int e = 0; e < V; ++e) {
+            const float xe = lane(xt, e);
+            float acc = 0.f;
 #pragma unroll
-        for (int j = 0; j < GDN_MAX_KERNEL - 1; ++j)
-            if (j < hist) window[j] = j + 1 < hist ? window[j + 1] : xt;
+            for (int j = 0; j < KMAX - 1; ++j)
+                if (j < hist) acc += w[e][j] * window[e][j];
+            acc += w[e][hist] * xe;
+            res[e] = siluf_exact(acc);
+#pragma unroll
+            for (int j = 0; j < KMAX - 1; ++j)
+                if (j < hist) window[e][j] = j + 1 < hist ? window[e][j + 1] : xe;
+        }
+        float* o = out + (size_t)(start + t) * channels + c;
+        if constexpr (V == 4) *reinterpret_cast<float4*>(o) = make_float4(res[0], res[1], res[2], res[3]);
+        else o[0] = res[0];
     }
     if (tile == 0) {
         // New state: inputs n-hist..n-1 of [old state ; new inputs].
-        float next[GDN_MAX_KERNEL];
 #pragma unroll
-        for (int j = 0; j < GDN_MAX_KERNEL - 1; ++j) {
-            if (j < hist) {
-                const int i = n - hist + j;
-                next[j] = i >= 0 ? x[(size_t)i * proj_stride] : st[hist + i];
+        for (int e = 0; e < V; ++e) {
+            float* st = conv_state + ((size_t)seq_slot[s] * channels + c + e) * hist;
+            float next[KMAX];
+#pragma unroll
+            for (int j = 0; j < KMAX - 1; ++j) {
+                if (j < hist) {
+                    const int i = n - hist + j;
+                    next[j] = i >= 0 ? x[(size_t)i * proj_stride + e] : st[hist + i];
+                }
             }
-        }
 #pragma unroll
-        for (int j = 0; j < GDN_MAX_KERNEL - 1; ++j)
-            if (j < hist) st[j] = next[j];
+            for (int j = 0; j < KMAX - 1; ++j)
+                if (j < hist) st[j] = next[j];
+        }
     }
+}
+
+// One channel per thread: any shape.
+KESTREL_EXTERN void gdn_conv(float* __restrict__ out, const float* __restrict__ proj, int proj_stride,
+                             const __nv_bfloat16* __restrict__ conv_w, float* __restrict__ conv_state,
+                             const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int channels,
+                             int kernel) {
+    pdl_begin();
+    gdn_conv_body<1, GDN_MAX_KERNEL>(out, proj, proj_stride, conv_w, conv_state, seq_start, seq_slot, channels, kernel);
+}
+
+// Four channels per thread: channels and proj_stride multiples of 4, proj
+// and out 16-byte aligned, kernel <= 4 (ops/gdn.rs checks).
+KESTREL_EXTERN void gdn_conv_v4(float* __restrict__ out, const float* __restrict__ proj, int proj_stride,
+                                const __nv_bfloat16* __restrict__ conv_w, float* __restrict__ conv_state,
+                                const int* __restrict__ seq_start, const int* __restrict__ seq_slot,
+                                int channels, int kernel) {
+    pdl_begin();
+    gdn_conv_body<4, 4>(out, proj, proj_stride, conv_w, conv_state, seq_start, seq_slot, channels, kernel);
 }
 
 constexpr int GDN_COLS = 32;    // value columns per block
@@ -156,17 +205,33 @@ KESTREL_EXTERN void gdn_recurrent(float* __restrict__ core, const float* __restr
 }
 
 // out[t, h*Dv + i] = w[i] * rms_norm(core[t, h, :])[i] * silu(z[t, h*Dv + i]),
-// z at proj[t, z_offset + ...]. Grid (Hv, T), block 128.
+// z at proj[t, z_offset + ...]. One warp per (token, head) row, Dv <= 256
+// (up to 8 values per lane, kept in registers): a block per row spent most
+// of an 8K prefill's ~260K tiny blocks on scheduling and barriers.
+// Grid ceil(T * Hv / 8), block 256.
+constexpr int GATED_NORM_MAX_PER_LANE = 8;
 KESTREL_EXTERN void gdn_gated_norm(float* __restrict__ out, const float* __restrict__ core,
                                    const float* __restrict__ proj, int proj_stride, int z_offset,
-                                   const float* __restrict__ w, int hv, int dv, float eps) { pdl_begin();
-    __shared__ float scratch[32];
-    const int h = blockIdx.x, t = blockIdx.y;
-    const float* o = core + (size_t)t * hv * dv + h * dv;
+                                   const float* __restrict__ w, int hv, int dv, float eps, int rows) {
+    pdl_begin();
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const int t = row / hv, h = row % hv;
+    // core and out are [T, Hv * Dv]: row (t, h) starts at row * Dv.
+    const float* o = core + (size_t)row * dv;
+    float v[GATED_NORM_MAX_PER_LANE];
     float ss = 0.f;
-    for (int i = threadIdx.x; i < dv; i += blockDim.x) ss += o[i] * o[i];
-    const float inv = rsqrtf(block_sum(ss, scratch) / dv + eps);
+#pragma unroll
+    for (int j = 0; j < GATED_NORM_MAX_PER_LANE; ++j) {
+        const int i = lane + 32 * j;
+        v[j] = i < dv ? o[i] : 0.f;
+        ss += v[j] * v[j];
+    }
+    const float inv = rsqrtf(warp_sum(ss) / dv + eps);
     const float* z = proj + (size_t)t * proj_stride + z_offset + h * dv;
-    for (int i = threadIdx.x; i < dv; i += blockDim.x)
-        out[(size_t)t * hv * dv + h * dv + i] = w[i] * (o[i] * inv) * siluf_exact(z[i]);
+#pragma unroll
+    for (int j = 0; j < GATED_NORM_MAX_PER_LANE; ++j) {
+        const int i = lane + 32 * j;
+        if (i < dv) out[(size_t)row * dv + i] = w[i] * (v[j] * inv) * siluf_exact(z[i]);
+    }
 }

@@ -15,13 +15,18 @@
 // tile) with the tile of S in shared memory. A last partial chunk is padded
 // with zero rows, which equals the reference's true-length chunk.
 //
-// The dense products run on tensor cores as 3xTF32 (tf32_mma.cuh: each f32
-// operand split into two tf32 halves, three mma.sync products, f32
-// accumulation), which stays within ~1e-6 relative of f32 FMA: k k^T and
-// q k^T in the prep kernel, and all four products of the state pass (W S,
-// q S, intra V, k^T V). The forward substitution stays in f32 FMA: it is a
-// sequential recurrence over the chunk's rows with little work per step.
-// `tc == 0` selects the older all-FMA code (KESTREL_GDN_PREFILL=f32).
+// The dense products run on tensor cores, as 3xTF32 in the reference
+// precision (tf32_mma.cuh: each f32 operand split into two tf32 halves, three
+// mma.sync products, f32 accumulation), which stays within ~1e-6 relative of
+// f32 FMA: k k^T and q k^T in the prep kernel, and all four products of the
+// state pass (W S, q S, intra V, k^T V). The forward substitution stays in
+// f32 FMA: it is a sequential recurrence over the chunk's rows with little
+// work per step.
+// `tc` selects the arithmetic (ops/gdn.rs): 1 = 3xTF32 (the reference
+// precision), 2 = plain TF32, one tensor-core pass per product (the serving
+// precision: its operands are rounded to 10 mantissa bits, finer than the
+// bf16 of other servers' GDN kernels, and the state pass's chain of dependent
+// products is a third as long), 0 = the older all-FMA code.
 //
 // Work per (chunk, head) at Dk = Dv = 128, C = 64, in multiply-adds:
 //   prep:  k k^T and q k^T lower halves ~0.5 M (tensor cores, 20 of 32
@@ -101,7 +106,7 @@ constexpr int KS = CH + 8;
 
 // Per (chunk, value head, sequence): the state-independent part of the chunk.
 // qkv is the conv output [T, conv_dim]; proj supplies b and a. tc != 0: k k^T
-// and q k^T on tensor cores.
+// and q k^T on tensor cores (tc 1: 3xTF32, 2: one pass).
 // Grid (max chunks of a sequence, Hv, S), block 256, dynamic shared memory
 // PREP_SMEM_BYTES (ops/gdn.rs): q^T, k^T [DK][KS] and A [CH][CH].
 KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
@@ -206,8 +211,13 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
                 if (n0 > m0 + 15) continue;  // warp-uniform
                 // B operand: element (d, j) of k^T is kT[d][j].
                 const Tf32B fb = tf32_frag_b(kT + k0 * KS + n0, KS);
-                mma_3xtf32(ak[t], fk, fb);
-                mma_3xtf32(aq[t], fq, fb);
+                if (tc == 2) {
+                    mma_tf32x<1>(ak[t], fk, fb);
+                    mma_tf32x<1>(aq[t], fq, fb);
+                } else {
+                    mma_tf32x<3>(ak[t], fk, fb);
+                    mma_tf32x<3>(aq[t], fq, fb);
+                }
             }
         }
 #pragma unroll
@@ -353,6 +363,7 @@ static_assert(TM_WT % 4 == 0 && TM_QT % 4 == 0 && TM_KT % 4 == 0 && TM_IT % 4 ==
 // Groups are committed in the order G1(c), G2(c), G1(c+1), G2(c+1), ...; G1(c+1)
 // is issued once phase 1 of chunk c has consumed its buffers, G2(c+1) once
 // phase 2 has, and every wait leaves exactly the newest group in flight.
+template <int PASSES>
 __device__ __forceinline__ void state_tc(float* __restrict__ core, const float* __restrict__ scratch,
                                          float* __restrict__ st, float* smem, int start, int n, int base,
                                          int col0, int h, int hv) {
@@ -415,8 +426,8 @@ __device__ __forceinline__ void state_tc(float* __restrict__ core, const float* 
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
                 const Tf32B fs = tf32_frag_b(S + k0 * SS + nb + 8 * t, SS);
-                mma_3xtf32(av[t], fw, fs);
-                mma_3xtf32(ao[t], fq, fs);
+                mma_tf32x<PASSES>(av[t], fw, fs);
+                mma_tf32x<PASSES>(ao[t], fq, fs);
             }
         }
 #pragma unroll
@@ -439,7 +450,7 @@ __device__ __forceinline__ void state_tc(float* __restrict__ core, const float* 
         for (int j0 = 0; j0 < CH; j0 += 8) {
             const Tf32A fa = tf32_frag_a(IT + j0 * TS + m0, 1, TS);
 #pragma unroll
-            for (int t = 0; t < 2; ++t) mma_3xtf32(ao[t], fa, tf32_frag_b(V + j0 * SS + nb + 8 * t, SS));
+            for (int t = 0; t < 2; ++t) mma_tf32x<PASSES>(ao[t], fa, tf32_frag_b(V + j0 * SS + nb + 8 * t, SS));
         }
         // Phase 2b: S = decay S + k^T V for this warp's 16 state rows.
         float as[4][4];
@@ -456,7 +467,7 @@ __device__ __forceinline__ void state_tc(float* __restrict__ core, const float* 
         for (int j0 = 0; j0 < CH; j0 += 8) {
             const Tf32A fk = tf32_frag_a(KT + r0 * TK + j0, TK, 1);
 #pragma unroll
-            for (int t = 0; t < 4; ++t) mma_3xtf32(as[t], fk, tf32_frag_b(V + j0 * SS + 8 * t, SS));
+            for (int t = 0; t < 4; ++t) mma_tf32x<PASSES>(as[t], fk, tf32_frag_b(V + j0 * SS + 8 * t, SS));
         }
 #pragma unroll
         for (int t = 0; t < 4; ++t)
@@ -631,8 +642,9 @@ __device__ __forceinline__ void state_f32(float* __restrict__ core, const float*
 }  // namespace
 
 // Per (column tile, value head, sequence): the chunks in order, carrying the
-// tile S[DK][TC] of the state in shared memory. core is [T, Hv*Dv]. tc != 0:
-// the products on tensor cores (state_tc), else in f32 FMA (state_f32).
+// tile S[DK][TC] of the state in shared memory. core is [T, Hv*Dv]. tc: 1 or
+// 2, the products on tensor cores (state_tc, 3 or 1 passes), 0 in f32 FMA
+// (state_f32).
 // Grid (Dv/32, Hv, S), block 256, dynamic shared memory STATE_SMEM_BYTES (ops/gdn.rs).
 KESTREL_EXTERN void __launch_bounds__(STATE_THREADS)
     gdn_chunk_state(float* __restrict__ core, const float* __restrict__ scratch, float* __restrict__ state,
@@ -645,6 +657,7 @@ KESTREL_EXTERN void __launch_bounds__(STATE_THREADS)
     if (n == 0) return;
     const int base = chunk_base(seq_start, s);
     float* st = state + ((size_t)seq_slot[s] * hv + h) * DK * DV + col0;
-    if (tc) state_tc(core, scratch, st, smem, start, n, base, col0, h, hv);
+    if (tc == 2) state_tc<1>(core, scratch, st, smem, start, n, base, col0, h, hv);
+    else if (tc) state_tc<3>(core, scratch, st, smem, start, n, base, col0, h, hv);
     else state_f32(core, scratch, st, smem, start, n, base, col0, h, hv);
 }

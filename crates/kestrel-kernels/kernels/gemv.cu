@@ -30,13 +30,22 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         const uint16_t* p = (w_last != nullptr && n == n_rows - 1) ? w_last : w + (size_t)n * k;
         rows[r] = reinterpret_cast<const uint4*>(p);
     }
-    pdl_begin();
+    // Weights are never written by a kernel, so the first U chunks of every
+    // row are requested before waiting for the previous kernel (the producer
+    // of x): under programmatic dependent launch they stream in while it
+    // finishes. The sums run in the same chunk order as dot_chunks alone.
+    pdl_launch_dependents();
+    const int first = lane + 32 * s, stride = 32 * split, chunks = k >> 3;
+    uint4 wv0[U][R];
+    load_chunks<R, U>(wv0, rows, first, stride, chunks);
+    pdl_wait();
     float acc[M][R];
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-    dot_chunks<M, R, U, WT>(acc, rows, x, k, lane + 32 * s, 32 * split, k >> 3);
+    use_chunks<M, R, U, WT>(acc, wv0, x, k, first, stride, chunks);
+    dot_chunks<M, R, U, WT>(acc, rows, x, k, first + U * stride, stride, chunks);
 
     // Every lane ends with every sum; sum v = m * R + r is kept by lane v % 32.
     float mine[SLOTS];

@@ -49,6 +49,37 @@ __device__ __forceinline__ float dot8(float acc, uint4 w, float4 a, float4 b) {
     return acc;
 }
 
+// One step of the streaming loop: U chunks c, c + stride, ... of each of the R
+// rows (zeros past the end), all issued before any is used.
+template <int R, int U>
+__device__ __forceinline__ void load_chunks(uint4 (&wv)[U][R], const uint4* const (&w)[R], int c, int stride,
+                                            int chunks) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int cu = c + u * stride;
+#pragma unroll
+        for (int r = 0; r < R; ++r) wv[u][r] = cu < chunks ? ld_weights(w[r] + cu) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// acc[m][r] += x[m, chunk] . wv[u][r] for the chunks loaded by load_chunks(c).
+template <int M, int R, int U, typename WT>
+__device__ __forceinline__ void use_chunks(float (&acc)[M][R], const uint4 (&wv)[U][R],
+                                           const float* __restrict__ x, size_t ldx, int c, int stride, int chunks) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int cu = c + u * stride;
+        if (cu >= chunks) break;
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const float4* xm = reinterpret_cast<const float4*>(x + m * ldx) + 2 * cu;
+            const float4 a = __ldg(xm), b = __ldg(xm + 1);
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[m][r] = dot8<WT>(acc[m][r], wv[u][r], a, b);
+        }
+    }
+}
+
 // Per-lane partial sums acc[m][r] += x[m, 8c .. 8c+8] . w[r][8c .. 8c+8] over the
 // 16-byte chunks c = first, first + stride, ... < chunks. `x` rows are `ldx`
 // floats apart (16-byte aligned). U chunks of every row are loaded before any
@@ -60,23 +91,7 @@ __device__ __forceinline__ void dot_chunks(float (&acc)[M][R], const uint4* cons
                                            int stride, int chunks) {
     for (int c = first; c < chunks; c += U * stride) {
         uint4 wv[U][R];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int cu = c + u * stride;
-#pragma unroll
-            for (int r = 0; r < R; ++r) wv[u][r] = cu < chunks ? ld_weights(w[r] + cu) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int cu = c + u * stride;
-            if (cu >= chunks) break;
-#pragma unroll
-            for (int m = 0; m < M; ++m) {
-                const float4* xm = reinterpret_cast<const float4*>(x + m * ldx) + 2 * cu;
-                const float4 a = __ldg(xm), b = __ldg(xm + 1);
-#pragma unroll
-                for (int r = 0; r < R; ++r) acc[m][r] = dot8<WT>(acc[m][r], wv[u][r], a, b);
-            }
-        }
+        load_chunks<R, U>(wv, w, c, stride, chunks);
+        use_chunks<M, R, U, WT>(acc, wv, x, ldx, c, stride, chunks);
     }
 }

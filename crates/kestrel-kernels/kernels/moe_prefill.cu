@@ -471,3 +471,30 @@ KESTREL_EXTERN void moe_combine(float* __restrict__ out, const float* __restrict
     }
     reinterpret_cast<float4*>(out + (size_t)t * hidden)[q] = o;
 }
+
+// ---- shared-expert gate ------------------------------------------------------
+
+// logits[t, col] = x[t, :] . w[:] in f32 (x f32, w bf16), the shared-expert
+// gate's logit. Kept out of moe_router_gemm: as its 257th column it cost a
+// third column tile of 128 (and a second wave of blocks) for one useful
+// column. One warp per token; hidden % 4 == 0.
+// Grid ceil(T / 8), block 256.
+KESTREL_EXTERN void moe_gate_logit(float* __restrict__ logits, int logits_ld, int col, const float* __restrict__ x,
+                                   const uint16_t* __restrict__ w, int tokens, int hidden) {
+    pdl_begin();
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= tokens) return;
+    const float4* xr = reinterpret_cast<const float4*>(x + (size_t)t * hidden);
+    const uint2* wr = reinterpret_cast<const uint2*>(w);
+    float acc = 0.f;
+    for (int q = lane; q < (hidden >> 2); q += 32) {
+        const float4 a = xr[q];
+        const uint2 b = wr[q];
+        acc = fmaf(a.x, __uint_as_float(b.x << 16), acc);
+        acc = fmaf(a.y, __uint_as_float(b.x & 0xffff0000u), acc);
+        acc = fmaf(a.z, __uint_as_float(b.y << 16), acc);
+        acc = fmaf(a.w, __uint_as_float(b.y & 0xffff0000u), acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) logits[(size_t)t * logits_ld + col] = acc;
+}

@@ -50,6 +50,18 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32A& a, const 
     mma_tf32(d, a.big, b.big);
 }
 
+// d += A B with PASSES = 3 (3xTF32, above) or 1: the big halves only, plain
+// TF32 (inputs rounded to 10 mantissa bits, f32 accumulation: ~5e-4
+// relative per product, finer than the bf16 operands other servers feed
+// their tensor cores). With one pass the small halves are never used, and
+// the compiler drops their computation.
+template <int PASSES>
+__device__ __forceinline__ void mma_tf32x(float (&d)[4], const Tf32A& a, const Tf32B& b) {
+    static_assert(PASSES == 1 || PASSES == 3, "1 or 3 passes");
+    if (PASSES == 3) mma_3xtf32(d, a, b);
+    else mma_tf32(d, a.big, b.big);
+}
+
 // The A tile whose element (r, k) (r < 16, k < 8) is p[r * rs + k * cs]:
 // rs = 1 reads a matrix stored transposed (k-major), cs = 1 a row-major one.
 __device__ __forceinline__ Tf32A tf32_frag_a(const float* p, int rs, int cs) {

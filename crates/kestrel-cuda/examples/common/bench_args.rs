@@ -45,15 +45,13 @@ pub fn parse(usage: &str, switches: &[Switch]) -> BenchArgs {
             fail(usage);
         }
     }
+    // Cleared first, then set: several switches may share one variable.
+    // SAFETY: single-threaded here, before anything reads the environment.
     for s in switches {
-        // SAFETY: single-threaded here, before anything reads the environment.
-        unsafe {
-            if args.has(s.flag) {
-                std::env::set_var(s.var, s.value);
-            } else {
-                std::env::remove_var(s.var);
-            }
-        }
+        unsafe { std::env::remove_var(s.var) };
+    }
+    for s in switches.iter().filter(|s| args.has(s.flag)) {
+        unsafe { std::env::set_var(s.var, s.value) };
     }
     args
 }

@@ -6,9 +6,10 @@
 //!   Hv/Hk in {1, 2, 4}, conv kernel 4): one fused kernel (`gdn_decode.cu`).
 //!   Its launch depends only on the number of sequences, so it is replayable;
 //! - prefill (Dk = Dv = 128): token-tiled conv, the chunked form in two
-//!   kernels (`gdn_chunk.cu`, products on tensor cores as f32-accurate
-//!   3xTF32 unless `KESTREL_GDN_PREFILL=f32`), then the gated norm. Eager
-//!   only: its grid follows the longest sequence;
+//!   kernels (`gdn_chunk.cu`, products on tensor cores: one TF32 pass in the
+//!   serving precision, f32-accurate 3xTF32 in the reference one; see
+//!   [`ChunkMath`]), then the gated norm. Eager only: its grid follows the
+//!   longest sequence;
 //! - anything else: conv, the token-by-token recurrence, the gated norm.
 
 use cudarc::driver::CudaFunction;
@@ -17,13 +18,21 @@ use kestrel_core::{ForwardBatch, GdnSpec, GdnWeights};
 
 use crate::cache::CudaCache;
 use crate::device::{Arg, Gpu, blocks, check, ptr};
+use crate::precision::Precision;
 use crate::step::StepLayout;
 use crate::tensor::{CudaTensor, CudaWeight};
 
-/// Mirror `GDN_MAX_KERNEL` (gdn.cuh), `GDN_CONV_TOKENS` and `GDN_COLS` (gdn.cu).
+/// Mirror `GDN_MAX_KERNEL` (gdn.cuh), `GDN_CONV_TOKENS`, `GDN_COLS` and
+/// `GATED_NORM_MAX_PER_LANE` (gdn.cu).
 const MAX_CONV_KERNEL: usize = 8;
 const CONV_TOKENS: usize = 64;
+/// Most conv taps `gdn_conv_v4` takes (its `KMAX`).
+const CONV_V4_MAX_KERNEL: usize = 4;
 const COLS_PER_BLOCK: usize = 32;
+/// Rows (token, value head) per block of `gdn_gated_norm`: one warp each.
+const GATED_NORM_ROWS_PER_BLOCK: usize = 8;
+/// Largest head_v_dim the gated norm keeps in registers (8 values per lane).
+const MAX_HEAD_V_DIM: usize = 256;
 /// The head size of the decode and chunked kernels.
 const HEAD_DIM: usize = 128;
 /// The conv kernel size the fused decode kernel is built for.
@@ -38,12 +47,34 @@ const CHUNK_FLOATS: usize = 4 * HEAD_DIM * CHUNK + CHUNK * CHUNK + 4;
 const PREP_SMEM_BYTES: usize = (2 * HEAD_DIM * (CHUNK + 8) + CHUNK * CHUNK) * 4;
 const STATE_SMEM_BYTES: usize = 167_936;
 
-/// Whether the chunked kernels run their products on tensor cores (3xTF32,
-/// f32-accurate); `KESTREL_GDN_PREFILL=f32` selects the older all-FMA code.
-/// Read once.
-fn prefill_tensor_cores() -> bool {
-    static TC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TC.get_or_init(|| !std::env::var("KESTREL_GDN_PREFILL").is_ok_and(|v| v == "f32"))
+/// The arithmetic of the chunked kernels' dense products (the `tc` argument
+/// of `gdn_chunk.cu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChunkMath {
+    /// The older all-FMA code (`KESTREL_GDN_PREFILL=f32`).
+    Fma = 0,
+    /// f32-accurate 3xTF32 on tensor cores: the reference precision's
+    /// default (`KESTREL_GDN_PREFILL=3xtf32` forces it).
+    Tf32x3 = 1,
+    /// One TF32 pass per product: the serving (bf16) precision's default
+    /// (`KESTREL_GDN_PREFILL=tf32` forces it).
+    Tf32 = 2,
+}
+
+/// The chunked kernels' arithmetic under `precision`, unless
+/// `KESTREL_GDN_PREFILL` (read once) names one.
+fn chunk_math(precision: Precision) -> ChunkMath {
+    static FORCED: std::sync::OnceLock<Option<ChunkMath>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| match std::env::var("KESTREL_GDN_PREFILL").as_deref() {
+        Ok("f32") => Some(ChunkMath::Fma),
+        Ok("3xtf32") => Some(ChunkMath::Tf32x3),
+        Ok("tf32") => Some(ChunkMath::Tf32),
+        _ => None,
+    });
+    forced.unwrap_or(match precision {
+        Precision::F32 => ChunkMath::Tf32x3,
+        Precision::Bf16 => ChunkMath::Tf32,
+    })
 }
 
 pub fn gated_delta_net(
@@ -91,10 +122,11 @@ pub fn gated_delta_net(
     };
     let out = gpu.alloc::<f32>(t * value_width);
     let s = &gpu.stream;
+    let rows = t * spec.num_v_heads;
     gpu.launch(
         &gpu.k.gdn_gated_norm,
-        (spec.num_v_heads as u32, t as u32, 1),
-        128,
+        (blocks(rows, GATED_NORM_ROWS_PER_BLOCK), 1, 1),
+        256,
         0,
         &[
             Arg::Ptr(ptr(&out, s)),
@@ -106,6 +138,7 @@ pub fn gated_delta_net(
             Arg::I32(spec.num_v_heads as i32),
             Arg::I32(spec.head_v_dim as i32),
             Arg::F32(spec.norm_eps),
+            Arg::I32(rows as i32),
         ],
     );
     CudaTensor {
@@ -188,10 +221,21 @@ fn decode(gpu: &Gpu, io: &Io, f: &CudaFunction) -> CudaTensor {
 fn conv(gpu: &Gpu, io: &Io) -> cudarc::driver::CudaSlice<f32> {
     let (c, s) = (io.spec.conv_dim(), &gpu.stream);
     let out = gpu.alloc::<f32>(io.l.tokens * c);
+    // Four channels per thread when every row allows 16-byte accesses (the
+    // buffers themselves are allocated 256-byte aligned) and the taps fit
+    // its registers.
+    let (f, per_thread) = if c.is_multiple_of(4)
+        && io.proj.cols.is_multiple_of(4)
+        && io.spec.conv_kernel <= CONV_V4_MAX_KERNEL
+    {
+        (&gpu.k.gdn_conv_v4, 4)
+    } else {
+        (&gpu.k.gdn_conv, 1)
+    };
     gpu.launch(
-        &gpu.k.gdn_conv,
+        f,
         (
-            blocks(c, 128),
+            blocks(c, 128 * per_thread),
             blocks(io.l.max_new, CONV_TOKENS),
             io.l.seqs as u32,
         ),
@@ -280,7 +324,7 @@ fn chunked(
         .map(|q| q.num_tokens.div_ceil(CHUNK))
         .sum();
     let scratch = gpu.alloc::<f32>(chunks * hv * CHUNK_FLOATS);
-    let tc = i32::from(prefill_tensor_cores());
+    let tc = chunk_math(gpu.precision) as i32;
     allow_smem(gpu, &gpu.k.gdn_chunk_prep, PREP_SMEM_BYTES);
     gpu.launch(
         &gpu.k.gdn_chunk_prep,
@@ -371,6 +415,10 @@ fn validate(
         spec.conv_kernel
     );
     assert!(dk <= 256, "head_k_dim {dk} above the supported 256");
+    assert!(
+        dv <= MAX_HEAD_V_DIM,
+        "head_v_dim {dv} above the supported {MAX_HEAD_V_DIM}"
+    );
     assert_eq!(
         w.conv.numel(),
         c * spec.conv_kernel,

@@ -5,10 +5,28 @@ use kestrel_core::{
     Backend, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, HostTensor, Result, SeqChunk,
 };
 
-use super::{Ctx, Outputs, TOL_GDN, out};
+use kestrel_cuda::Precision;
+
+use super::{Ctx, Outputs, TOL_GDN, TOL_GDN_TF32, out};
+
+/// Every GDN case in the serving precision, whose chunked prefill runs one
+/// TF32 pass per product, and again in the reference precision (3xTF32, to
+/// f32 rounding; labels start with "f32").
+pub fn gated_delta_net(c: &mut Ctx) {
+    gdn_cases(c, "", TOL_GDN_TF32);
+    c.gpu.set_precision(Precision::F32);
+    gdn_cases(c, "f32 ", TOL_GDN);
+    c.gpu.set_precision(Precision::Bf16);
+}
+
+fn gdn_cases(c: &mut Ctx, prefix: &str, tol: f64) {
+    gdn_two_layers(c, prefix, tol);
+    gated_delta_net_paths(c, prefix, tol);
+    gdn_long_prefill(c, prefix, tol);
+}
 
 /// Prefill, a mixed step, a state snapshot, and a reset, over two GDN layers.
-pub fn gated_delta_net(c: &mut Ctx) {
+fn gdn_two_layers(c: &mut Ctx, prefix: &str, tol: f64) {
     let spec = gdn_spec(2, 4, 128);
     let cache = gdn_cache(spec, 4);
     // (batch, action before it): slots 1 and 3 run, 1 is snapshotted into 0, 3 is reset.
@@ -58,18 +76,30 @@ pub fn gated_delta_net(c: &mut Ctx) {
     }
     let cpu = run(&c.cpu, &spec, &cache, &steps, &inputs, &w);
     let gpu = run(&c.gpu, &spec, &cache, &steps, &inputs, &w);
-    c.record("gated_delta_net Hk2 Hv4 D128 K4", TOL_GDN, cpu, gpu);
-    gated_delta_net_paths(c);
-    gdn_long_prefill(c);
+    c.record(
+        &format!("{prefix}gated_delta_net Hk2 Hv4 D128 K4"),
+        tol,
+        cpu,
+        gpu,
+    );
 }
 
 /// The CUDA GDN paths on carried state: decode steps of 1..=8 sequences (the
 /// fused decode kernel), single prefills of 1, 63, 64, 65 and 300 tokens (the
 /// chunked kernels), a mixed batch, and decode after all of them; for each
 /// Hv/Hk group the decode kernel has, and a head size that takes the general
-/// kernels. The GPU side runs twice: the outputs must agree bit for bit.
-fn gated_delta_net_paths(c: &mut Ctx) {
-    for (hk, hv, d) in [(2, 4, 128), (4, 4, 128), (1, 4, 128), (2, 4, 64)] {
+/// kernels, and a shape for the general conv. The GPU side runs twice: the
+/// outputs must agree bit for bit.
+fn gated_delta_net_paths(c: &mut Ctx, prefix: &str, tol: f64) {
+    // (1, 3, 64): rows of 518 floats, not a multiple of 4, so the conv runs
+    // one channel per thread, and a Hv/Hk group no decode kernel has.
+    for (hk, hv, d) in [
+        (2, 4, 128),
+        (4, 4, 128),
+        (1, 4, 128),
+        (2, 4, 64),
+        (1, 3, 64),
+    ] {
         let spec = gdn_spec(hk, hv, d);
         let slots = 8;
         let cache = gdn_cache(spec, slots);
@@ -105,7 +135,12 @@ fn gated_delta_net_paths(c: &mut Ctx) {
         };
         let cpu = run_layer1(&c.cpu, &spec, &cache, &steps, &inputs, &w);
         let gpu = run_twice(&c.gpu, &spec, &cache, &steps, &inputs, &w);
-        c.record(&format!("gdn paths Hk{hk} Hv{hv} D{d}"), TOL_GDN, cpu, gpu);
+        c.record(
+            &format!("{prefix}gdn paths Hk{hk} Hv{hv} D{d}"),
+            tol,
+            cpu,
+            gpu,
+        );
     }
 }
 
@@ -171,7 +206,7 @@ fn run_twice<B: Backend>(
 /// a per-chunk decay around 0.7), so the state carries information across many
 /// chunks and rounding in the state pass accumulates the most. The Hv/Hk
 /// group is 2, as in Qwen3.6. The GPU side runs twice (bit-identical).
-fn gdn_long_prefill(c: &mut Ctx) {
+fn gdn_long_prefill(c: &mut Ctx, prefix: &str, tol: f64) {
     let (hk, hv, d) = (2, 4, 128);
     let spec = gdn_spec(hk, hv, d);
     let cache = gdn_cache(spec, 6);
@@ -197,8 +232,8 @@ fn gdn_long_prefill(c: &mut Ctx) {
     let cpu = run_layer1(&c.cpu, &spec, &cache, &steps, &inputs, &w);
     let gpu = run_twice(&c.gpu, &spec, &cache, &steps, &inputs, &w);
     c.record(
-        &format!("gdn long prefill Hk{hk} Hv{hv} D{d}"),
-        TOL_GDN,
+        &format!("{prefix}gdn long prefill Hk{hk} Hv{hv} D{d}"),
+        tol,
         cpu,
         gpu,
     );

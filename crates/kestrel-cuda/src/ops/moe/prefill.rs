@@ -138,7 +138,8 @@ pub(super) fn moe_prefill(
     );
     let xs_ptr = ptr(&xs, s);
 
-    // Router logits [T, E], plus the gate logit as column E when there is one.
+    // Router logits [T, E], plus the gate logit as column E when there is
+    // one (its own kernel: as a 257th GEMM column it cost a whole tile).
     let logits = gpu.alloc::<f32>(t * ld);
     launch_gemm(
         gpu,
@@ -152,15 +153,32 @@ pub(super) fn moe_prefill(
             a_rows: 0,
             w: ptr(w.router.bf16("router"), s),
             w_stride: 0,
-            w_extra: gate.unwrap_or(0),
+            w_extra: 0,
             groups: None,
             rows: t,
             row_tiles: t.div_ceil(GEMM_ROWS),
-            n: ld,
+            n: ne,
             k: 3 * h,
             k_period: h,
         },
     );
+    if let Some(gate_w) = gate {
+        gpu.launch(
+            &gpu.k.moe_gate_logit,
+            (blocks(t, 8), 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(ptr(&logits, s)),
+                Arg::I32(ld as i32),
+                Arg::I32(ne as i32),
+                Arg::Ptr(ptr(&x.buf, s)),
+                Arg::Ptr(gate_w),
+                Arg::I32(t as i32),
+                Arg::I32(h as i32),
+            ],
+        );
+    }
 
     let (ids, weights) = top_k(gpu, &logits, ld, t, spec);
 
