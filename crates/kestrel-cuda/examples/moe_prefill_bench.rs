@@ -7,8 +7,10 @@
 //! token, 2 FLOP per multiply-add) in TFLOP/s. Timing is host wall-clock
 //! around the calls, between stream syncs.
 //!
-//! Usage: `moe_prefill_bench [--device N] [--host]`; `--host` times the older
-//! host-routed path (`KESTREL_MOE_PREFILL=host`).
+//! Usage: `moe_prefill_bench [--device N] [--host | --mma]`; `--host` times
+//! the older host-routed path (`KESTREL_MOE_PREFILL=host`), `--mma` the
+//! device-routed path with the mma.sync expert GEMMs instead of the wgmma
+//! ones on Hopper (`KESTREL_MOE_GEMM=mma`).
 
 use std::time::Instant;
 
@@ -29,21 +31,35 @@ fn flops(spec: &MoeSpec, h: usize, t: usize) -> f64 {
 
 fn main() {
     let args = bench_args::parse(
-        "moe_prefill_bench [--device N] [--host]",
-        &[bench_args::Switch {
-            flag: "--host",
-            var: "KESTREL_MOE_PREFILL",
-            value: "host",
-        }],
+        "moe_prefill_bench [--device N] [--host | --mma]",
+        &[
+            bench_args::Switch {
+                flag: "--host",
+                var: "KESTREL_MOE_PREFILL",
+                value: "host",
+            },
+            bench_args::Switch {
+                flag: "--mma",
+                var: "KESTREL_MOE_GEMM",
+                value: "mma",
+            },
+        ],
     );
     let host = args.has("--host");
+    let mma = args.has("--mma");
     let Some(gpu) = bench_args::open(args.device) else {
         return;
     };
     println!(
         "device: {}  path: {}",
         gpu.name(),
-        if host { "host-routed" } else { "device-routed" }
+        if host {
+            "host-routed"
+        } else if mma {
+            "device-routed, mma.sync expert GEMMs"
+        } else {
+            "device-routed (wgmma expert GEMMs on Hopper)"
+        }
     );
     for (name, spec, h) in target_models() {
         // One layer (over 1 GB of experts, far beyond L2).

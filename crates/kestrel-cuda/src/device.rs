@@ -97,6 +97,10 @@ pub struct Kernels {
     pub moe_route_fill: CudaFunction,
     pub moe_combine: CudaFunction,
     pub moe_gate_logit: CudaFunction,
+    /// The wgmma versions of the expert GEMMs (`kernels/moe_gemm_sm90.cu`),
+    /// run on compute capability 9.0 only.
+    pub moe_gate_up_gemm_sm90: CudaFunction,
+    pub moe_down_gemm_sm90: CudaFunction,
     pub argmax_rows: CudaFunction,
     pub top_candidates: CudaFunction,
 }
@@ -116,6 +120,7 @@ impl Kernels {
         let attention_prefill = module(kestrel_kernels::ATTENTION_PREFILL, "attention_prefill")?;
         let moe = module(kestrel_kernels::MOE, "moe")?;
         let moe_prefill = module(kestrel_kernels::MOE_PREFILL, "moe_prefill")?;
+        let moe_gemm_sm90 = module(kestrel_kernels::MOE_GEMM_SM90, "moe_gemm_sm90")?;
         let gdn = module(kestrel_kernels::GDN, "gdn")?;
         let gdn_decode = module(kestrel_kernels::GDN_DECODE, "gdn_decode")?;
         let gdn_chunk = module(kestrel_kernels::GDN_CHUNK, "gdn_chunk")?;
@@ -195,6 +200,14 @@ impl Kernels {
             moe_route_fill: f(&moe_prefill, "moe_route_fill")?,
             moe_combine: f(&moe_prefill, "moe_combine")?,
             moe_gate_logit: f(&moe_prefill, "moe_gate_logit")?,
+            moe_gate_up_gemm_sm90: crate::ops::moe::prefill_gemm_sm90(
+                &moe_gemm_sm90,
+                "moe_gate_up_gemm_sm90",
+            )?,
+            moe_down_gemm_sm90: crate::ops::moe::prefill_gemm_sm90(
+                &moe_gemm_sm90,
+                "moe_down_gemm_sm90",
+            )?,
             argmax_rows: f(&sample, "argmax_rows")?,
             top_candidates: f(&sample, "top_candidates")?,
         })
@@ -247,6 +260,10 @@ pub struct Gpu {
     /// Off by default: on an H200 it passed every check but changed replayed
     /// decode steps by less than the noise (3.215 vs 3.208 ms).
     pub pdl: bool,
+    /// Run the prefill MoE's expert GEMMs on wgmma (`moe_gemm_sm90.cu`):
+    /// on compute capability 9.0 unless `KESTREL_MOE_GEMM=mma` asks for the
+    /// mma.sync kernels every GPU runs.
+    pub moe_gemm_wgmma: bool,
     /// Route prefill MoE blocks on the host with per-expert cuBLAS products
     /// (the older path) instead of the device-routed grouped GEMMs:
     /// `KESTREL_MOE_PREFILL=host`, read once here.
@@ -294,6 +311,7 @@ impl Gpu {
             .map_err(|e| BackendError::Unavailable(format!("creating cuBLAS handle: {e:?}")))?;
         keep_freed_memory(&ctx)?;
         let k = Kernels::load(&ctx)?;
+        let hopper = ctx.compute_capability().is_ok_and(|cc| cc == (9, 0));
         Ok(Gpu {
             ctx,
             stream,
@@ -303,6 +321,7 @@ impl Gpu {
             step: Default::default(),
             capturing: Default::default(),
             pdl: std::env::var("KESTREL_CUDA_PDL").is_ok_and(|v| v == "1"),
+            moe_gemm_wgmma: hopper && !std::env::var("KESTREL_MOE_GEMM").is_ok_and(|v| v == "mma"),
             moe_prefill_host: std::env::var("KESTREL_MOE_PREFILL").is_ok_and(|v| v == "host"),
             precision,
         })

@@ -20,42 +20,20 @@
 //
 // The shared expert runs through the same two GEMM kernels as one dense group
 // of all T tokens.
-#include "attention_mma.cuh"
+#include "moe_gemm.cuh"
 
 // ---- grouped GEMM on tensor cores -------------------------------------------
 
-// Block tile: 64 rows (tokens) x 128 weight rows, K in steps of 64, a 4-stage
-// cp.async pipeline. 8 warps as 2 (rows) x 4 (columns); each warp owns 32 x 32
-// of the output: 2 m16 tiles x 4 n8 tiles of mma m16n8k16 (bf16 in, f32 acc).
-constexpr int MG_BM = 64;
-constexpr int MG_BN = 128;
-constexpr int MG_BK = 64;
-constexpr int MG_STAGES = 4;
+// The mma.sync kernels: 8 warps as 2 (rows) x 4 (columns); each warp owns
+// 32 x 32 of the 64 x 128 block tile (moe_gemm.cuh): 2 m16 tiles x 4 n8
+// tiles of mma m16n8k16 (bf16 in, f32 acc).
 constexpr int MG_THREADS = 256;
-constexpr int MG_A_CHUNKS = MG_BM * MG_BK / 8;  // 16-byte chunks per stage
-constexpr int MG_B_CHUNKS = MG_BN * MG_BK / 8;
-constexpr int MG_STAGE_CHUNKS = MG_A_CHUNKS + MG_B_CHUNKS;
-// Dynamic shared memory of the GEMM kernels: 4 * (8 + 16) KiB = 96 KiB
-// (mirrored by `GEMM_SMEM_BYTES` in ops/moe.rs).
-constexpr int MG_SMEM_BYTES = MG_STAGES * MG_STAGE_CHUNKS * 16;
-static_assert(MG_SMEM_BYTES == 96 * 1024, "ops/moe.rs assumes 96 KiB");
 static_assert(MG_A_CHUNKS == 2 * MG_THREADS && MG_B_CHUNKS == 4 * MG_THREADS, "one load pattern per thread");
 
-enum { MG_ROUTER = 0, MG_GATE_UP = 1, MG_DOWN = 2 };
-
-// Tile rows are 64 bf16 = 8 chunks of 16 bytes; chunk ch of row r sits at
-// ch ^ (r % 8), so the 8 row addresses of every ldmatrix hit distinct banks
-// (the layout of attention_prefill.cu with D = 64).
-__device__ __forceinline__ int mg_swz(int row, int ch) { return row * 8 + (ch ^ (row & 7)); }
-
-// One block computes one (group, 64-row tile, column tile). Rows are in
-// "grouped order": group e owns rows offsets[e] .. offsets[e+1]; its 64-row
-// tiles are numbered tile_off[e] .. tile_off[e+1] in one flat list (computed on
-// the device by moe_route_plan), and the grid launches an upper bound of
-// tiles, the extra blocks leaving at once. With tile_off == nullptr there is
-// one group of rows 0 .. rows. Block b is column tile b % n_tiles of flat
-// tile b / n_tiles: the column tiles of one row tile run side by side, so
-// its A rows and its expert's weights are served from L2 after the first read.
+// One block computes one (group, 64-row tile, column tile), see mg_tile.
+// Block b is column tile b % n_tiles of flat tile b / n_tiles: the column
+// tiles of one row tile run side by side, so its A rows and its expert's
+// weights are served from L2 after the first read.
 //
 //   a      A rows (bf16), `lda` elements apart; grouped row p reads A row
 //          a_rows[p] (a_rows == nullptr: row p).
@@ -86,25 +64,9 @@ __device__ __forceinline__ void moe_gemm(void* __restrict__ out, int ldo, const 
     const int nt = (int)(blockIdx.x % (unsigned)n_tiles);
     const int slot = (int)(blockIdx.x / (unsigned)n_tiles);
 
-    // Which group and rows this block serves.
-    int grp = 0, row0, row_end;
-    if (tile_off != nullptr) {
-        if (slot >= tile_off[groups]) return;
-        int lo = 0, hi = groups;  // tile_off[lo] <= slot < tile_off[hi]
-        while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
-            if (tile_off[mid] <= slot) lo = mid;
-            else hi = mid;
-        }
-        grp = lo;
-        row0 = offsets[grp] + (slot - tile_off[grp]) * MG_BM;
-        row_end = offsets[grp + 1];
-    } else {
-        row0 = slot * MG_BM;
-        row_end = rows;
-    }
-    if (row0 >= row_end) return;
-    const int m_rows = min(MG_BM, row_end - row0);
+    MgTile tile;
+    if (!mg_tile(tile, slot, offsets, tile_off, groups, rows)) return;
+    const int grp = tile.grp, row0 = tile.row0, m_rows = tile.m_rows;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 2, wn = warp & 3;  // 32-row half, 32-column quarter

@@ -49,7 +49,7 @@ use decode::moe_decode;
 use host_routed::moe_host_routed;
 use prefill::moe_prefill;
 
-pub use prefill::prefill_gemm;
+pub use prefill::{prefill_gemm, prefill_gemm_sm90};
 
 /// Softmax and top-k of router logits `[t, ld]` (the first `num_experts`
 /// columns): picked ids and weights `[t, top_k]`, in ascending expert id so

@@ -39,6 +39,26 @@ pub fn prefill_gemm(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
     Ok(f)
 }
 
+/// Threads of the wgmma GEMM kernels (one warpgroup) and their dynamic
+/// shared memory: the stages plus 1 KiB to start them on a 1,024-byte
+/// boundary (`kernels/moe_gemm_sm90.cu`).
+const GEMM_SM90_THREADS: u32 = 128;
+const GEMM_SM90_SMEM_BYTES: u32 = GEMM_SMEM_BYTES + 1024;
+const _: () = assert!(2 * GEMM_SM90_SMEM_BYTES <= 227 * 1024);
+
+/// A wgmma GEMM kernel, allowed its dynamic shared memory.
+pub fn prefill_gemm_sm90(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
+    let f = m
+        .load_function(name)
+        .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        GEMM_SM90_SMEM_BYTES as i32,
+    )
+    .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
+    Ok(f)
+}
+
 /// One launch of a prefill GEMM kernel (`moe_gemm` in moe_prefill.cu, whose
 /// comment describes the fields).
 struct Gemm {
@@ -95,6 +115,52 @@ fn launch_gemm(gpu: &Gpu, f: &CudaFunction, cols_per_tile: usize, g: &Gemm) {
             Arg::I32(g.n as i32),
             Arg::I32(g.k as i32),
             Arg::I32(g.k_period as i32),
+            Arg::I32(n_tiles as i32),
+        ],
+    );
+}
+
+/// An expert GEMM (gate_up or down): on wgmma where the GPU has it
+/// ([`Gpu::moe_gemm_wgmma`]), else through `mma` (the mma.sync kernel).
+fn launch_expert_gemm(
+    gpu: &Gpu,
+    (mma, wgmma): (&CudaFunction, &CudaFunction),
+    cols_per_tile: usize,
+    g: &Gemm,
+) {
+    if !gpu.moe_gemm_wgmma {
+        return launch_gemm(gpu, mma, cols_per_tile, g);
+    }
+    assert!(
+        g.w_extra == 0 && g.k_period == g.k,
+        "the wgmma expert GEMMs take plain weight rows"
+    );
+    let n_tiles = g.n.div_ceil(cols_per_tile);
+    let (offsets, tile_off, groups) = g.groups.unwrap_or((0, 0, 1));
+    let grid = n_tiles * g.row_tiles;
+    assert!(
+        grid <= i32::MAX as usize,
+        "moe prefill: grid of {grid} blocks"
+    );
+    gpu.launch(
+        wgmma,
+        (grid as u32, 1, 1),
+        GEMM_SM90_THREADS,
+        GEMM_SM90_SMEM_BYTES,
+        &[
+            Arg::Ptr(g.out),
+            Arg::I32(g.ldo as i32),
+            Arg::Ptr(g.a),
+            Arg::I32(g.lda as i32),
+            Arg::Ptr(g.a_rows),
+            Arg::Ptr(g.w),
+            Arg::U64(g.w_stride as u64),
+            Arg::Ptr(offsets),
+            Arg::Ptr(tile_off),
+            Arg::I32(groups as i32),
+            Arg::I32(g.rows as i32),
+            Arg::I32(g.n as i32),
+            Arg::I32(g.k as i32),
             Arg::I32(n_tiles as i32),
         ],
     );
@@ -221,9 +287,9 @@ pub(super) fn moe_prefill(
     let grouped = Some((ptr(&offsets, s), ptr(&tile_off, s), ne));
     let row_tiles = grouped_row_tiles(pairs, ne);
     let act = gpu.alloc::<u16>(pairs * inter);
-    launch_gemm(
+    launch_expert_gemm(
         gpu,
-        &gpu.k.moe_gate_up_gemm,
+        (&gpu.k.moe_gate_up_gemm, &gpu.k.moe_gate_up_gemm_sm90),
         GEMM_COLS / 2,
         &Gemm {
             out: ptr(&act, s),
@@ -243,9 +309,9 @@ pub(super) fn moe_prefill(
         },
     );
     let y = gpu.alloc::<f32>(pairs * h);
-    launch_gemm(
+    launch_expert_gemm(
         gpu,
-        &gpu.k.moe_down_gemm,
+        (&gpu.k.moe_down_gemm, &gpu.k.moe_down_gemm_sm90),
         GEMM_COLS,
         &Gemm {
             out: ptr(&y, s),
@@ -270,9 +336,9 @@ pub(super) fn moe_prefill(
     let ys = shared.map(|e| {
         let (sgu, sdn, si) = (e.gate_up, e.down, e.inter);
         let act_s = gpu.alloc::<u16>(t * si);
-        launch_gemm(
+        launch_expert_gemm(
             gpu,
-            &gpu.k.moe_gate_up_gemm,
+            (&gpu.k.moe_gate_up_gemm, &gpu.k.moe_gate_up_gemm_sm90),
             GEMM_COLS / 2,
             &Gemm {
                 out: ptr(&act_s, s),
@@ -292,9 +358,9 @@ pub(super) fn moe_prefill(
             },
         );
         let ys = gpu.alloc::<f32>(t * h);
-        launch_gemm(
+        launch_expert_gemm(
             gpu,
-            &gpu.k.moe_down_gemm,
+            (&gpu.k.moe_down_gemm, &gpu.k.moe_down_gemm_sm90),
             GEMM_COLS,
             &Gemm {
                 out: ptr(&ys, s),

@@ -1,0 +1,215 @@
+// The prefill MoE's expert GEMMs on Hopper's warpgroup tensor-core
+// instructions (wgmma, sm_90a only): the same tiles, grid, shared-memory
+// layout and epilogues as the mma.sync kernels of moe_prefill.cu, which
+// other GPUs (and the router GEMM) keep using.
+//
+// One warpgroup (128 threads) per 64 x 128 block tile. The cp.async pipeline
+// fills 4 stages as before; each K tile of 64 is then 4 wgmma.m64n128k16
+// that read both operands straight from shared memory through matrix
+// descriptors (mma.sync needed an ldmatrix per operand fragment, whose
+// shared-memory traffic and issue slots bounded the old kernels at ~250
+// TFLOP/s on an H200). The tiles' layout (moe_gemm.cuh: 128-byte rows,
+// 16-byte chunk c of row r at c ^ (r % 8)) is wgmma's 128-byte swizzle for
+// K-major operands once each stage starts on a 1024-byte boundary.
+//
+// Accumulation: per K tile, in tile order, as the mma.sync kernels; each
+// thread's registers after wgmma.wait hold (PTX ISA, "wgmma 64xNx16 D"), for
+// warp w, g = lane / 4, c = lane % 4 and every 8-column block j:
+//   d[4j], d[4j+1] = D[16w + g][8j + 2c, +1], d[4j+2], d[4j+3] = D[16w + g + 8][...].
+#include "moe_gemm.cuh"
+
+constexpr int MGW_THREADS = 128;
+static_assert(MG_A_CHUNKS == 4 * MGW_THREADS && MG_B_CHUNKS == 8 * MGW_THREADS, "one load pattern per thread");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Shared-memory matrix descriptor of a K-major operand tile with 128-byte
+// swizzle: start address, leading offset (unused by this layout, 1 by
+// convention), stride between 8-row groups (1,024 bytes), layout type 1.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Wait until at most N committed wgmma groups are still running.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes shared memory through the generic proxy; wgmma reads it
+// through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Keeps the compiler from moving accumulator accesses across wgmma issue/wait.
+__device__ __forceinline__ void pin(float (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d += A[64 x 16] B[16 x 128] (bf16, both K-major in shared memory).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db));
+}
+
+template <int MODE>
+__device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, const __nv_bfloat16* __restrict__ a,
+                                            int lda, const int* __restrict__ a_rows,
+                                            const __nv_bfloat16* __restrict__ w, long long w_stride,
+                                            const int* __restrict__ offsets, const int* __restrict__ tile_off,
+                                            int groups, int rows, int n, int k, int n_tiles) {
+    extern __shared__ uint4 smem_raw[];
+    // Stages on a 1024-byte boundary (the launch adds 1 KiB for this).
+    const uint32_t raw = smem_addr(smem_raw);
+    uint4* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw) / 16;
+    const int nt = (int)(blockIdx.x % (unsigned)n_tiles);
+    const int slot = (int)(blockIdx.x / (unsigned)n_tiles);
+    MgTile tile;
+    if (!mg_tile(tile, slot, offsets, tile_off, groups, rows)) return;
+    const int grp = tile.grp, row0 = tile.row0, m_rows = tile.m_rows;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, c = lane & 3;
+
+    // Each thread copies chunk `ch` of A tile rows r_lo + 16 i (i < 4) and
+    // of B tile rows r_lo + 16 i (i < 8) at every K step.
+    const int ch = tid & 7, r_lo = tid >> 3;
+    const __nv_bfloat16* a_src[4];
+    bool a_ok[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = r_lo + 16 * i;
+        a_ok[i] = r < m_rows;
+        int arow = row0 + (a_ok[i] ? r : 0);
+        if (a_rows != nullptr) arow = a_rows[arow];
+        a_src[i] = a + (size_t)arow * lda;
+    }
+    const __nv_bfloat16* wg = w + (size_t)grp * (size_t)w_stride;
+    const __nv_bfloat16* b_src[8];
+    bool b_ok[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r_lo + 16 * i;  // B tile row = output column of the tile
+        int wrow;
+        if (MODE == MG_GATE_UP) {
+            // Rows 0..63: the gate rows of act columns nt*64 + r; rows 64..127 their up rows.
+            const int col = nt * 64 + (r & 63);
+            b_ok[i] = col < n;
+            wrow = b_ok[i] ? (r < 64 ? col : n + col) : 0;
+        } else {
+            const int col = nt * MG_BN + r;
+            b_ok[i] = col < n;
+            wrow = b_ok[i] ? col : 0;
+        }
+        b_src[i] = wg + (size_t)wrow * k;
+    }
+
+    auto load_stage = [&](int stage, int kt) {
+        uint4* sa = smem + stage * MG_STAGE_CHUNKS;
+        uint4* sb = sa + MG_A_CHUNKS;
+        const int kk = kt * MG_BK + ch * 8;
+        const bool k_ok = kk < k;
+        const int ka = k_ok ? kk : 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            cp_async_16(smem_addr(sa + mg_swz(r_lo + 16 * i, ch)), a_src[i] + ka, a_ok[i] && k_ok);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            cp_async_16(smem_addr(sb + mg_swz(r_lo + 16 * i, ch)), b_src[i] + ka, b_ok[i] && k_ok);
+    };
+
+    const int k_tiles = (k + MG_BK - 1) / MG_BK;
+#pragma unroll
+    for (int s = 0; s < MG_STAGES - 1; ++s) {
+        if (s < k_tiles) load_stage(s, s);
+        cp_async_commit();
+    }
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+
+    // K tile kt's wgmmas run while the next tile's are issued: after
+    // committing tile kt, waiting for all but one group means tile kt - 1 is
+    // done, so its stage can take the copies of tile kt + STAGES - 1.
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        cp_async_wait<MG_STAGES - 2>();  // K tile kt has landed (this thread's copies)
+        fence_proxy_async();             // ... and is visible to wgmma
+        __syncthreads();                 // ... for every thread's copies
+        const uint4* sa = smem + (kt % MG_STAGES) * MG_STAGE_CHUNKS;
+        const uint64_t da = wgmma_desc(smem_addr(sa)), db = wgmma_desc(smem_addr(sa + MG_A_CHUNKS));
+        pin(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < MG_BK / 16; ++ks)  // 16 columns = 32 bytes = 2 descriptor units
+            wgmma_m64n128k16(acc, da + 2 * ks, db + 2 * ks);
+        wgmma_commit();
+        wgmma_wait<1>();
+        pin(acc);
+        const int next = kt + MG_STAGES - 1;
+        if (next < k_tiles) load_stage(next % MG_STAGES, next);
+        cp_async_commit();
+    }
+    wgmma_wait<0>();
+    pin(acc);
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int r = 16 * warp + g + 8 * hr;
+        if (r >= m_rows) continue;
+        const size_t p = (size_t)(row0 + r);
+        if (MODE == MG_GATE_UP) {
+            __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + p * ldo;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int col = nt * 64 + 8 * j + 2 * c;  // n % 8 == 0: col + 1 < n too
+                if (col >= n) continue;
+                const float v0 = siluf_exact(acc[4 * j + 2 * hr]) * acc[4 * (j + 8) + 2 * hr];
+                const float v1 = siluf_exact(acc[4 * j + 2 * hr + 1]) * acc[4 * (j + 8) + 2 * hr + 1];
+                *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(v0, v1);
+            }
+        } else {
+            float* o = static_cast<float*>(out) + p * ldo;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const int col = nt * MG_BN + 8 * j + 2 * c;  // n % 8 == 0: col + 1 < n too
+                if (col >= n) continue;
+                *reinterpret_cast<float2*>(o + col) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+            }
+        }
+    }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// The gate_up and down modes of moe_prefill.cu's kernels (same arguments but
+// no w_extra and k_period == k). Built for sm_90a only: on other targets the
+// kernels exist but trap, and ops/moe never launches them there.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MGW_BODY(MODE) \
+    moe_gemm_wg<MODE>(out, ldo, a, lda, a_rows, w, w_stride, offsets, tile_off, groups, rows, n, k, n_tiles)
+#else
+#define MGW_BODY(MODE) __trap()
+#endif
+#define MOE_GEMM_WG_KERNEL(NAME, MODE)                                                                           \
+    KESTREL_EXTERN void __launch_bounds__(MGW_THREADS, 2)                                                        \
+        NAME(void* __restrict__ out, int ldo, const __nv_bfloat16* __restrict__ a, int lda,                      \
+             const int* __restrict__ a_rows, const __nv_bfloat16* __restrict__ w, long long w_stride,            \
+             const int* __restrict__ offsets, const int* __restrict__ tile_off, int groups, int rows, int n,     \
+             int k, int n_tiles) {                                                                               \
+        pdl_begin();                                                                                             \
+        MGW_BODY(MODE);                                                                                          \
+    }
+
+// Launch: grid n_tiles * row tiles (1-D), block 128, dynamic shared memory
+// MG_SMEM_BYTES + 1024.
+MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90, MG_GATE_UP)
+MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90, MG_DOWN)
