@@ -101,6 +101,9 @@ pub struct Kernels {
     /// run on compute capability 9.0 only.
     pub moe_gate_up_gemm_sm90: CudaFunction,
     pub moe_down_gemm_sm90: CudaFunction,
+    /// The same with 128-row tiles (two warpgroups).
+    pub moe_gate_up_gemm_sm90_m128: CudaFunction,
+    pub moe_down_gemm_sm90_m128: CudaFunction,
     pub argmax_rows: CudaFunction,
     pub top_candidates: CudaFunction,
 }
@@ -203,10 +206,22 @@ impl Kernels {
             moe_gate_up_gemm_sm90: crate::ops::moe::prefill_gemm_sm90(
                 &moe_gemm_sm90,
                 "moe_gate_up_gemm_sm90",
+                64,
             )?,
             moe_down_gemm_sm90: crate::ops::moe::prefill_gemm_sm90(
                 &moe_gemm_sm90,
                 "moe_down_gemm_sm90",
+                64,
+            )?,
+            moe_gate_up_gemm_sm90_m128: crate::ops::moe::prefill_gemm_sm90(
+                &moe_gemm_sm90,
+                "moe_gate_up_gemm_sm90_m128",
+                128,
+            )?,
+            moe_down_gemm_sm90_m128: crate::ops::moe::prefill_gemm_sm90(
+                &moe_gemm_sm90,
+                "moe_down_gemm_sm90_m128",
+                128,
             )?,
             argmax_rows: f(&sample, "argmax_rows")?,
             top_candidates: f(&sample, "top_candidates")?,

@@ -34,9 +34,12 @@ __device__ __forceinline__ int mg_swz(int row, int ch) { return row * 8 + (ch ^ 
 // one flat list (computed on the device by moe_route_plan), and the grid
 // launches an upper bound of tiles, the extra blocks finding none (false).
 // With tile_off == nullptr there is one group of rows 0 .. rows.
+// BM: the rows of a tile (64, or 128 for the wgmma kernels' large tiles);
+// tile_off must have been computed for the same BM.
 struct MgTile {
     int grp, row0, m_rows;
 };
+template <int BM = MG_BM>
 __device__ __forceinline__ bool mg_tile(MgTile& t, int slot, const int* __restrict__ offsets,
                                         const int* __restrict__ tile_off, int groups, int rows) {
     int row_end;
@@ -50,13 +53,13 @@ __device__ __forceinline__ bool mg_tile(MgTile& t, int slot, const int* __restri
             else hi = mid;
         }
         t.grp = lo;
-        t.row0 = offsets[lo] + (slot - tile_off[lo]) * MG_BM;
+        t.row0 = offsets[lo] + (slot - tile_off[lo]) * BM;
         row_end = offsets[lo + 1];
     } else {
-        t.row0 = slot * MG_BM;
+        t.row0 = slot * BM;
         row_end = rows;
     }
     if (t.row0 >= row_end) return false;
-    t.m_rows = min(MG_BM, row_end - t.row0);
+    t.m_rows = min(BM, row_end - t.row0);
     return true;
 }

@@ -3,12 +3,15 @@
 // layout and epilogues as the mma.sync kernels of moe_prefill.cu, which
 // other GPUs (and the router GEMM) keep using.
 //
-// One warpgroup (128 threads) per 64 x 128 block tile. The cp.async pipeline
-// fills 4 stages as before; each K tile of 64 is then 4 wgmma.m64n128k16
-// that read both operands straight from shared memory through matrix
-// descriptors (mma.sync needed an ldmatrix per operand fragment, whose
-// shared-memory traffic and issue slots bounded the old kernels at ~250
-// TFLOP/s on an H200). The tiles' layout (moe_gemm.cuh: 128-byte rows,
+// A block tile is BM x 128: BM = 64 rows for one warpgroup (128 threads),
+// or 128 rows for two that share each stage's weight tile (256 threads, one
+// block per SM), which halves the weight bytes per FLOP where experts get
+// enough rows (ops/moe picks). The cp.async pipeline fills 4 stages as in
+// the mma.sync kernels; each K tile of 64 is then 4 wgmma.m64n128k16 per
+// warpgroup that read both operands straight from shared memory through
+// matrix descriptors (mma.sync needed an ldmatrix per operand fragment,
+// whose shared-memory traffic and issue slots bounded the old kernels at
+// ~250 TFLOP/s on an H200). The tiles' layout (moe_gemm.cuh: 128-byte rows,
 // 16-byte chunk c of row r at c ^ (r % 8)) is wgmma's 128-byte swizzle for
 // K-major operands once each stage starts on a 1024-byte boundary.
 //
@@ -18,8 +21,19 @@
 //   d[4j], d[4j+1] = D[16w + g][8j + 2c, +1], d[4j+2], d[4j+3] = D[16w + g + 8][...].
 #include "moe_gemm.cuh"
 
-constexpr int MGW_THREADS = 128;
-static_assert(MG_A_CHUNKS == 4 * MGW_THREADS && MG_B_CHUNKS == 8 * MGW_THREADS, "one load pattern per thread");
+// Threads, 16-byte chunks of a stage (A then B), and the dynamic shared
+// memory (4 stages plus 1 KiB for alignment; ops/moe mirrors it) per BM.
+template <int BM>
+struct Mgw {
+    static constexpr int THREADS = 2 * BM;
+    static constexpr int A_CHUNKS = BM * MG_BK / 8;
+    static constexpr int STAGE_CHUNKS = A_CHUNKS + MG_B_CHUNKS;
+    static constexpr int SMEM_BYTES = MG_STAGES * STAGE_CHUNKS * 16 + 1024;
+    // Copies per thread and K tile: A and B rows r_lo + ROW_STEP * i.
+    static constexpr int ROW_STEP = THREADS / 8;
+    static constexpr int A_LOADS = BM / ROW_STEP, B_LOADS = MG_BN / ROW_STEP;
+};
+static_assert(Mgw<64>::SMEM_BYTES == 97 * 1024 && Mgw<128>::SMEM_BYTES == 129 * 1024, "ops/moe.rs mirrors these");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -59,7 +73,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, ui
         : "l"(da), "l"(db));
 }
 
-template <int MODE>
+template <int MODE, int BM>
 __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, const __nv_bfloat16* __restrict__ a,
                                             int lda, const int* __restrict__ a_rows,
                                             const __nv_bfloat16* __restrict__ w, long long w_stride,
@@ -71,32 +85,33 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
     uint4* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw) / 16;
     const int nt = (int)(blockIdx.x % (unsigned)n_tiles);
     const int slot = (int)(blockIdx.x / (unsigned)n_tiles);
+    using P = Mgw<BM>;
     MgTile tile;
-    if (!mg_tile(tile, slot, offsets, tile_off, groups, rows)) return;
+    if (!mg_tile<BM>(tile, slot, offsets, tile_off, groups, rows)) return;
     const int grp = tile.grp, row0 = tile.row0, m_rows = tile.m_rows;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // Warpgroup wgr computes tile rows 64 wgr .. + 63; warp w of it rows 16 w ...
+    const int tid = threadIdx.x, lane = tid & 31, wgr = tid >> 7, warp = (tid >> 5) & 3;
     const int g = lane >> 2, c = lane & 3;
 
-    // Each thread copies chunk `ch` of A tile rows r_lo + 16 i (i < 4) and
-    // of B tile rows r_lo + 16 i (i < 8) at every K step.
+    // Each thread copies chunk `ch` of A and B tile rows r_lo + ROW_STEP i.
     const int ch = tid & 7, r_lo = tid >> 3;
-    const __nv_bfloat16* a_src[4];
-    bool a_ok[4];
+    const __nv_bfloat16* a_src[P::A_LOADS];
+    bool a_ok[P::A_LOADS];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r = r_lo + 16 * i;
+    for (int i = 0; i < P::A_LOADS; ++i) {
+        const int r = r_lo + P::ROW_STEP * i;
         a_ok[i] = r < m_rows;
         int arow = row0 + (a_ok[i] ? r : 0);
         if (a_rows != nullptr) arow = a_rows[arow];
         a_src[i] = a + (size_t)arow * lda;
     }
     const __nv_bfloat16* wg = w + (size_t)grp * (size_t)w_stride;
-    const __nv_bfloat16* b_src[8];
-    bool b_ok[8];
+    const __nv_bfloat16* b_src[P::B_LOADS];
+    bool b_ok[P::B_LOADS];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int r = r_lo + 16 * i;  // B tile row = output column of the tile
+    for (int i = 0; i < P::B_LOADS; ++i) {
+        const int r = r_lo + P::ROW_STEP * i;  // B tile row = output column of the tile
         int wrow;
         if (MODE == MG_GATE_UP) {
             // Rows 0..63: the gate rows of act columns nt*64 + r; rows 64..127 their up rows.
@@ -112,17 +127,17 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
     }
 
     auto load_stage = [&](int stage, int kt) {
-        uint4* sa = smem + stage * MG_STAGE_CHUNKS;
-        uint4* sb = sa + MG_A_CHUNKS;
+        uint4* sa = smem + stage * P::STAGE_CHUNKS;
+        uint4* sb = sa + P::A_CHUNKS;
         const int kk = kt * MG_BK + ch * 8;
         const bool k_ok = kk < k;
         const int ka = k_ok ? kk : 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-            cp_async_16(smem_addr(sa + mg_swz(r_lo + 16 * i, ch)), a_src[i] + ka, a_ok[i] && k_ok);
+        for (int i = 0; i < P::A_LOADS; ++i)
+            cp_async_16(smem_addr(sa + mg_swz(r_lo + P::ROW_STEP * i, ch)), a_src[i] + ka, a_ok[i] && k_ok);
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-            cp_async_16(smem_addr(sb + mg_swz(r_lo + 16 * i, ch)), b_src[i] + ka, b_ok[i] && k_ok);
+        for (int i = 0; i < P::B_LOADS; ++i)
+            cp_async_16(smem_addr(sb + mg_swz(r_lo + P::ROW_STEP * i, ch)), b_src[i] + ka, b_ok[i] && k_ok);
     };
 
     const int k_tiles = (k + MG_BK - 1) / MG_BK;
@@ -143,8 +158,10 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
         cp_async_wait<MG_STAGES - 2>();  // K tile kt has landed (this thread's copies)
         fence_proxy_async();             // ... and is visible to wgmma
         __syncthreads();                 // ... for every thread's copies
-        const uint4* sa = smem + (kt % MG_STAGES) * MG_STAGE_CHUNKS;
-        const uint64_t da = wgmma_desc(smem_addr(sa)), db = wgmma_desc(smem_addr(sa + MG_A_CHUNKS));
+        const uint4* sa = smem + (kt % MG_STAGES) * P::STAGE_CHUNKS;
+        // This warpgroup's 64 A rows (8 KiB further for the second), all of B.
+        const uint64_t da = wgmma_desc(smem_addr(sa + wgr * MG_A_CHUNKS)),
+                       db = wgmma_desc(smem_addr(sa + P::A_CHUNKS));
         pin(acc);
         wgmma_fence();
 #pragma unroll
@@ -163,7 +180,7 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
 
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-        const int r = 16 * warp + g + 8 * hr;
+        const int r = 64 * wgr + 16 * warp + g + 8 * hr;
         if (r >= m_rows) continue;
         const size_t p = (size_t)(row0 + r);
         if (MODE == MG_GATE_UP) {
@@ -191,25 +208,28 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // The gate_up and down modes of moe_prefill.cu's kernels (same arguments but
-// no w_extra and k_period == k). Built for sm_90a only: on other targets the
-// kernels exist but trap, and ops/moe never launches them there.
+// no w_extra and k_period == k), with 64-row tiles (one warpgroup) and with
+// 128-row tiles (two). Built for sm_90a only: on other targets the kernels
+// exist but trap, and ops/moe never launches them there.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MGW_BODY(MODE) \
-    moe_gemm_wg<MODE>(out, ldo, a, lda, a_rows, w, w_stride, offsets, tile_off, groups, rows, n, k, n_tiles)
+#define MGW_BODY(MODE, BM) \
+    moe_gemm_wg<MODE, BM>(out, ldo, a, lda, a_rows, w, w_stride, offsets, tile_off, groups, rows, n, k, n_tiles)
 #else
-#define MGW_BODY(MODE) __trap()
+#define MGW_BODY(MODE, BM) __trap()
 #endif
-#define MOE_GEMM_WG_KERNEL(NAME, MODE)                                                                           \
-    KESTREL_EXTERN void __launch_bounds__(MGW_THREADS, 2)                                                        \
+#define MOE_GEMM_WG_KERNEL(NAME, MODE, BM, MIN_BLOCKS)                                                           \
+    KESTREL_EXTERN void __launch_bounds__(2 * BM, MIN_BLOCKS)                                                    \
         NAME(void* __restrict__ out, int ldo, const __nv_bfloat16* __restrict__ a, int lda,                      \
              const int* __restrict__ a_rows, const __nv_bfloat16* __restrict__ w, long long w_stride,            \
              const int* __restrict__ offsets, const int* __restrict__ tile_off, int groups, int rows, int n,     \
              int k, int n_tiles) {                                                                               \
         pdl_begin();                                                                                             \
-        MGW_BODY(MODE);                                                                                          \
+        MGW_BODY(MODE, BM);                                                                                      \
     }
 
-// Launch: grid n_tiles * row tiles (1-D), block 128, dynamic shared memory
-// MG_SMEM_BYTES + 1024.
-MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90, MG_GATE_UP)
-MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90, MG_DOWN)
+// Launch: grid n_tiles * row tiles of BM (1-D), block 2 * BM, dynamic shared
+// memory Mgw<BM>::SMEM_BYTES.
+MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90, MG_GATE_UP, 64, 2)
+MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90, MG_DOWN, 64, 2)
+MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90_m128, MG_GATE_UP, 128, 1)
+MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90_m128, MG_DOWN, 128, 1)

@@ -17,14 +17,11 @@ KESTREL_EXTERN void rms_norm_f32(float* __restrict__ out, const float* __restric
 // Rows of up to ADD_NORM_REGS * blockDim.x values stay in registers between
 // the sum and the scaling: all loads of a thread are issued together, and the
 // updated residual is not read back from memory (decode calls this ~80 times
-// a step on one row, where each memory round trip is pure latency). For the
-// same reason the norm weights (never written by a kernel) are loaded before
-// waiting for the previous kernel, not after the reduction.
+// a step on one row, where each memory round trip is pure latency).
 constexpr int ADD_NORM_REGS = 16;
 KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, float* __restrict__ residual,
                                      const float* __restrict__ x, const float* __restrict__ w, int cols,
-                                     float eps) {
-    pdl_launch_dependents();
+                                     float eps) { pdl_begin();
     __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     float* rr = residual + row * cols;
@@ -32,13 +29,6 @@ KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, float* __restrict_
     float* o = out + row * cols;
     float ss = 0.f;
     if (cols <= ADD_NORM_REGS * (int)blockDim.x) {
-        float wv[ADD_NORM_REGS];
-#pragma unroll
-        for (int j = 0; j < ADD_NORM_REGS; ++j) {
-            const int c = threadIdx.x + j * blockDim.x;
-            wv[j] = c < cols ? w[c] : 0.f;
-        }
-        pdl_wait();
         float v[ADD_NORM_REGS];
 #pragma unroll
         for (int j = 0; j < ADD_NORM_REGS; ++j) {
@@ -55,11 +45,10 @@ KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, float* __restrict_
 #pragma unroll
         for (int j = 0; j < ADD_NORM_REGS; ++j) {
             const int c = threadIdx.x + j * blockDim.x;
-            if (c < cols) o[c] = v[j] * inv * wv[j];
+            if (c < cols) o[c] = v[j] * inv * w[c];
         }
         return;
     }
-    pdl_wait();
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         const float v = rr[c] + xr[c];
         rr[c] = v;

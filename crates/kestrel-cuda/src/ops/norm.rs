@@ -39,6 +39,10 @@ pub fn rms_norm(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight, eps: f32) -> CudaTens
     }
 }
 
+/// More rows than a decode step has: a prefill.
+const PREFILL_ROWS: usize = 8;
+const PREFILL_THREADS: u32 = 128;
+
 pub fn add_rms_norm(
     gpu: &Gpu,
     residual: &mut CudaTensor,
@@ -54,10 +58,19 @@ pub fn add_rms_norm(
     check_weight(x, w);
     let out = gpu.alloc::<f32>(x.rows * x.cols);
     let s = &gpu.stream;
+    // Prefill rows (many per launch) in blocks of 128 threads, which still
+    // keep rows of up to 2,048 values in registers (`ADD_NORM_REGS`, norm.cu):
+    // more, smaller blocks per SM overlap one row's reduction with other
+    // rows' loads. Decode's few rows keep 256 threads, for the shortest chain.
+    let threads = if x.rows > PREFILL_ROWS && x.cols <= 16 * PREFILL_THREADS as usize {
+        PREFILL_THREADS
+    } else {
+        THREADS
+    };
     gpu.launch(
         &gpu.k.add_rms_norm,
         (x.rows as u32, 1, 1),
-        THREADS,
+        threads,
         0,
         &[
             Arg::Ptr(ptr(&out, s)),

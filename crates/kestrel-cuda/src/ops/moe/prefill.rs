@@ -39,24 +39,60 @@ pub fn prefill_gemm(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
     Ok(f)
 }
 
-/// Threads of the wgmma GEMM kernels (one warpgroup) and their dynamic
-/// shared memory: the stages plus 1 KiB to start them on a 1,024-byte
-/// boundary (`kernels/moe_gemm_sm90.cu`).
-const GEMM_SM90_THREADS: u32 = 128;
-const GEMM_SM90_SMEM_BYTES: u32 = GEMM_SMEM_BYTES + 1024;
-const _: () = assert!(2 * GEMM_SM90_SMEM_BYTES <= 227 * 1024);
+/// The wgmma GEMM kernels (`kernels/moe_gemm_sm90.cu`) at `rows` rows per
+/// tile (64 or 128): two threads per row (one or two warpgroups), and their
+/// dynamic shared memory, 4 stages of `rows` A rows and 128 weight rows of
+/// 64 bf16, plus 1 KiB to start the stages on a 1,024-byte boundary.
+fn sm90_threads(rows: usize) -> u32 {
+    2 * rows as u32
+}
+fn sm90_smem_bytes(rows: usize) -> u32 {
+    (4 * (rows + GEMM_COLS) * 64 * 2 + 1024) as u32
+}
+const _: () = assert!(
+    GEMM_ROWS == 64 && GEMM_ROWS_LARGE == 128 && GEMM_COLS == 128,
+    "mirror Mgw<64> and Mgw<128>"
+);
+/// Rows per tile of the large wgmma kernels, taken when the experts average
+/// at least that many rows (an 8K-token Qwen3.6 prefill: 256).
+const GEMM_ROWS_LARGE: usize = 128;
 
-/// A wgmma GEMM kernel, allowed its dynamic shared memory.
-pub fn prefill_gemm_sm90(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
+/// A wgmma GEMM kernel for tiles of `rows` rows, allowed its dynamic shared memory.
+pub fn prefill_gemm_sm90(m: &Arc<CudaModule>, name: &str, rows: usize) -> Result<CudaFunction> {
     let f = m
         .load_function(name)
         .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
     f.set_attribute(
         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        GEMM_SM90_SMEM_BYTES as i32,
+        sm90_smem_bytes(rows) as i32,
     )
     .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
     Ok(f)
+}
+
+/// The kernels of one expert GEMM (gate_up or down): mma.sync, and wgmma
+/// with 64- and 128-row tiles.
+struct ExpertGemm<'a> {
+    mma: &'a CudaFunction,
+    wgmma: &'a CudaFunction,
+    wgmma_large: &'a CudaFunction,
+}
+
+impl<'a> ExpertGemm<'a> {
+    fn gate_up(gpu: &'a Gpu) -> Self {
+        ExpertGemm {
+            mma: &gpu.k.moe_gate_up_gemm,
+            wgmma: &gpu.k.moe_gate_up_gemm_sm90,
+            wgmma_large: &gpu.k.moe_gate_up_gemm_sm90_m128,
+        }
+    }
+    fn down(gpu: &'a Gpu) -> Self {
+        ExpertGemm {
+            mma: &gpu.k.moe_down_gemm,
+            wgmma: &gpu.k.moe_down_gemm_sm90,
+            wgmma_large: &gpu.k.moe_down_gemm_sm90_m128,
+        }
+    }
 }
 
 /// One launch of a prefill GEMM kernel (`moe_gemm` in moe_prefill.cu, whose
@@ -120,21 +156,39 @@ fn launch_gemm(gpu: &Gpu, f: &CudaFunction, cols_per_tile: usize, g: &Gemm) {
     );
 }
 
-/// An expert GEMM (gate_up or down): on wgmma where the GPU has it
-/// ([`Gpu::moe_gemm_wgmma`]), else through `mma` (the mma.sync kernel).
+/// Rows per tile of the expert GEMMs for `rows` rows over `groups` groups:
+/// 128 on wgmma when the groups average at least that many, else 64 (the
+/// mma.sync kernels always take 64).
+fn tile_rows(gpu: &Gpu, rows: usize, groups: usize) -> usize {
+    if gpu.moe_gemm_wgmma && rows >= GEMM_ROWS_LARGE * groups {
+        GEMM_ROWS_LARGE
+    } else {
+        GEMM_ROWS
+    }
+}
+
+/// An expert GEMM on wgmma where the GPU has it ([`Gpu::moe_gemm_wgmma`]),
+/// else on mma.sync; `g.row_tiles` counts tiles of `tile_rows` rows.
 fn launch_expert_gemm(
     gpu: &Gpu,
-    (mma, wgmma): (&CudaFunction, &CudaFunction),
+    kernels: &ExpertGemm,
+    tile_rows: usize,
     cols_per_tile: usize,
     g: &Gemm,
 ) {
     if !gpu.moe_gemm_wgmma {
-        return launch_gemm(gpu, mma, cols_per_tile, g);
+        assert_eq!(tile_rows, GEMM_ROWS, "mma.sync tiles are {GEMM_ROWS} rows");
+        return launch_gemm(gpu, kernels.mma, cols_per_tile, g);
     }
     assert!(
         g.w_extra == 0 && g.k_period == g.k,
         "the wgmma expert GEMMs take plain weight rows"
     );
+    let f = match tile_rows {
+        GEMM_ROWS => kernels.wgmma,
+        GEMM_ROWS_LARGE => kernels.wgmma_large,
+        _ => panic!("no wgmma kernel for {tile_rows}-row tiles"),
+    };
     let n_tiles = g.n.div_ceil(cols_per_tile);
     let (offsets, tile_off, groups) = g.groups.unwrap_or((0, 0, 1));
     let grid = n_tiles * g.row_tiles;
@@ -143,10 +197,10 @@ fn launch_expert_gemm(
         "moe prefill: grid of {grid} blocks"
     );
     gpu.launch(
-        wgmma,
+        f,
         (grid as u32, 1, 1),
-        GEMM_SM90_THREADS,
-        GEMM_SM90_SMEM_BYTES,
+        sm90_threads(tile_rows),
+        sm90_smem_bytes(tile_rows),
         &[
             Arg::Ptr(g.out),
             Arg::I32(g.ldo as i32),
@@ -166,10 +220,10 @@ fn launch_expert_gemm(
     );
 }
 
-/// Upper bound on the 64-row tiles of `pairs` rows split over `groups`
-/// groups: each non-empty group rounds up once.
-fn grouped_row_tiles(pairs: usize, groups: usize) -> usize {
-    (pairs + (GEMM_ROWS - 1) * groups.min(pairs)) / GEMM_ROWS
+/// Upper bound on the tiles of `tile_rows` rows over `pairs` rows split over
+/// `groups` groups: each non-empty group rounds up once.
+fn grouped_row_tiles(pairs: usize, groups: usize, tile_rows: usize) -> usize {
+    (pairs + (tile_rows - 1) * groups.min(pairs)) / tile_rows
 }
 
 /// The device-routed prefill path (see the [module docs](super)). Shapes are
@@ -250,6 +304,7 @@ pub(super) fn moe_prefill(
 
     // Grouping: rows per expert and their tiles, then each expert's pairs in
     // ascending token order and every pair's grouped row.
+    let routed_rows = tile_rows(gpu, pairs, ne);
     let offsets = gpu.alloc::<i32>(ne + 1);
     let tile_off = gpu.alloc::<i32>(ne + 1);
     gpu.launch(
@@ -263,7 +318,7 @@ pub(super) fn moe_prefill(
             Arg::Ptr(ptr(&ids, s)),
             Arg::I32(pairs as i32),
             Arg::I32(ne as i32),
-            Arg::I32(GEMM_ROWS as i32),
+            Arg::I32(routed_rows as i32),
         ],
     );
     let pair_token = gpu.alloc::<i32>(pairs);
@@ -285,11 +340,12 @@ pub(super) fn moe_prefill(
 
     // The routed experts, in grouped row order.
     let grouped = Some((ptr(&offsets, s), ptr(&tile_off, s), ne));
-    let row_tiles = grouped_row_tiles(pairs, ne);
+    let row_tiles = grouped_row_tiles(pairs, ne, routed_rows);
     let act = gpu.alloc::<u16>(pairs * inter);
     launch_expert_gemm(
         gpu,
-        (&gpu.k.moe_gate_up_gemm, &gpu.k.moe_gate_up_gemm_sm90),
+        &ExpertGemm::gate_up(gpu),
+        routed_rows,
         GEMM_COLS / 2,
         &Gemm {
             out: ptr(&act, s),
@@ -311,7 +367,8 @@ pub(super) fn moe_prefill(
     let y = gpu.alloc::<f32>(pairs * h);
     launch_expert_gemm(
         gpu,
-        (&gpu.k.moe_down_gemm, &gpu.k.moe_down_gemm_sm90),
+        &ExpertGemm::down(gpu),
+        routed_rows,
         GEMM_COLS,
         &Gemm {
             out: ptr(&y, s),
@@ -335,10 +392,12 @@ pub(super) fn moe_prefill(
     // The shared expert: the same kernels, one dense group of all tokens.
     let ys = shared.map(|e| {
         let (sgu, sdn, si) = (e.gate_up, e.down, e.inter);
+        let shared_rows = tile_rows(gpu, t, 1);
         let act_s = gpu.alloc::<u16>(t * si);
         launch_expert_gemm(
             gpu,
-            (&gpu.k.moe_gate_up_gemm, &gpu.k.moe_gate_up_gemm_sm90),
+            &ExpertGemm::gate_up(gpu),
+            shared_rows,
             GEMM_COLS / 2,
             &Gemm {
                 out: ptr(&act_s, s),
@@ -351,7 +410,7 @@ pub(super) fn moe_prefill(
                 w_extra: 0,
                 groups: None,
                 rows: t,
-                row_tiles: t.div_ceil(GEMM_ROWS),
+                row_tiles: t.div_ceil(shared_rows),
                 n: si,
                 k: h,
                 k_period: h,
@@ -360,7 +419,8 @@ pub(super) fn moe_prefill(
         let ys = gpu.alloc::<f32>(t * h);
         launch_expert_gemm(
             gpu,
-            (&gpu.k.moe_down_gemm, &gpu.k.moe_down_gemm_sm90),
+            &ExpertGemm::down(gpu),
+            shared_rows,
             GEMM_COLS,
             &Gemm {
                 out: ptr(&ys, s),
@@ -373,7 +433,7 @@ pub(super) fn moe_prefill(
                 w_extra: 0,
                 groups: None,
                 rows: t,
-                row_tiles: t.div_ceil(GEMM_ROWS),
+                row_tiles: t.div_ceil(shared_rows),
                 n: h,
                 k: si,
                 k_period: si,
@@ -413,23 +473,36 @@ pub(super) fn moe_prefill(
 mod tests {
     use super::*;
 
-    /// The launched tile count covers every routing of the pairs.
+    /// The launched tile count covers every routing of the pairs, for both
+    /// tile sizes.
     #[test]
     fn grouped_row_tiles_bound_every_routing() {
-        for (pairs, groups) in [(72, 64), (800, 32), (65536, 256), (5, 300), (0, 8)] {
-            let bound = grouped_row_tiles(pairs, groups);
-            // Worst cases: one row in each of min(E, P) - 1 groups, the rest
-            // in one; and spread as evenly as possible.
-            let used = groups.min(pairs);
-            let one_each = if used == 0 {
-                0
-            } else {
-                (used - 1) + (pairs - (used - 1)).div_ceil(GEMM_ROWS)
-            };
-            let even: usize = (0..used)
-                .map(|g| (pairs / used + usize::from(g < pairs % used)).div_ceil(GEMM_ROWS))
-                .sum();
-            assert!(bound >= one_each && bound >= even, "{pairs} {groups}");
+        for rows in [GEMM_ROWS, GEMM_ROWS_LARGE] {
+            for (pairs, groups) in [(72, 64), (800, 32), (65536, 256), (5, 300), (0, 8)] {
+                let bound = grouped_row_tiles(pairs, groups, rows);
+                // Worst cases: one row in each of min(E, P) - 1 groups, the rest
+                // in one; and spread as evenly as possible.
+                let used = groups.min(pairs);
+                let one_each = if used == 0 {
+                    0
+                } else {
+                    (used - 1) + (pairs - (used - 1)).div_ceil(rows)
+                };
+                let even: usize = (0..used)
+                    .map(|g| (pairs / used + usize::from(g < pairs % used)).div_ceil(rows))
+                    .sum();
+                assert!(
+                    bound >= one_each && bound >= even,
+                    "{pairs} {groups} {rows}"
+                );
+            }
         }
+    }
+
+    /// The shared-memory sizes mirror `Mgw<64>` and `Mgw<128>` of moe_gemm_sm90.cu.
+    #[test]
+    fn sm90_shared_memory_matches_the_kernels() {
+        assert_eq!(sm90_smem_bytes(GEMM_ROWS), 97 * 1024);
+        assert_eq!(sm90_smem_bytes(GEMM_ROWS_LARGE), 129 * 1024);
     }
 }
