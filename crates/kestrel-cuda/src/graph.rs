@@ -131,6 +131,7 @@ impl Recordings {
         let copy = gpu.alloc::<f32>(n);
         gpu.copy_dtod(ptr(&copy, &gpu.stream), ptr(out, &gpu.stream), n * 4);
         CudaTensor {
+            bf16: None,
             rows: *rows,
             cols: *cols,
             buf: copy,

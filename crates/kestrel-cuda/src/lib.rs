@@ -173,6 +173,7 @@ impl Backend for CudaBackend {
             data.len()
         );
         CudaTensor {
+            bf16: None,
             rows,
             cols,
             buf: self.gpu.upload(data),

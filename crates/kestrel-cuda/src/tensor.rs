@@ -16,6 +16,11 @@ pub struct CudaTensor {
     pub rows: usize,
     pub cols: usize,
     pub buf: CudaSlice<f32>,
+    /// The same values rounded to bf16, written by the kernel that produced
+    /// `buf` when a cuBLAS product (a prefill) is expected to read it, so
+    /// that the product needs no conversion pass; `None` otherwise. Ops that
+    /// change `buf` in place clear it.
+    pub bf16: Option<CudaSlice<u16>>,
 }
 
 pub enum WeightData {

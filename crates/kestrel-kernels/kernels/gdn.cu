@@ -208,9 +208,11 @@ KESTREL_EXTERN void gdn_recurrent(float* __restrict__ core, const float* __restr
 // z at proj[t, z_offset + ...]. One warp per (token, head) row, Dv <= 256
 // (up to 8 values per lane, kept in registers): a block per row spent most
 // of an 8K prefill's ~260K tiny blocks on scheduling and barriers.
-// Grid ceil(T * Hv / 8), block 256.
+// out_bf16, when not null, also receives out rounded to bf16 (the input of
+// a prefill's cuBLAS out_proj). Grid ceil(T * Hv / 8), block 256.
 constexpr int GATED_NORM_MAX_PER_LANE = 8;
-KESTREL_EXTERN void gdn_gated_norm(float* __restrict__ out, const float* __restrict__ core,
+KESTREL_EXTERN void gdn_gated_norm(float* __restrict__ out, __nv_bfloat16* __restrict__ out_bf16,
+                                   const float* __restrict__ core,
                                    const float* __restrict__ proj, int proj_stride, int z_offset,
                                    const float* __restrict__ w, int hv, int dv, float eps, int rows) {
     pdl_begin();
@@ -232,6 +234,10 @@ KESTREL_EXTERN void gdn_gated_norm(float* __restrict__ out, const float* __restr
 #pragma unroll
     for (int j = 0; j < GATED_NORM_MAX_PER_LANE; ++j) {
         const int i = lane + 32 * j;
-        if (i < dv) out[(size_t)row * dv + i] = w[i] * (v[j] * inv) * siluf_exact(z[i]);
+        if (i < dv) {
+            const float y = w[i] * (v[j] * inv) * siluf_exact(z[i]);
+            out[(size_t)row * dv + i] = y;
+            if (out_bf16 != nullptr) out_bf16[(size_t)row * dv + i] = f32_to_bf16(y);
+        }
     }
 }

@@ -19,14 +19,17 @@ KESTREL_EXTERN void rms_norm_f32(float* __restrict__ out, const float* __restric
 // updated residual is not read back from memory (decode calls this ~80 times
 // a step on one row, where each memory round trip is pure latency).
 constexpr int ADD_NORM_REGS = 16;
-KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, float* __restrict__ residual,
-                                     const float* __restrict__ x, const float* __restrict__ w, int cols,
-                                     float eps) { pdl_begin();
+// out_bf16, when not null, also receives out rounded to bf16 (the input of
+// a prefill's cuBLAS product; the same rounding as f32_to_bf16_kernel).
+KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, __nv_bfloat16* __restrict__ out_bf16,
+                                     float* __restrict__ residual, const float* __restrict__ x,
+                                     const float* __restrict__ w, int cols, float eps) { pdl_begin();
     __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     float* rr = residual + row * cols;
     const float* xr = x + row * cols;
     float* o = out + row * cols;
+    __nv_bfloat16* ob = out_bf16 != nullptr ? out_bf16 + row * cols : nullptr;
     float ss = 0.f;
     if (cols <= ADD_NORM_REGS * (int)blockDim.x) {
         float v[ADD_NORM_REGS];
@@ -45,7 +48,22 @@ KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, float* __restrict_
 #pragma unroll
         for (int j = 0; j < ADD_NORM_REGS; ++j) {
             const int c = threadIdx.x + j * blockDim.x;
-            if (c < cols) o[c] = v[j] * inv * w[c];
+            v[j] = c < cols ? v[j] * inv * w[c] : 0.f;
+        }
+        // Stores after all the weight loads, the bf16 copy in a loop of its
+        // own: a branch between loads and stores in one loop kept the
+        // weight loads from being issued together (decode: +3 us a call).
+#pragma unroll
+        for (int j = 0; j < ADD_NORM_REGS; ++j) {
+            const int c = threadIdx.x + j * blockDim.x;
+            if (c < cols) o[c] = v[j];
+        }
+        if (ob != nullptr) {
+#pragma unroll
+            for (int j = 0; j < ADD_NORM_REGS; ++j) {
+                const int c = threadIdx.x + j * blockDim.x;
+                if (c < cols) ob[c] = f32_to_bf16(v[j]);
+            }
         }
         return;
     }
@@ -55,5 +73,9 @@ KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, float* __restrict_
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = rr[c] * inv * w[c];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float y = rr[c] * inv * w[c];
+        o[c] = y;
+        if (ob != nullptr) ob[c] = f32_to_bf16(y);
+    }
 }

@@ -269,6 +269,7 @@ pub fn attention(
         None => a.generic(),
     }
     CudaTensor {
+        bf16: None,
         rows: t,
         cols: q_width,
         buf: out,

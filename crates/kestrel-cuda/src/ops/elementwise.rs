@@ -44,6 +44,7 @@ pub fn embedding(gpu: &Gpu, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
         ],
     );
     CudaTensor {
+        bf16: None,
         rows: ids.len(),
         cols,
         buf: out,
@@ -61,6 +62,7 @@ pub fn gather_rows(gpu: &Gpu, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
         let s = &gpu.stream;
         gpu.copy_dtod(ptr(&out, s), ptr(&x.buf, s), x.rows * x.cols * 4);
         return CudaTensor {
+            bf16: None,
             rows: x.rows,
             cols: x.cols,
             buf: out,
@@ -83,6 +85,7 @@ pub fn gather_rows(gpu: &Gpu, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
         ],
     );
     CudaTensor {
+        bf16: None,
         rows: rows.len(),
         cols: x.cols,
         buf: out,
@@ -90,6 +93,8 @@ pub fn gather_rows(gpu: &Gpu, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
 }
 
 pub fn add_assign(gpu: &Gpu, a: &mut CudaTensor, b: &CudaTensor) {
+    // Changed in place: a bf16 copy would be stale.
+    a.bf16 = None;
     assert_eq!(
         (a.rows, a.cols),
         (b.rows, b.cols),
@@ -131,6 +136,7 @@ pub fn swiglu(gpu: &Gpu, gate_up: &CudaTensor) -> CudaTensor {
         ],
     );
     CudaTensor {
+        bf16: None,
         rows: gate_up.rows,
         cols: inter,
         buf: out,

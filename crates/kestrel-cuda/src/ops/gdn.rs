@@ -18,6 +18,7 @@ use kestrel_core::{ForwardBatch, GdnSpec, GdnWeights};
 
 use crate::cache::CudaCache;
 use crate::device::{Arg, Gpu, blocks, check, ptr};
+use crate::ops::linear::bf16_copy_for;
 use crate::precision::Precision;
 use crate::step::StepLayout;
 use crate::tensor::{CudaTensor, CudaWeight};
@@ -91,6 +92,7 @@ pub fn gated_delta_net(
     let value_width = spec.value_width();
     if t == 0 {
         return CudaTensor {
+            bf16: None,
             rows: 0,
             cols: value_width,
             buf: gpu.alloc(0),
@@ -121,6 +123,8 @@ pub fn gated_delta_net(
         recurrent(gpu, &io, &conv_out)
     };
     let out = gpu.alloc::<f32>(t * value_width);
+    // Prefill: also the bf16 copy out_proj (cuBLAS) reads.
+    let out_bf16 = bf16_copy_for(gpu, t, value_width);
     let s = &gpu.stream;
     let rows = t * spec.num_v_heads;
     gpu.launch(
@@ -130,6 +134,7 @@ pub fn gated_delta_net(
         0,
         &[
             Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(out_bf16.as_ref().map_or(0, |b| ptr(b, s))),
             Arg::Ptr(ptr(&core, s)),
             Arg::Ptr(ptr(&proj.buf, s)),
             Arg::I32(proj.cols as i32),
@@ -142,6 +147,7 @@ pub fn gated_delta_net(
         ],
     );
     CudaTensor {
+        bf16: out_bf16,
         rows: t,
         cols: value_width,
         buf: out,
@@ -211,6 +217,7 @@ fn decode(gpu: &Gpu, io: &Io, f: &CudaFunction) -> CudaTensor {
         ],
     );
     CudaTensor {
+        bf16: None,
         rows: t,
         cols: spec.value_width(),
         buf: out,

@@ -7,6 +7,8 @@
 //! except under `Precision::F32`, where they run through `gemv` 8 rows at a
 //! time (the weights are read once per 8 rows: slow, but no rounding); rows
 //! whose length is not a multiple of 8 still go through cuBLAS in bf16.
+//! The bf16 activations come from the producing kernel when it wrote them
+//! ([`CudaTensor::bf16`]: the norms do in prefill), else from a conversion pass.
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -166,6 +168,20 @@ pub fn gemv_chunked(gpu: &Gpu, y: u64, x: u64, rows: usize, k: usize, w: (u64, H
     }
 }
 
+/// Whether [`matmul`] sends `rows` rows of length `k` through cuBLAS, in
+/// bf16: then a kernel producing such rows should also write their bf16
+/// copy ([`CudaTensor::bf16`]).
+pub fn takes_bf16(gpu: &Gpu, rows: usize, k: usize) -> bool {
+    let f32_rows = gpu.precision == Precision::F32 && gemv_fits(1, k);
+    !(gemv_fits(rows, k) || (f32_rows && rows > 0))
+}
+
+/// A bf16 buffer for the copy of `rows` x `k` values a producing kernel
+/// writes when [`takes_bf16`], else `None`.
+pub fn bf16_copy_for(gpu: &Gpu, rows: usize, k: usize) -> Option<CudaSlice<u16>> {
+    takes_bf16(gpu, rows, k).then(|| gpu.alloc::<u16>(rows * k))
+}
+
 pub fn matmul(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
     let n = w.dim0();
     let k = w.numel() / n.max(1);
@@ -174,8 +190,7 @@ pub fn matmul(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
         "matmul: weight {:?} does not take rows of {}",
         w.shape, x.cols
     );
-    let f32_rows = gpu.precision == Precision::F32 && gemv_fits(1, k);
-    if gemv_fits(x.rows, k) || (f32_rows && x.rows > 0) {
+    if !takes_bf16(gpu, x.rows, k) {
         let out = gpu.alloc::<f32>(x.rows * n);
         let s = &gpu.stream;
         let (wb, half) = w.matrix("matmul");
@@ -189,17 +204,26 @@ pub fn matmul(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
             n,
         );
         return CudaTensor {
+            bf16: None,
             rows: x.rows,
             cols: n,
             buf: out,
         };
     }
-    let xb = to_bf16(gpu, x);
+    // The producer's bf16 copy when it wrote one, else a conversion pass.
+    let converted;
+    let xb = match &x.bf16 {
+        Some(b) => b,
+        None => {
+            converted = to_bf16(gpu, x);
+            &converted
+        }
+    };
     let out = gpu.alloc::<f32>(x.rows * n);
     let s = &gpu.stream;
     gemm_bf16(
         gpu,
-        ptr(&xb, s),
+        ptr(xb, s),
         x.rows,
         k,
         ptr(w.bf16("matmul"), s),
@@ -207,6 +231,7 @@ pub fn matmul(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
         ptr(&out, s),
     );
     CudaTensor {
+        bf16: None,
         rows: x.rows,
         cols: n,
         buf: out,

@@ -1,6 +1,7 @@
 //! RMSNorm and residual-add + RMSNorm, one block per row.
 
 use crate::device::{Arg, Gpu, ptr};
+use crate::ops::linear::bf16_copy_for;
 use crate::tensor::{CudaTensor, CudaWeight};
 
 const THREADS: u32 = 256;
@@ -33,6 +34,7 @@ pub fn rms_norm(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight, eps: f32) -> CudaTens
         ],
     );
     CudaTensor {
+        bf16: None,
         rows: x.rows,
         cols: x.cols,
         buf: out,
@@ -57,6 +59,10 @@ pub fn add_rms_norm(
     );
     check_weight(x, w);
     let out = gpu.alloc::<f32>(x.rows * x.cols);
+    // Prefill: also the bf16 copy the next product (cuBLAS) reads.
+    let out_bf16 = bf16_copy_for(gpu, x.rows, x.cols);
+    // The residual changes in place: a bf16 copy of it would be stale.
+    residual.bf16 = None;
     let s = &gpu.stream;
     // Prefill rows (many per launch) in blocks of 128 threads, which still
     // keep rows of up to 2,048 values in registers (`ADD_NORM_REGS`, norm.cu):
@@ -74,6 +80,7 @@ pub fn add_rms_norm(
         0,
         &[
             Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(out_bf16.as_ref().map_or(0, |b| ptr(b, s))),
             Arg::Ptr(ptr(&residual.buf, s)),
             Arg::Ptr(ptr(&x.buf, s)),
             Arg::Ptr(ptr(w.f32("add_rms_norm"), s)),
@@ -82,6 +89,7 @@ pub fn add_rms_norm(
         ],
     );
     CudaTensor {
+        bf16: out_bf16,
         rows: x.rows,
         cols: x.cols,
         buf: out,

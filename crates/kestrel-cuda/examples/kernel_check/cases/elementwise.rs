@@ -2,7 +2,7 @@
 
 use kestrel_core::{Backend, HostTensor, Result};
 
-use super::{Ctx, Outputs, TOL_F32, out};
+use super::{Ctx, Outputs, TOL_BF16_MATMUL, TOL_F32, out};
 
 pub fn embedding(c: &mut Ctx) {
     let table = c.data.mat_bf16(&[1000, 512], 1.0);
@@ -100,4 +100,50 @@ pub fn norms(c: &mut Ctx) {
             gpu,
         );
     }
+    norm_into_product(c);
+}
+
+/// A prefill-sized residual-add + RMSNorm feeding a matrix product: on CUDA
+/// the norm also writes the bf16 copy that the cuBLAS product reads instead
+/// of converting. The product must equal, bit for bit, the same product of
+/// the norm's f32 output uploaded afresh (converted as before).
+fn norm_into_product(c: &mut Ctx) {
+    let (rows, cols, n) = (33, 2048, 300);
+    let x = c.data.randn(rows * cols, 3.0);
+    let r = c.data.randn(rows * cols, 3.0);
+    let w = c.data.vector(cols, 1.0, 0.2);
+    let m = c.data.mat_bf16(&[n, cols], 0.05);
+    fn run<B: Backend>(
+        b: &B,
+        (rows, cols): (usize, usize),
+        x: &[f32],
+        r: &[f32],
+        w: &HostTensor,
+        m: &HostTensor,
+    ) -> Result<Outputs> {
+        let (w, m) = (b.upload(w)?, b.upload(m)?);
+        let mut res = b.from_host(rows, cols, r);
+        let normed = b.add_rms_norm(&mut res, &b.from_host(rows, cols, x), &w, 1e-6);
+        let y = b.matmul(&normed, &m);
+        let again = b.matmul(&b.from_host(rows, cols, &b.to_host(&normed)), &m);
+        if !b
+            .to_host(&y)
+            .iter()
+            .map(|v| v.to_bits())
+            .eq(b.to_host(&again).iter().map(|v| v.to_bits()))
+        {
+            return Err(kestrel_core::BackendError::Invalid(
+                "the product of the norm's own bf16 copy differs from converting its output".into(),
+            ));
+        }
+        Ok(vec![out(b, "product", &y)])
+    }
+    let cpu = run(&c.cpu, (rows, cols), &x, &r, &w, &m);
+    let gpu = run(&c.gpu, (rows, cols), &x, &r, &w, &m);
+    c.record(
+        &format!("add_rms_norm -> matmul [{rows}x{cols}]x[{n}x{cols}]^T"),
+        TOL_BF16_MATMUL,
+        cpu,
+        gpu,
+    );
 }

@@ -143,6 +143,7 @@ pub(super) fn moe_decode(
         ],
     );
     CudaTensor {
+        bf16: None,
         rows: t,
         cols: h,
         buf: out,

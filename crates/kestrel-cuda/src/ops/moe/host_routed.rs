@@ -192,6 +192,7 @@ pub(super) fn moe_host_routed(
         );
     }
     CudaTensor {
+        bf16: None,
         rows: t,
         cols: h,
         buf: out,

@@ -199,6 +199,7 @@ fn moe_decode_chunked(
         let bytes = rows * h * 4;
         let offset = (first * h * 4) as u64;
         let chunk = CudaTensor {
+            bf16: None,
             rows,
             cols: h,
             buf: gpu.alloc::<f32>(rows * h),
@@ -208,6 +209,7 @@ fn moe_decode_chunked(
         gpu.copy_dtod(ptr(&out, s) + offset, ptr(&y.buf, s), bytes);
     }
     CudaTensor {
+        bf16: None,
         rows: t,
         cols: h,
         buf: out,

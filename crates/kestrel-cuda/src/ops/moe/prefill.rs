@@ -463,6 +463,7 @@ pub(super) fn moe_prefill(
         ],
     );
     CudaTensor {
+        bf16: None,
         rows: t,
         cols: h,
         buf: out,
