@@ -9,6 +9,7 @@
 mod bandwidth;
 mod report;
 mod run;
+mod sampling;
 mod timing;
 mod traffic;
 
@@ -18,6 +19,7 @@ use anyhow::{Context, Result, bail};
 use kestrel_cpu::CpuBackend;
 use kestrel_cuda::CudaBackend;
 
+use sampling::SamplingMode;
 use timing::Timed;
 use traffic::Storage;
 
@@ -84,6 +86,12 @@ pub struct Args {
     /// Memory bandwidth in GB/s for the floors, instead of measuring it.
     #[arg(long)]
     bandwidth_gbs: Option<f64>,
+    /// How decode steps pick their tokens: the device argmax, or the server's
+    /// sampling path (device candidates, then the host), with Qwen's
+    /// recommended settings or with temperature 1 and no filter. The step
+    /// times include it.
+    #[arg(long, value_enum, default_value = "greedy")]
+    sampling: SamplingMode,
     /// Run every CUDA step eagerly instead of replaying recorded decode steps
     /// (CUDA graphs).
     #[arg(long)]

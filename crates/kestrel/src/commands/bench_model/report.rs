@@ -215,9 +215,10 @@ pub fn print(
     }
     if !decodes.is_empty() {
         println!(
-            "\ndecode (median step over {} timed steps; context {} at the first)",
+            "\ndecode (median step over {} timed steps; context {} at the first; tokens: {})",
             decodes[0].0.stats.all.len(),
-            decodes[0].0.context
+            decodes[0].0.context,
+            summary["settings"]["sampling"].as_str().unwrap_or("greedy")
         );
         println!(
             "  {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8}",

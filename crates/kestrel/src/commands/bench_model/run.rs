@@ -10,6 +10,7 @@ use kestrel_models::Model;
 use serde_json::{Value, json};
 
 use super::report::{self, Breakdown, DecodeResult, PrefillResult, Stats};
+use super::sampling::TokenChooser;
 use super::timing::Timed;
 use super::traffic::{self, Storage};
 use super::{Args, Source, bandwidth};
@@ -103,6 +104,7 @@ pub fn bench<B: Backend>(
             "prefill_runs": args.prefill_runs, "breakdown_steps": args.breakdown_steps,
             "max_batched_tokens": args.max_batched_tokens, "block_size": BLOCK_SIZE,
             "replayed_decode_steps": args.backend == super::BackendKind::Cuda && !args.eager,
+            "sampling": format!("{:?}", args.sampling).to_lowercase(),
         },
         "prefill": prefills.iter().map(PrefillResult::to_json).collect::<Vec<Value>>(),
         "decode": decodes.iter().map(|(d, b)| report::decode_json(d, b)).collect::<Vec<Value>>(),
@@ -229,10 +231,11 @@ fn decode<B: Backend>(
         .collect();
     // Untimed: every sequence holds `context` tokens of its own prompt.
     let mut tokens = Vec::with_capacity(batch);
+    let mut histories = Vec::with_capacity(batch);
     for (s, table) in tables.iter().enumerate() {
         b.zero_state(&mut cache, s as u32);
-        let ids = prompt_ids(args.context, vocab, s + 1);
-        tokens.push(prefill_sequence(
+        let mut ids = prompt_ids(args.context, vocab, s + 1);
+        let first = prefill_sequence(
             b,
             model,
             &mut cache,
@@ -240,8 +243,12 @@ fn decode<B: Backend>(
             table,
             s as u32,
             args.max_batched_tokens,
-        )?);
+        )?;
+        tokens.push(first);
+        ids.push(first);
+        histories.push(ids);
     }
+    let mut chooser = TokenChooser::new(args.sampling, histories)?;
     let mut len = args.context;
     let mut step = |tokens: &mut Vec<u32>| -> Result<f64> {
         let fb = ForwardBatch {
@@ -260,11 +267,11 @@ fn decode<B: Backend>(
         let start = Instant::now();
         let rows: Vec<usize> = (0..tokens.len()).collect();
         let logits = model.decoder.step_logits(b, tokens, &fb, &mut cache, &rows);
-        *tokens = b.argmax_rows(&logits, vocab);
+        *tokens = chooser.choose(b, &logits)?;
         let secs = start.elapsed().as_secs_f64();
         len += 1;
         if tokens.iter().any(|&t| t as usize >= vocab) {
-            bail!("argmax outside the vocabulary");
+            bail!("a token outside the vocabulary");
         }
         Ok(secs)
     };
@@ -286,6 +293,12 @@ fn decode<B: Backend>(
     } else {
         None
     };
+    if chooser.sampled > 0 {
+        eprintln!(
+            "decode batch {batch}, sampling {:?}: {} of {} sampled tokens needed their whole row",
+            args.sampling, chooser.full_rows, chooser.sampled
+        );
+    }
     // The mean cached length over the timed steps.
     let context = first_timed_context as f64 + (args.steps as f64 - 1.0) / 2.0;
     let bytes = traffic::step_bytes(cfg, storage, batch, context, 1);

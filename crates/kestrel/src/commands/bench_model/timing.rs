@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use kestrel_core::{
-    AttentionSpec, AttentionWeights, Backend, CacheSpec, DType, ForwardBatch, GdnSpec, GdnWeights,
-    HostTensor, MoeSpec, MoeWeights, Result, StepKey,
+    AttentionSpec, AttentionWeights, Backend, CacheSpec, CandidateRequest, DType, ForwardBatch,
+    GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, Result, RowCandidates, StepKey,
 };
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -156,6 +156,12 @@ impl<B: Backend> Backend for Timed<B> {
 
     fn argmax_rows(&self, x: &B::Tensor, cols: usize) -> Vec<u32> {
         self.time(fixed("argmax_rows"), || self.inner.argmax_rows(x, cols))
+    }
+
+    fn top_candidates(&self, logits: &B::Tensor, rows: &[CandidateRequest]) -> Vec<RowCandidates> {
+        self.time(fixed("top_candidates"), || {
+            self.inner.top_candidates(logits, rows)
+        })
     }
 
     fn embedding(&self, table: &B::Weight, ids: &[u32]) -> B::Tensor {
