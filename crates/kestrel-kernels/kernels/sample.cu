@@ -27,12 +27,25 @@ KESTREL_EXTERN void argmax_rows(int* __restrict__ out, const float* __restrict__
     int scalar_from = 0;
     if ((stride & 3) == 0) {
         const float4* row4 = reinterpret_cast<const float4*>(row);
-        for (int c = threadIdx.x; c < cols / 4; c += blockDim.x) {
-            const float4 v = row4[c];
-            if (argmax_before(v.x, 4 * c, bv, bi)) bv = v.x, bi = 4 * c;
-            if (argmax_before(v.y, 4 * c + 1, bv, bi)) bv = v.y, bi = 4 * c + 1;
-            if (argmax_before(v.z, 4 * c + 2, bv, bi)) bv = v.z, bi = 4 * c + 2;
-            if (argmax_before(v.w, 4 * c + 3, bv, bi)) bv = v.w, bi = 4 * c + 3;
+        // Four 16-byte loads in flight per thread before any is compared
+        // (one row is ~1 MB for one block).
+        constexpr int B = 4;
+        for (int c0 = threadIdx.x; c0 < cols / 4; c0 += B * blockDim.x) {
+            float4 vs[B];
+#pragma unroll
+            for (int u = 0; u < B; ++u) {
+                const int c = c0 + u * blockDim.x;
+                vs[u] = c < cols / 4 ? row4[c] : make_float4(NAN, NAN, NAN, NAN);  // NaN never wins
+            }
+#pragma unroll
+            for (int u = 0; u < B; ++u) {
+                const int c = c0 + u * blockDim.x;
+                const float4 v = vs[u];
+                if (argmax_before(v.x, 4 * c, bv, bi)) bv = v.x, bi = 4 * c;
+                if (argmax_before(v.y, 4 * c + 1, bv, bi)) bv = v.y, bi = 4 * c + 1;
+                if (argmax_before(v.z, 4 * c + 2, bv, bi)) bv = v.z, bi = 4 * c + 2;
+                if (argmax_before(v.w, 4 * c + 3, bv, bi)) bv = v.w, bi = 4 * c + 3;
+            }
         }
         scalar_from = cols & ~3;
     }
@@ -94,6 +107,12 @@ KESTREL_EXTERN void argmax_rows(int* __restrict__ out, const float* __restrict__
 #define TOPC_THREADS 1024
 #define TOPC_WARPS (TOPC_THREADS / 32)
 #define RADIX_BUCKETS 2048
+// Every pass over a row loads TOPC_BATCH values (or warp chunks) per thread
+// before using any: one block walks a whole 248K-column row several times,
+// and with one load in flight per thread each pass was a chain of ~240 memory
+// latencies (~0.5 ms a sampled token on an H200). Values are still used in
+// column order, so every count, sum and choice is unchanged.
+#define TOPC_BATCH 8
 
 // Orders floats like their values with -0 == +0 (`candidates::rank_key`).
 __device__ __forceinline__ unsigned rank_key(float v) {
@@ -133,10 +152,20 @@ __device__ __forceinline__ double warp_inclusive_scan_f64(double x) {
 __device__ double warp_run_weight(const float* src, int begin, int end, float threshold,
                                   float max_logit, float inv_temp) {
     double sum = 0.0;
-    for (int base = begin; base < end; base += 32) {
-        const int c = base + (threadIdx.x & 31);
-        const double w = c < end ? kept_weight_of(src[c], threshold, max_logit, inv_temp) : 0.0;
-        sum += __shfl_sync(0xffffffffu, warp_inclusive_scan_f64(w), 31);
+    const int lane = threadIdx.x & 31;
+    for (int base = begin; base < end; base += 32 * TOPC_BATCH) {
+        float v[TOPC_BATCH];
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            const int c = base + 32 * u + lane;
+            v[u] = c < end ? src[c] : NAN;
+        }
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            if (base + 32 * u >= end) break;  // uniform over the warp
+            const double w = kept_weight_of(v[u], threshold, max_logit, inv_temp);
+            sum += __shfl_sync(0xffffffffu, warp_inclusive_scan_f64(w), 31);
+        }
     }
     return sum;
 }
@@ -237,18 +266,23 @@ __device__ void radix_histogram(const float* src, int cols, unsigned prefix, int
                                 unsigned* hist) {
     for (int i = threadIdx.x; i < (1 << bits); i += blockDim.x) hist[i] = 0;
     __syncthreads();
-    for (int base = 0; base < cols; base += blockDim.x) {
-        const int c = base + threadIdx.x;
-        int bucket = -1;
-        if (c < cols) {
-            const float v = src[c];
-            const unsigned k = rank_key(v);
-            if (eligible(v) && key_prefix(k, shift + bits) == prefix)
-                bucket = (int)((k >> shift) & ((1u << bits) - 1));
+    for (int base = 0; base < cols; base += TOPC_BATCH * blockDim.x) {
+        float v[TOPC_BATCH];
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            const int c = base + u * blockDim.x + threadIdx.x;
+            v[u] = c < cols ? src[c] : NAN;  // NaN is never eligible
         }
-        const unsigned peers = __match_any_sync(0xffffffffu, bucket);
-        if (bucket >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1)
-            atomicAdd(&hist[bucket], __popc(peers));
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            int bucket = -1;
+            const unsigned k = rank_key(v[u]);
+            if (eligible(v[u]) && key_prefix(k, shift + bits) == prefix)
+                bucket = (int)((k >> shift) & ((1u << bits) - 1));
+            const unsigned peers = __match_any_sync(0xffffffffu, bucket);
+            if (bucket >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1)
+                atomicAdd(&hist[bucket], __popc(peers));
+        }
     }
     __syncthreads();
 }
@@ -278,7 +312,19 @@ __device__ void select_bucket(const unsigned* hist, int buckets, unsigned want, 
 // Copy the row into scratch with the penalties, then the mask, applied.
 __device__ void penalise_row(const float* row, float* dst, const int* d, const int* aux) {
     const int cols = d[TOPC_COLS];
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = row[c];
+    for (int base = threadIdx.x; base < cols; base += TOPC_BATCH * blockDim.x) {
+        float v[TOPC_BATCH];
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            const int c = base + u * blockDim.x;
+            v[u] = c < cols ? row[c] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            const int c = base + u * blockDim.x;
+            if (c < cols) dst[c] = v[u];
+        }
+    }
     __syncthreads();
     const float rep = __int_as_float(d[TOPC_REPETITION]);
     const float freq = __int_as_float(d[TOPC_FREQUENCY]);
@@ -299,7 +345,7 @@ __device__ void penalise_row(const float* row, float* dst, const int* d, const i
 
 // out, per request: see TOPC_HEADER. logits: [rows, stride]. Grid: one block
 // of TOPC_THREADS per request.
-KESTREL_EXTERN void top_candidates(unsigned* out, const float* logits, float* scratch,
+KESTREL_EXTERN void __launch_bounds__(TOPC_THREADS) top_candidates(unsigned* out, const float* logits, float* scratch,
                                    const int* desc, const int* aux, int stride) { pdl_begin();
     __shared__ unsigned hist[RADIX_BUCKETS];
     __shared__ unsigned tmp[32];
@@ -320,9 +366,16 @@ KESTREL_EXTERN void top_candidates(unsigned* out, const float* logits, float* sc
 
     // The eligible logits, their largest key, and the first radix digit.
     unsigned n_eligible = 0, max_key = 0;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        const float v = src[c];
-        if (eligible(v)) ++n_eligible, max_key = max(max_key, rank_key(v));
+    for (int base = threadIdx.x; base < cols; base += TOPC_BATCH * blockDim.x) {
+        float v[TOPC_BATCH];
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            const int c = base + u * blockDim.x;
+            v[u] = c < cols ? src[c] : NAN;
+        }
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u)
+            if (eligible(v[u])) ++n_eligible, max_key = max(max_key, rank_key(v[u]));
     }
     n_eligible = block_sum_u32(n_eligible, tmp);
     max_key = block_max_u32(max_key, tmp);
@@ -366,17 +419,26 @@ KESTREL_EXTERN void top_candidates(unsigned* out, const float* logits, float* sc
     // The kept weight in id order (warp runs in order, each summed chunk by
     // chunk), so that the draw below can search the same sums.
     double run_weight = 0.0;
-    for (int base = run_begin; base < run_end; base += 32) {
-        const int c = base + lane;
-        const float v = c < run_end ? src[c] : NAN;
-        const bool ok = eligible(v);
-        const unsigned p = key_prefix(rank_key(v), shift);
-        n_above += __popc(__ballot_sync(0xffffffffu, ok && found && p > prefix));
-        n_tied += __popc(__ballot_sync(0xffffffffu, ok && found && p == prefix));
-        kept += ok && v >= threshold;
-        if (inv_temp > 0.f) {  // the same in every thread
-            const double w = kept_weight_of(v, threshold, max_logit, inv_temp);
-            run_weight += __shfl_sync(0xffffffffu, warp_inclusive_scan_f64(w), 31);
+    for (int base0 = run_begin; base0 < run_end; base0 += 32 * TOPC_BATCH) {
+        float vs[TOPC_BATCH];
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            const int c = base0 + 32 * u + lane;
+            vs[u] = c < run_end ? src[c] : NAN;
+        }
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            if (base0 + 32 * u >= run_end) break;  // uniform over the warp
+            const float v = vs[u];
+            const bool ok = eligible(v);
+            const unsigned p = key_prefix(rank_key(v), shift);
+            n_above += __popc(__ballot_sync(0xffffffffu, ok && found && p > prefix));
+            n_tied += __popc(__ballot_sync(0xffffffffu, ok && found && p == prefix));
+            kept += ok && v >= threshold;
+            if (inv_temp > 0.f) {  // the same in every thread
+                const double w = kept_weight_of(v, threshold, max_logit, inv_temp);
+                run_weight += __shfl_sync(0xffffffffu, warp_inclusive_scan_f64(w), 31);
+            }
         }
     }
     kept = block_sum_u32(kept, tmp);
@@ -438,23 +500,34 @@ KESTREL_EXTERN void top_candidates(unsigned* out, const float* logits, float* sc
     unsigned* ids = o + TOPC_HEADER;
     unsigned* vals = ids + count;
     unsigned next_above = warp_base[0][warp], next_tied = warp_base[1][warp];
-    for (int base = run_begin; base < run_end && found; base += 32) {
-        const int c = base + lane;
-        const float v = c < run_end ? src[c] : NAN;
-        const bool ok = eligible(v);
-        const unsigned p = key_prefix(rank_key(v), shift);
-        const unsigned lower = (1u << lane) - 1;
-        const unsigned above = __ballot_sync(0xffffffffu, ok && p > prefix);
-        const unsigned tied = __ballot_sync(0xffffffffu, ok && p == prefix);
-        unsigned slot = 0xffffffffu;
-        if ((above >> lane) & 1) slot = next_above + __popc(above & lower);
-        if ((tied >> lane) & 1) {
-            const unsigned rank = next_tied + __popc(tied & lower);
-            if (rank < want) slot = n_taken_above + rank;
+    for (int base0 = run_begin; base0 < run_end && found; base0 += 32 * TOPC_BATCH) {
+        float vs[TOPC_BATCH];
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            const int c = base0 + 32 * u + lane;
+            vs[u] = c < run_end ? src[c] : NAN;
         }
-        if (slot != 0xffffffffu) ids[slot] = (unsigned)c, vals[slot] = __float_as_uint(v);
-        next_above += __popc(above);
-        next_tied += __popc(tied);
+#pragma unroll
+        for (int u = 0; u < TOPC_BATCH; ++u) {
+            const int base = base0 + 32 * u;
+            if (base >= run_end) break;  // uniform over the warp
+            const int c = base + lane;
+            const float v = vs[u];
+            const bool ok = eligible(v);
+            const unsigned p = key_prefix(rank_key(v), shift);
+            const unsigned lower = (1u << lane) - 1;
+            const unsigned above = __ballot_sync(0xffffffffu, ok && p > prefix);
+            const unsigned tied = __ballot_sync(0xffffffffu, ok && p == prefix);
+            unsigned slot = 0xffffffffu;
+            if ((above >> lane) & 1) slot = next_above + __popc(above & lower);
+            if ((tied >> lane) & 1) {
+                const unsigned rank = next_tied + __popc(tied & lower);
+                if (rank < want) slot = n_taken_above + rank;
+            }
+            if (slot != 0xffffffffu) ids[slot] = (unsigned)c, vals[slot] = __float_as_uint(v);
+            next_above += __popc(above);
+            next_tied += __popc(tied);
+        }
     }
     __syncthreads();  // the draw's result
     if (threadIdx.x == 0) {
