@@ -1,7 +1,7 @@
 //! RMSNorm and residual-add + RMSNorm, one block per row.
 
 use crate::device::{Arg, Gpu, ptr};
-use crate::ops::linear::bf16_copy_for;
+use crate::ops::linear::{GEMV_MAX_ROWS, bf16_copy_for};
 use crate::tensor::{CudaTensor, CudaWeight};
 
 const THREADS: u32 = 256;
@@ -41,8 +41,7 @@ pub fn rms_norm(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight, eps: f32) -> CudaTens
     }
 }
 
-/// More rows than a decode step has: a prefill.
-const PREFILL_ROWS: usize = 8;
+/// Threads per row when there are more rows than a decode step has.
 const PREFILL_THREADS: u32 = 128;
 
 pub fn add_rms_norm(
@@ -68,7 +67,7 @@ pub fn add_rms_norm(
     // keep rows of up to 2,048 values in registers (`ADD_NORM_REGS`, norm.cu):
     // more, smaller blocks per SM overlap one row's reduction with other
     // rows' loads. Decode's few rows keep 256 threads, for the shortest chain.
-    let threads = if x.rows > PREFILL_ROWS && x.cols <= 16 * PREFILL_THREADS as usize {
+    let threads = if x.rows > GEMV_MAX_ROWS && x.cols <= 16 * PREFILL_THREADS as usize {
         PREFILL_THREADS
     } else {
         THREADS

@@ -120,39 +120,61 @@ struct Gemm {
     k_period: usize,
 }
 
-/// Launch `f` over `n` output columns in tiles of `cols_per_tile` (64 act
-/// columns for gate_up, 128 otherwise).
-fn launch_gemm(gpu: &Gpu, f: &CudaFunction, cols_per_tile: usize, g: &Gemm) {
-    let n_tiles = g.n.div_ceil(cols_per_tile);
-    let (offsets, tile_off, groups) = g.groups.unwrap_or((0, 0, 1));
-    let grid = n_tiles * g.row_tiles;
-    assert!(
-        grid <= i32::MAX as usize,
-        "moe prefill: grid of {grid} blocks"
-    );
-    gpu.launch(
-        f,
-        (grid as u32, 1, 1),
-        GEMM_THREADS,
-        GEMM_SMEM_BYTES,
-        &[
-            Arg::Ptr(g.out),
-            Arg::I32(g.ldo as i32),
-            Arg::Ptr(g.a),
-            Arg::I32(g.lda as i32),
-            Arg::Ptr(g.a_rows),
-            Arg::Ptr(g.w),
-            Arg::U64(g.w_stride as u64),
-            Arg::Ptr(g.w_extra),
+impl Gemm {
+    /// Column tiles of `cols_per_tile` (64 act columns for gate_up, 128
+    /// otherwise) and the 1-D grid: every column tile of every row tile.
+    fn grid(&self, cols_per_tile: usize) -> (usize, u32) {
+        let n_tiles = self.n.div_ceil(cols_per_tile);
+        let grid = n_tiles * self.row_tiles;
+        assert!(
+            grid <= i32::MAX as usize,
+            "moe prefill: grid of {grid} blocks"
+        );
+        (n_tiles, grid as u32)
+    }
+
+    /// The kernels' arguments (`moe_gemm` in moe_prefill.cu). `plain`: the
+    /// wgmma kernels' list, without `w_extra` and `k_period`, which they do
+    /// not take.
+    fn args(&self, n_tiles: usize, plain: bool) -> Vec<Arg> {
+        let (offsets, tile_off, groups) = self.groups.unwrap_or((0, 0, 1));
+        let mut args = vec![
+            Arg::Ptr(self.out),
+            Arg::I32(self.ldo as i32),
+            Arg::Ptr(self.a),
+            Arg::I32(self.lda as i32),
+            Arg::Ptr(self.a_rows),
+            Arg::Ptr(self.w),
+            Arg::U64(self.w_stride as u64),
+        ];
+        if !plain {
+            args.push(Arg::Ptr(self.w_extra));
+        }
+        args.extend([
             Arg::Ptr(offsets),
             Arg::Ptr(tile_off),
             Arg::I32(groups as i32),
-            Arg::I32(g.rows as i32),
-            Arg::I32(g.n as i32),
-            Arg::I32(g.k as i32),
-            Arg::I32(g.k_period as i32),
-            Arg::I32(n_tiles as i32),
-        ],
+            Arg::I32(self.rows as i32),
+            Arg::I32(self.n as i32),
+            Arg::I32(self.k as i32),
+        ]);
+        if !plain {
+            args.push(Arg::I32(self.k_period as i32));
+        }
+        args.push(Arg::I32(n_tiles as i32));
+        args
+    }
+}
+
+/// Launch the mma.sync kernel `f` (router, gate_up or down).
+fn launch_gemm(gpu: &Gpu, f: &CudaFunction, cols_per_tile: usize, g: &Gemm) {
+    let (n_tiles, grid) = g.grid(cols_per_tile);
+    gpu.launch(
+        f,
+        (grid, 1, 1),
+        GEMM_THREADS,
+        GEMM_SMEM_BYTES,
+        &g.args(n_tiles, false),
     );
 }
 
@@ -189,34 +211,13 @@ fn launch_expert_gemm(
         GEMM_ROWS_LARGE => kernels.wgmma_large,
         _ => panic!("no wgmma kernel for {tile_rows}-row tiles"),
     };
-    let n_tiles = g.n.div_ceil(cols_per_tile);
-    let (offsets, tile_off, groups) = g.groups.unwrap_or((0, 0, 1));
-    let grid = n_tiles * g.row_tiles;
-    assert!(
-        grid <= i32::MAX as usize,
-        "moe prefill: grid of {grid} blocks"
-    );
+    let (n_tiles, grid) = g.grid(cols_per_tile);
     gpu.launch(
         f,
-        (grid as u32, 1, 1),
+        (grid, 1, 1),
         sm90_threads(tile_rows),
         sm90_smem_bytes(tile_rows),
-        &[
-            Arg::Ptr(g.out),
-            Arg::I32(g.ldo as i32),
-            Arg::Ptr(g.a),
-            Arg::I32(g.lda as i32),
-            Arg::Ptr(g.a_rows),
-            Arg::Ptr(g.w),
-            Arg::U64(g.w_stride as u64),
-            Arg::Ptr(offsets),
-            Arg::Ptr(tile_off),
-            Arg::I32(groups as i32),
-            Arg::I32(g.rows as i32),
-            Arg::I32(g.n as i32),
-            Arg::I32(g.k as i32),
-            Arg::I32(n_tiles as i32),
-        ],
+        &g.args(n_tiles, true),
     );
 }
 
@@ -498,6 +499,34 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The wgmma kernels take the mma.sync kernels' 16 parameters without
+    /// `w_extra` (the 8th) and `k_period` (the 15th), in the same order.
+    #[test]
+    fn wgmma_arguments_are_the_mma_ones_without_w_extra_and_k_period() {
+        let g = Gemm {
+            out: 1,
+            ldo: 2,
+            a: 3,
+            lda: 4,
+            a_rows: 5,
+            w: 6,
+            w_stride: 7,
+            w_extra: 8,
+            groups: Some((9, 10, 11)),
+            rows: 12,
+            row_tiles: 13,
+            n: 14,
+            k: 15,
+            k_period: 16,
+        };
+        let show = |args: Vec<Arg>| args.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>();
+        let mut full = show(g.args(17, false));
+        assert_eq!(full.len(), 16);
+        full.remove(14);
+        full.remove(7);
+        assert_eq!(show(g.args(17, true)), full);
     }
 
     /// The shared-memory sizes mirror `Mgw<64>` and `Mgw<128>` of moe_gemm_sm90.cu.
