@@ -206,6 +206,19 @@ pub fn argmax_host(values: &[f32], row_len: usize, cols: usize) -> Vec<u32> {
         .collect()
 }
 
+/// A block's input that is still to be formed: `residual += delta` (when
+/// there is a delta), then the RMSNorm of the residual with `weight`. Blocks
+/// hand it to their first operation ([`Backend::norm_matmul`],
+/// [`Backend::norm_moe`]) so that a backend can fuse the norm into it.
+pub struct PreNorm<'a, T, W> {
+    pub residual: &'a mut T,
+    /// The previous block's output; `None` for the first block, whose
+    /// residual is the embedding.
+    pub delta: Option<&'a T>,
+    pub weight: &'a W,
+    pub eps: f32,
+}
+
 pub trait Backend: Send + Sync + Sized + 'static {
     /// Activations, `[rows, cols]`, f32 semantics.
     type Tensor: Send;
@@ -337,6 +350,34 @@ pub trait Backend: Send + Sync + Sized + 'static {
         eps: f32,
     ) -> Self::Tensor;
     fn add_assign(&self, a: &mut Self::Tensor, b: &Self::Tensor);
+
+    /// The normalised input `pre` stands for (and the residual updated).
+    fn pre_norm(&self, pre: PreNorm<'_, Self::Tensor, Self::Weight>) -> Self::Tensor {
+        match pre.delta {
+            Some(d) => self.add_rms_norm(pre.residual, d, pre.weight, pre.eps),
+            None => self.rms_norm(pre.residual, pre.weight, pre.eps),
+        }
+    }
+    /// [`Backend::pre_norm`], then `matmul` with `w`: one operation, so that
+    /// a backend can compute the norm inside the product.
+    fn norm_matmul(
+        &self,
+        pre: PreNorm<'_, Self::Tensor, Self::Weight>,
+        w: &Self::Weight,
+    ) -> Self::Tensor {
+        let x = self.pre_norm(pre);
+        self.matmul(&x, w)
+    }
+    /// [`Backend::pre_norm`], then [`Backend::moe`], for the same reason.
+    fn norm_moe(
+        &self,
+        pre: PreNorm<'_, Self::Tensor, Self::Weight>,
+        w: &MoeWeights<Self::Weight>,
+        spec: &MoeSpec,
+    ) -> Self::Tensor {
+        let x = self.pre_norm(pre);
+        self.moe(&x, w, spec)
+    }
     /// `silu(gate) * up` for rows `[gate | up]`.
     fn swiglu(&self, gate_up: &Self::Tensor) -> Self::Tensor;
     fn gather_rows(&self, x: &Self::Tensor, rows: &[usize]) -> Self::Tensor;

@@ -12,7 +12,7 @@ pub mod host;
 
 pub use backend::{
     AttentionSpec, AttentionWeights, Backend, CacheSpec, GdnSpec, GdnWeights, MoeSpec, MoeWeights,
-    RopeSpec, StepKey, argmax_host,
+    PreNorm, RopeSpec, StepKey, argmax_host,
 };
 pub use batch::{ForwardBatch, SeqChunk};
 pub use candidates::{CandidateRequest, RowCandidates, TokenPenalty, top_candidates_host};

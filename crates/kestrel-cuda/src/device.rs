@@ -83,6 +83,8 @@ pub struct Kernels {
     pub gemv: [CudaFunction; 8],
     /// The same for f16 weights (`Precision::F32` with an f16 checkpoint).
     pub gemv_f16: [CudaFunction; 8],
+    /// `gemv` that computes its rows' RMSNorm itself (`ops::linear::gemv_norm`).
+    pub gemv_norm: [CudaFunction; 8],
     pub moe_topk: CudaFunction,
     pub moe_gate_up: CudaFunction,
     pub moe_down: CudaFunction,
@@ -190,6 +192,7 @@ impl Kernels {
             dummy_fill_f32: f(&dummy, "dummy_fill_f32")?,
             gemv: per_row_count(&gemv, "gemv_m")?,
             gemv_f16: per_row_count(&gemv, "gemv_f16_m")?,
+            gemv_norm: crate::ops::linear::norm_kernels(per_row_count(&gemv, "gemv_norm_m")?)?,
             moe_topk: f(&moe, "moe_topk")?,
             moe_gate_up: f(&moe, "moe_gate_up")?,
             moe_down: f(&moe, "moe_down")?,
@@ -284,6 +287,9 @@ pub struct Gpu {
     /// (the older path) instead of the device-routed grouped GEMMs:
     /// `KESTREL_MOE_PREFILL=host`, read once here.
     pub moe_prefill_host: bool,
+    /// Compute decode steps' RMSNorms inside the product that reads them
+    /// (`gemv_norm`); `KESTREL_NORM_FUSION=off` runs the norm kernels instead.
+    pub norm_fusion: bool,
     /// bf16 (serving) or f32 (reference) arithmetic; caches take the KV
     /// element type of the precision they were created under.
     pub precision: Precision,
@@ -339,11 +345,20 @@ impl Gpu {
             pdl: std::env::var("KESTREL_CUDA_PDL").is_ok_and(|v| v == "1"),
             moe_gemm_wgmma: hopper && !std::env::var("KESTREL_MOE_GEMM").is_ok_and(|v| v == "mma"),
             moe_prefill_host: std::env::var("KESTREL_MOE_PREFILL").is_ok_and(|v| v == "host"),
+            norm_fusion: !std::env::var("KESTREL_NORM_FUSION").is_ok_and(|v| v == "off"),
             precision,
         })
     }
 
     /// Device memory for `n` elements (at least one, so empty tensors stay valid).
+    /// The device's streaming multiprocessors.
+    pub fn sm_count(&self) -> usize {
+        self.ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(1)
+            .max(1) as usize
+    }
+
     pub fn alloc<T: DeviceRepr>(&self, n: usize) -> CudaSlice<T> {
         let buf = check(unsafe { self.stream.alloc::<T>(n.max(1)) }, "alloc");
         if self.poison {

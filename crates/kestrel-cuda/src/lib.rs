@@ -31,7 +31,7 @@ mod tensor;
 
 use kestrel_core::{
     AttentionSpec, AttentionWeights, Backend, BackendError, CacheSpec, DType, ForwardBatch,
-    GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, Result, StepKey,
+    GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, PreNorm, Result, StepKey,
 };
 
 pub use cache::CudaCache;
@@ -282,6 +282,19 @@ impl Backend for CudaBackend {
 
     fn moe(&self, x: &CudaTensor, w: &MoeWeights<CudaWeight>, spec: &MoeSpec) -> CudaTensor {
         ops::moe::moe(&self.gpu, x, w, spec)
+    }
+
+    fn norm_matmul(&self, pre: PreNorm<'_, CudaTensor, CudaWeight>, w: &CudaWeight) -> CudaTensor {
+        ops::linear::norm_matmul(&self.gpu, pre, w)
+    }
+
+    fn norm_moe(
+        &self,
+        pre: PreNorm<'_, CudaTensor, CudaWeight>,
+        w: &MoeWeights<CudaWeight>,
+        spec: &MoeSpec,
+    ) -> CudaTensor {
+        ops::moe::norm_moe(&self.gpu, pre, w, spec)
     }
 
     fn gated_delta_net(

@@ -3,6 +3,111 @@
 // Weight-bandwidth bound: see gemv.cuh for the inner loop.
 #include "gemv.cuh"
 
+// The RMSNorm a gemv_norm computes before its product: the block forms its
+// activation rows itself, x = rms_norm(residual + delta) * weight, in shared
+// memory, while its first weights are on their way. That takes the norm's
+// own launch (a single-block kernel on the critical path of every decode
+// layer) out of the chain; every block repeats the norm (a few KB from L2).
+// Block 0 also writes residual + delta and x for the kernels that follow.
+struct NormIn {
+    float* x_out;           // [M, k] the normalised rows (null: not needed later)
+    float* residual_out;    // [M, k] residual + delta (null without a delta)
+    const float* residual;  // [M, k]
+    const float* delta;     // [M, k], or null: x = rms_norm(residual)
+    const float* weight;    // [k]
+    float eps;
+};
+
+// Rows of up to NORM_REGS * 4 * blockDim.x values are loaded in one pass
+// (2,048 at 256 threads).
+constexpr int NORM_REGS = 2;
+
+template <int M>
+__device__ __forceinline__ void norm_prologue(float* __restrict__ xs, const NormIn& n, int k) {
+    __shared__ float part[8][M];
+    __shared__ float inv[M];
+    const int k4 = k >> 2, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int threads = blockDim.x;
+    const bool writer = blockIdx.x == 0;
+    float4* xs4 = reinterpret_cast<float4*>(xs);
+    // Rows of up to NORM_REGS float4s per thread keep the norm weights in
+    // registers, loaded with the rows: one round trip to L2 for the prologue.
+    const float4* w4 = reinterpret_cast<const float4*>(n.weight);
+    const bool weights_held = k4 <= NORM_REGS * threads;
+    float4 g[NORM_REGS];
+    if (weights_held) {
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; ++j) {
+            const int i = j * threads + tid;
+            g[j] = i < k4 ? w4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+    float ss[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const float4* r4 = reinterpret_cast<const float4*>(n.residual + (size_t)m * k);
+        const float4* d4 = n.delta != nullptr ? reinterpret_cast<const float4*>(n.delta + (size_t)m * k) : nullptr;
+        float4* o4 = writer && n.residual_out != nullptr ? reinterpret_cast<float4*>(n.residual_out + (size_t)m * k)
+                                                        : nullptr;
+        ss[m] = 0.f;
+        for (int base = 0; base < k4; base += NORM_REGS * threads) {
+            float4 h[NORM_REGS];
+#pragma unroll
+            for (int j = 0; j < NORM_REGS; ++j) {
+                const int i = base + j * threads + tid;
+                h[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (i < k4) {
+                    h[j] = r4[i];
+                    if (d4 != nullptr) {
+                        const float4 d = d4[i];
+                        h[j].x += d.x;
+                        h[j].y += d.y;
+                        h[j].z += d.z;
+                        h[j].w += d.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NORM_REGS; ++j) {
+                const int i = base + j * threads + tid;
+                if (i < k4) {
+                    xs4[m * k4 + i] = h[j];
+                    if (o4 != nullptr) o4[i] = h[j];
+                }
+                ss[m] += h[j].x * h[j].x + h[j].y * h[j].y + h[j].z * h[j].z + h[j].w * h[j].w;
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const float v = warp_sum(ss[m]);
+        if (lane == 0) part[warp][m] = v;
+    }
+    __syncthreads();
+    if (tid < M) {
+        float total = 0.f;
+        for (int w = 0; w < (threads >> 5); ++w) total += part[w][tid];
+        inv[tid] = rsqrtf(total / k + n.eps);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const float s = inv[m];
+        for (int base = 0; base < k4; base += NORM_REGS * threads) {
+#pragma unroll
+            for (int j = 0; j < NORM_REGS; ++j) {
+                const int i = base + j * threads + tid;
+                if (i >= k4) break;
+                const float4 h = xs4[m * k4 + i], gw = weights_held ? g[j] : w4[i];
+                const float4 y = make_float4(h.x * s * gw.x, h.y * s * gw.y, h.z * s * gw.z, h.w * s * gw.w);
+                xs4[m * k4 + i] = y;
+                if (writer && n.x_out != nullptr) reinterpret_cast<float4*>(n.x_out + (size_t)m * k)[i] = y;
+            }
+        }
+    }
+    __syncthreads();
+}
+
 // Block: 256 threads = 8 warps = (8 / split) row groups x `split` warps that
 // share one group's rows and interleave over its 16-byte chunks of K (so
 // short, wide matrices still spread over enough warps). A group owns R rows.
@@ -11,69 +116,93 @@
 //
 // `w_last`, when not null, replaces row N-1 of `w`: the MoE router appends the
 // shared expert's gate to the E router rows without a second launch.
-template <int M, int R, int U, typename WT>
+//
+// NORM: the rows x come from norm_prologue (gemv_norm), x is ignored. Such a
+// block pays for the norm once, so its grid is sized to the resident blocks
+// and each block takes row groups blockIdx.x, + gridDim.x, ... (a plain gemv
+// launches one block per group and takes one).
+template <int M, int R, int U, typename WT, bool NORM = false>
 __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __restrict__ x,
                                           const uint16_t* __restrict__ w, const uint16_t* __restrict__ w_last,
-                                          int n_rows, int k, int split) {
+                                          int n_rows, int k, int split, const NormIn* norm = nullptr) {
     constexpr int V = M * R, SLOTS = (V + 31) / 32;  // sums per warp, per lane
     __shared__ float part[8][V];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int groups = 8 / split;
     const int g = warp / split, s = warp % split;
-    const int row0 = (blockIdx.x * groups + g) * R;
+    const int first = lane + 32 * s, stride = 32 * split, chunks = k >> 3;
+    const int block_groups = (n_rows + groups * R - 1) / (groups * R);
 
     // Rows past the end re-read the last row (always valid) and are not stored.
     const uint4* rows[R];
+    auto set_rows = [&](int row0) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int n = min(row0 + r, n_rows - 1);
-        const uint16_t* p = (w_last != nullptr && n == n_rows - 1) ? w_last : w + (size_t)n * k;
-        rows[r] = reinterpret_cast<const uint4*>(p);
-    }
+        for (int r = 0; r < R; ++r) {
+            const int n = min(row0 + r, n_rows - 1);
+            const uint16_t* p = (w_last != nullptr && n == n_rows - 1) ? w_last : w + (size_t)n * k;
+            rows[r] = reinterpret_cast<const uint4*>(p);
+        }
+    };
+    int bg = blockIdx.x;
+    set_rows((bg * groups + g) * R);
     // Weights are never written by a kernel, so the first U chunks of every
     // row are requested before waiting for the previous kernel (the producer
     // of x): under programmatic dependent launch they stream in while it
-    // finishes. The sums run in the same chunk order as dot_chunks alone.
+    // finishes; in gemv_norm, while the block computes its rows. The sums run
+    // in the same chunk order as dot_chunks alone.
     pdl_launch_dependents();
-    const int first = lane + 32 * s, stride = 32 * split, chunks = k >> 3;
     uint4 wv0[U][R];
     load_chunks<R, U>(wv0, rows, first, stride, chunks);
     pdl_wait();
-    float acc[M][R];
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-    use_chunks<M, R, U, WT>(acc, wv0, x, k, first, stride, chunks);
-    dot_chunks<M, R, U, WT>(acc, rows, x, k, first + U * stride, stride, chunks);
-
-    // Every lane ends with every sum; sum v = m * R + r is kept by lane v % 32.
-    float mine[SLOTS];
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float v = warp_sum(acc[m][r]);
-            if (lane == (m * R + r) % 32) mine[(m * R + r) / 32] = v;
-        }
-    if (split == 1) {
-#pragma unroll
-        for (int slot = 0; slot < SLOTS; ++slot) {
-            const int v = slot * 32 + lane, m = v / R, r = v % R;
-            if (v < V && row0 + r < n_rows) y[(size_t)m * n_rows + row0 + r] = mine[slot];
-        }
-        return;
+    if constexpr (NORM) {
+        extern __shared__ float4 norm_rows[];  // [M, k]
+        x = reinterpret_cast<const float*>(norm_rows);
+        norm_prologue<M>(reinterpret_cast<float*>(norm_rows), *norm, k);
     }
+    while (true) {
+        const int row0 = (bg * groups + g) * R;
+        float acc[M][R];
 #pragma unroll
-    for (int slot = 0; slot < SLOTS; ++slot)
-        if (slot * 32 + lane < V) part[warp][slot * 32 + lane] = mine[slot];
-    __syncthreads();
-    for (int i = threadIdx.x; i < groups * V; i += blockDim.x) {
-        const int gg = i / V, mr = i % V, m = mr / R, r = mr % R;
-        const int n = (blockIdx.x * groups + gg) * R + r;
-        float v = part[gg * split][mr];
-        for (int ss = 1; ss < split; ++ss) v += part[gg * split + ss][mr];
-        if (n < n_rows) y[(size_t)m * n_rows + n] = v;
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+        use_chunks<M, R, U, WT, NORM>(acc, wv0, x, k, first, stride, chunks);
+        dot_chunks<M, R, U, WT, NORM>(acc, rows, x, k, first + U * stride, stride, chunks);
+
+        // Every lane ends with every sum; sum v = m * R + r is kept by lane v % 32.
+        float mine[SLOTS];
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float v = warp_sum(acc[m][r]);
+                if (lane == (m * R + r) % 32) mine[(m * R + r) / 32] = v;
+            }
+        if (split == 1) {
+#pragma unroll
+            for (int slot = 0; slot < SLOTS; ++slot) {
+                const int v = slot * 32 + lane, m = v / R, r = v % R;
+                if (v < V && row0 + r < n_rows) y[(size_t)m * n_rows + row0 + r] = mine[slot];
+            }
+        } else {
+#pragma unroll
+            for (int slot = 0; slot < SLOTS; ++slot)
+                if (slot * 32 + lane < V) part[warp][slot * 32 + lane] = mine[slot];
+            __syncthreads();
+            for (int i = threadIdx.x; i < groups * V; i += blockDim.x) {
+                const int gg = i / V, mr = i % V, m = mr / R, r = mr % R;
+                const int n = (bg * groups + gg) * R + r;
+                float v = part[gg * split][mr];
+                for (int ss = 1; ss < split; ++ss) v += part[gg * split + ss][mr];
+                if (n < n_rows) y[(size_t)m * n_rows + n] = v;
+            }
+        }
+        if (!NORM) return;
+        bg += gridDim.x;
+        if (bg >= block_groups) return;
+        if (split != 1) __syncthreads();  // `part` is rewritten next round
+        set_rows((bg * groups + g) * R);
+        load_chunks<R, U>(wv0, rows, first, stride, chunks);
     }
 }
 
@@ -82,8 +211,11 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 // L1 traffic well under the HBM traffic; U keeps 8 or 16 loads in flight per
 // lane. Chosen by timing variants on an H200 (R 1..8, U 1..8, 1..3 blocks per
 // SM) over K 512..4096 and N 512..248320.
-// `gemv_f16_m*` take f16 weights (the reference precision's f16 checkpoints).
-#define KESTREL_GEMV(M, R, U, MIN_BLOCKS)                                                                      \
+// `gemv_f16_m*` take f16 weights (the reference precision's f16 checkpoints);
+// `gemv_norm_m*` compute their rows with norm_prologue (dynamic shared
+// memory: M * k floats); at one row, capped at 85 registers so that three
+// blocks share an SM, since each block streams many row groups.
+#define KESTREL_GEMV(M, R, U, MIN_BLOCKS, NORM_MIN_BLOCKS)                                                                      \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,         \
                   const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                        \
@@ -93,13 +225,21 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         gemv_f16_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,     \
                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                    \
         gemv_body<M, R, U, F16W>(y, x, w, w_last, n_rows, k, split);                                          \
+    }                                                                                                         \
+    KESTREL_EXTERN void __launch_bounds__(256, NORM_MIN_BLOCKS)                                               \
+        gemv_norm_m##M(float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out,   \
+                       const float* __restrict__ residual, const float* __restrict__ delta,                   \
+                       const float* __restrict__ norm_w, float eps, const uint16_t* __restrict__ w,          \
+                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                   \
+        const NormIn n{x_out, residual_out, residual, delta, norm_w, eps};                                    \
+        gemv_body<M, R, U, Bf16W, true>(y, nullptr, w, w_last, n_rows, k, split, &n);                         \
     }
 
-KESTREL_GEMV(1, 2, 4, 1)
-KESTREL_GEMV(2, 4, 2, 1)
-KESTREL_GEMV(3, 4, 2, 1)
-KESTREL_GEMV(4, 4, 2, 1)
-KESTREL_GEMV(5, 8, 2, 1)
-KESTREL_GEMV(6, 8, 2, 1)
-KESTREL_GEMV(7, 8, 2, 1)
-KESTREL_GEMV(8, 8, 2, 1)
+KESTREL_GEMV(1, 2, 4, 1, 3)
+KESTREL_GEMV(2, 4, 2, 1, 1)
+KESTREL_GEMV(3, 4, 2, 1, 1)
+KESTREL_GEMV(4, 4, 2, 1, 1)
+KESTREL_GEMV(5, 8, 2, 1, 1)
+KESTREL_GEMV(6, 8, 2, 1, 1)
+KESTREL_GEMV(7, 8, 2, 1, 1)
+KESTREL_GEMV(8, 8, 2, 1, 1)

@@ -62,8 +62,16 @@ __device__ __forceinline__ void load_chunks(uint4 (&wv)[U][R], const uint4* cons
     }
 }
 
+// Activation rows in global memory (read through the read-only cache) or in
+// shared memory (XS: a gemv that computed them itself).
+template <bool XS>
+__device__ __forceinline__ float4 load_x(const float4* p) {
+    if constexpr (XS) return *p;
+    else return __ldg(p);
+}
+
 // acc[m][r] += x[m, chunk] . wv[u][r] for the chunks loaded by load_chunks(c).
-template <int M, int R, int U, typename WT>
+template <int M, int R, int U, typename WT, bool XS = false>
 __device__ __forceinline__ void use_chunks(float (&acc)[M][R], const uint4 (&wv)[U][R],
                                            const float* __restrict__ x, size_t ldx, int c, int stride, int chunks) {
 #pragma unroll
@@ -73,7 +81,7 @@ __device__ __forceinline__ void use_chunks(float (&acc)[M][R], const uint4 (&wv)
 #pragma unroll
         for (int m = 0; m < M; ++m) {
             const float4* xm = reinterpret_cast<const float4*>(x + m * ldx) + 2 * cu;
-            const float4 a = __ldg(xm), b = __ldg(xm + 1);
+            const float4 a = load_x<XS>(xm), b = load_x<XS>(xm + 1);
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[m][r] = dot8<WT>(acc[m][r], wv[u][r], a, b);
         }
@@ -85,13 +93,13 @@ __device__ __forceinline__ void use_chunks(float (&acc)[M][R], const uint4 (&wv)
 // floats apart (16-byte aligned). U chunks of every row are loaded before any
 // is used, so U * R loads are in flight per lane; the x rows (tiny, shared by
 // all warps) come through the read-only cache and are reused across the R rows.
-template <int M, int R, int U, typename WT = Bf16W>
+template <int M, int R, int U, typename WT = Bf16W, bool XS = false>
 __device__ __forceinline__ void dot_chunks(float (&acc)[M][R], const uint4* const (&w)[R],
                                            const float* __restrict__ x, size_t ldx, int first,
                                            int stride, int chunks) {
     for (int c = first; c < chunks; c += U * stride) {
         uint4 wv[U][R];
         load_chunks<R, U>(wv, w, c, stride, chunks);
-        use_chunks<M, R, U, WT>(acc, wv, x, ldx, c, stride, chunks);
+        use_chunks<M, R, U, WT, XS>(acc, wv, x, ldx, c, stride, chunks);
     }
 }

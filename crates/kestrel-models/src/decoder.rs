@@ -6,7 +6,7 @@
 use anyhow::Result;
 use std::hash::{Hash, Hasher};
 
-use kestrel_core::{Backend, CacheSpec, ForwardBatch, StepKey};
+use kestrel_core::{Backend, CacheSpec, ForwardBatch, PreNorm, StepKey};
 
 use crate::blocks::{
     Attention, FeedForward, GatedDeltaNet, attention::attention_spec, gdn::gdn_spec,
@@ -72,23 +72,36 @@ impl<B: Backend> DecoderLayer<B> {
         })
     }
 
-    /// One layer on the residual stream. `x` is this layer's normalised input;
-    /// returns the feed-forward output (not yet added to `residual`).
+    /// One layer on the residual stream: `residual += delta` (the previous
+    /// layer's output; `None` for the first layer), then the layer. Returns
+    /// the feed-forward output (not yet added to `residual`). Each norm is
+    /// handed to the block's first operation, which may fuse it.
     pub fn forward(
         &self,
         b: &B,
         residual: &mut B::Tensor,
-        x: &B::Tensor,
+        delta: Option<&B::Tensor>,
         eps: f32,
         cache: &mut B::Cache,
         batch: &ForwardBatch,
     ) -> B::Tensor {
+        let x = PreNorm {
+            residual: &mut *residual,
+            delta,
+            weight: &self.input_norm,
+            eps,
+        };
         let mixed = match &self.mixer {
             Mixer::Attention(a) => a.forward(b, x, cache, batch),
             Mixer::GatedDeltaNet(g) => g.forward(b, x, cache, batch),
         };
-        let x = b.add_rms_norm(residual, &mixed, &self.post_norm, eps);
-        self.ffn.forward(b, &x)
+        let x = PreNorm {
+            residual,
+            delta: Some(&mixed),
+            weight: &self.post_norm,
+            eps,
+        };
+        self.ffn.forward(b, x)
     }
 }
 
@@ -212,15 +225,12 @@ impl<B: Backend> Decoder<B> {
     ) -> B::Tensor {
         let eps = self.config.rms_norm_eps;
         let mut residual = b.embedding(&self.embed, ids);
-        let mut x = b.rms_norm(&residual, &self.layers[0].input_norm, eps);
-        let last = self.layers.len() - 1;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let out = layer.forward(b, &mut residual, &x, eps, cache, batch);
-            if i < last {
-                x = b.add_rms_norm(&mut residual, &out, &self.layers[i + 1].input_norm, eps);
-            } else {
-                b.add_assign(&mut residual, &out);
-            }
+        let mut out: Option<B::Tensor> = None;
+        for layer in &self.layers {
+            out = Some(layer.forward(b, &mut residual, out.as_ref(), eps, cache, batch));
+        }
+        if let Some(out) = out {
+            b.add_assign(&mut residual, &out);
         }
         residual
     }

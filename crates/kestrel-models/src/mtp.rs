@@ -89,10 +89,9 @@ impl<B: Backend> MtpHead<B> {
         let hn = b.rms_norm(hidden, &self.norm_hidden, self.eps);
         let mut residual = b.matmul(&e, &self.fc_embedding);
         b.add_assign(&mut residual, &b.matmul(&hn, &self.fc_hidden));
-        let x = b.rms_norm(&residual, &self.layer.input_norm, self.eps);
         let out = self
             .layer
-            .forward(b, &mut residual, &x, self.eps, cache, batch);
+            .forward(b, &mut residual, None, self.eps, cache, batch);
         b.add_rms_norm(&mut residual, &out, &self.norm, self.eps)
     }
 }

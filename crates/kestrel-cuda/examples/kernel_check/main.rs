@@ -108,10 +108,12 @@ fn main() -> ExitCode {
         outcomes: Vec::new(),
     };
     type Case = fn(&mut cases::Ctx);
-    let all: [(&str, Case); 11] = [
+    let all: [(&str, Case); 13] = [
         ("embedding", cases::embedding),
         ("elementwise", cases::elementwise),
         ("norms", cases::norms),
+        ("norm_matmul", cases::norm_matmul),
+        ("norm_moe", cases::norm_moe),
         ("matmul", cases::matmul),
         ("attention", cases::attention),
         ("moe", cases::moe),

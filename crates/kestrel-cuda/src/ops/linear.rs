@@ -12,7 +12,9 @@
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaFunction, CudaSlice};
+use kestrel_core::PreNorm;
 
 use crate::device::{Arg, Gpu, blocks, check, ptr};
 use crate::precision::Precision;
@@ -156,6 +158,144 @@ pub fn gemv(
             Arg::I32(split as i32),
         ],
     );
+}
+
+/// Most shared memory a `gemv_norm` block holds its normalised rows in
+/// (rows x k f32 values: 8 rows of 2,048); the kernels are configured for it
+/// at load time. Within the opt-in limit of every target GPU (99 KB on a GB10).
+pub const NORM_SMEM_MAX: usize = 64 << 10;
+
+/// The `gemv_norm` kernels, allowed [`NORM_SMEM_MAX`] of dynamic shared memory.
+pub(crate) fn norm_kernels(f: [CudaFunction; 8]) -> kestrel_core::Result<[CudaFunction; 8]> {
+    for k in &f {
+        k.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            NORM_SMEM_MAX as i32,
+        )
+        .map_err(|e| {
+            kestrel_core::BackendError::Unavailable(format!("configuring gemv_norm: {e:?}"))
+        })?;
+    }
+    Ok(f)
+}
+
+/// Whether `gemv_norm` forms `rows` normalised rows of length `k` itself for
+/// a product with weights of format `half` (its kernels read bf16), unless
+/// the fusion is switched off ([`Gpu::norm_fusion`]).
+pub fn norm_fits(gpu: &Gpu, rows: usize, k: usize, half: Half) -> bool {
+    gpu.norm_fusion
+        && half == Half::Bf16
+        && gemv_fits(rows, k)
+        && rows <= NORM_MAX_ROWS
+        && rows * k * 4 <= NORM_SMEM_MAX
+}
+
+/// Most rows `gemv_norm` takes. Every block normalises all rows before its
+/// first product, and from 4 rows on that cost more than the norm kernel's
+/// launch it saves (H200, replayed decode steps of Qwen3.6 and Qwen3-30B:
+/// batch 1 -3 %, batch 2 about even, batch 4 +2 %, batch 8 +6 %).
+pub const NORM_MAX_ROWS: usize = 2;
+
+/// `y[rows, n] = x . w^T` where `x = pre`'s normalised rows, which every
+/// block of the kernel computes itself (`gemv_norm`, gemv.cu); the kernel's
+/// first block writes the updated residual, which replaces `pre.residual`,
+/// and, when `keep_x`, `x` itself, returned for later kernels. The shapes
+/// must pass [`norm_fits`]. Only kernel launches: safe to record in a graph.
+pub fn gemv_norm(
+    gpu: &Gpu,
+    pre: PreNorm<'_, CudaTensor, CudaWeight>,
+    (w, half): (u64, Half),
+    n: usize,
+    w_last: u64,
+    keep_x: bool,
+) -> (CudaSlice<f32>, Option<CudaTensor>) {
+    let (rows, k) = (pre.residual.rows, pre.residual.cols);
+    assert!(
+        norm_fits(gpu, rows, k, half),
+        "gemv_norm: {rows} rows of {k} not supported"
+    );
+    if let Some(d) = pre.delta {
+        assert_eq!(
+            (d.rows, d.cols),
+            (rows, k),
+            "gemv_norm: residual and delta differ"
+        );
+    }
+    assert_eq!(pre.weight.numel(), k, "gemv_norm: norm weight length");
+    assert!(
+        (w | w_last).is_multiple_of(16),
+        "gemv_norm: weights must be 16-byte aligned"
+    );
+    let s = &gpu.stream;
+    let y = gpu.alloc::<f32>(rows * n);
+    let x = keep_x.then(|| CudaTensor {
+        bf16: None,
+        rows,
+        cols: k,
+        buf: gpu.alloc::<f32>(rows * k),
+    });
+    // The other blocks still read the old residual while the first writes
+    // the new one, so it goes to a fresh buffer. The old one is freed after
+    // the launch (stream-ordered), never before.
+    let residual_out = pre.delta.map(|_| gpu.alloc::<f32>(rows * k));
+    let split = gemv_split(rows, k, n);
+    let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
+    // Each block normalises the rows once and then takes row groups in turn:
+    // as many blocks as fit on the device at once.
+    let f = &gpu.k.gemv_norm[rows - 1];
+    let smem = rows * k * 4;
+    let resident = f
+        .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
+        .unwrap_or(1)
+        .max(1) as usize
+        * gpu.sm_count();
+    gpu.launch(
+        f,
+        (blocks(n, rows_per_block).min(resident as u32), 1, 1),
+        256,
+        smem as u32,
+        &[
+            Arg::Ptr(ptr(&y, s)),
+            Arg::Ptr(x.as_ref().map_or(0, |x| ptr(&x.buf, s))),
+            Arg::Ptr(residual_out.as_ref().map_or(0, |r| ptr(r, s))),
+            Arg::Ptr(ptr(&pre.residual.buf, s)),
+            Arg::Ptr(pre.delta.map_or(0, |d| ptr(&d.buf, s))),
+            Arg::Ptr(ptr(pre.weight.f32("gemv_norm"), s)),
+            Arg::F32(pre.eps),
+            Arg::Ptr(w),
+            Arg::Ptr(w_last),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+            Arg::I32(split as i32),
+        ],
+    );
+    if let Some(r) = residual_out {
+        pre.residual.buf = r;
+        pre.residual.bf16 = None;
+    }
+    (y, x)
+}
+
+/// `pre`'s normalised rows times `w^T`: in one `gemv_norm` launch where
+/// [`norm_fits`], else the norm and then [`matmul`].
+pub fn norm_matmul(
+    gpu: &Gpu,
+    pre: PreNorm<'_, CudaTensor, CudaWeight>,
+    w: &CudaWeight,
+) -> CudaTensor {
+    let (rows, k) = (pre.residual.rows, pre.residual.cols);
+    let n = w.dim0();
+    let (wb, half) = w.matrix("norm_matmul");
+    if w.numel() != n * k || !norm_fits(gpu, rows, k, half) {
+        return matmul(gpu, &crate::ops::norm::pre_norm(gpu, pre), w);
+    }
+    let (y, _) = gemv_norm(gpu, pre, (ptr(wb, &gpu.stream), half), n, 0, false);
+    CudaTensor {
+        bf16: None,
+        rows,
+        cols: n,
+        buf: y,
+    }
 }
 
 /// `gemv` over any number of rows, [`GEMV_MAX_ROWS`] at a time.

@@ -1,5 +1,7 @@
 //! RMSNorm and residual-add + RMSNorm, one block per row.
 
+use kestrel_core::PreNorm;
+
 use crate::device::{Arg, Gpu, ptr};
 use crate::ops::linear::{GEMV_MAX_ROWS, bf16_copy_for};
 use crate::tensor::{CudaTensor, CudaWeight};
@@ -92,5 +94,13 @@ pub fn add_rms_norm(
         rows: x.rows,
         cols: x.cols,
         buf: out,
+    }
+}
+
+/// The normalised rows `pre` stands for, by the norm kernels alone.
+pub fn pre_norm(gpu: &Gpu, pre: PreNorm<'_, CudaTensor, CudaWeight>) -> CudaTensor {
+    match pre.delta {
+        Some(d) => add_rms_norm(gpu, pre.residual, d, pre.weight, pre.eps),
+        None => rms_norm(gpu, pre.residual, pre.weight, pre.eps),
     }
 }

@@ -2,7 +2,7 @@
 //! attention (q/k norm, RoPE, KV write, softmax, output gate), `o_proj`.
 
 use anyhow::Result;
-use kestrel_core::{AttentionSpec, AttentionWeights, Backend, ForwardBatch, RopeSpec};
+use kestrel_core::{AttentionSpec, AttentionWeights, Backend, ForwardBatch, PreNorm, RopeSpec};
 
 use crate::config::ModelConfig;
 use crate::loader::Loader;
@@ -75,11 +75,11 @@ impl<B: Backend> Attention<B> {
     pub fn forward(
         &self,
         b: &B,
-        x: &B::Tensor,
+        x: PreNorm<'_, B::Tensor, B::Weight>,
         cache: &mut B::Cache,
         batch: &ForwardBatch,
     ) -> B::Tensor {
-        let proj = b.matmul(x, &self.proj);
+        let proj = b.norm_matmul(x, &self.proj);
         let out = b.attention(
             &proj,
             &self.weights,

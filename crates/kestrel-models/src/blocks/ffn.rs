@@ -2,7 +2,7 @@
 //! optional gated shared expert.
 
 use anyhow::{Result, bail};
-use kestrel_core::{Backend, HostTensor, MoeSpec, MoeWeights};
+use kestrel_core::{Backend, HostTensor, MoeSpec, MoeWeights, PreNorm};
 
 use crate::config::MoeConfig;
 use crate::loader::Loader;
@@ -75,13 +75,13 @@ impl<B: Backend> FeedForward<B> {
         })
     }
 
-    pub fn forward(&self, b: &B, x: &B::Tensor) -> B::Tensor {
+    pub fn forward(&self, b: &B, x: PreNorm<'_, B::Tensor, B::Weight>) -> B::Tensor {
         match self {
             FeedForward::Dense { gate_up, down } => {
-                let h = b.matmul(x, gate_up);
+                let h = b.norm_matmul(x, gate_up);
                 b.matmul(&b.swiglu(&h), down)
             }
-            FeedForward::Moe { weights, spec } => b.moe(x, weights, spec),
+            FeedForward::Moe { weights, spec } => b.norm_moe(x, weights, spec),
         }
     }
 }

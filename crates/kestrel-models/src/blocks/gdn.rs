@@ -2,7 +2,7 @@
 //! backend's conv + delta-rule recurrence + gated norm, `out_proj`.
 
 use anyhow::Result;
-use kestrel_core::{Backend, ForwardBatch, GdnSpec, GdnWeights};
+use kestrel_core::{Backend, ForwardBatch, GdnSpec, GdnWeights, PreNorm};
 
 use crate::config::{Arch, ModelConfig};
 use crate::loader::Loader;
@@ -101,11 +101,11 @@ impl<B: Backend> GatedDeltaNet<B> {
     pub fn forward(
         &self,
         b: &B,
-        x: &B::Tensor,
+        x: PreNorm<'_, B::Tensor, B::Weight>,
         cache: &mut B::Cache,
         batch: &ForwardBatch,
     ) -> B::Tensor {
-        let proj = b.matmul(x, &self.in_proj);
+        let proj = b.norm_matmul(x, &self.in_proj);
         let out = b.gated_delta_net(
             &proj,
             &self.weights,

@@ -6,6 +6,7 @@ mod elementwise;
 mod gdn;
 mod matmul;
 mod moe;
+mod norm_fused;
 mod precision;
 mod sample;
 
@@ -21,6 +22,7 @@ pub use elementwise::{elementwise, embedding, norms};
 pub use gdn::gated_delta_net;
 pub use matmul::matmul;
 pub use moe::moe;
+pub use norm_fused::{norm_matmul, norm_moe};
 pub use precision::precision_f32;
 pub use sample::{argmax_rows, top_candidates, top_candidates_draw};
 

@@ -1,11 +1,11 @@
 //! The decode path (1..=8 tokens): routing and experts on the device in three
 //! (T <= 2) or four launches whose shapes depend only on T and the spec.
 
-use kestrel_core::{MoeSpec, MoeWeights};
+use kestrel_core::{MoeSpec, MoeWeights, PreNorm};
 
 use super::{SharedExpert, top_k};
 use crate::device::{Arg, Gpu, blocks, ptr};
-use crate::ops::linear::gemv;
+use crate::ops::linear::{gemv, gemv_norm};
 use crate::tensor::{CudaTensor, CudaWeight, Half};
 
 /// Intermediate rows per `moe_gate_up` block (even). A lone token needs small
@@ -29,15 +29,25 @@ fn down_rows(tokens: usize) -> usize {
     8 * tokens.next_power_of_two().min(4)
 }
 
+/// What the decode path runs on: rows, or rows still to be normalised, which
+/// the router's product then computes (and keeps for the experts).
+pub(super) enum DecodeInput<'a> {
+    Rows(&'a CudaTensor),
+    Norm(PreNorm<'a, CudaTensor, CudaWeight>),
+}
+
 /// The decode path (see the [module docs](super)). Shapes are checked by the
 /// caller.
 pub(super) fn moe_decode(
     gpu: &Gpu,
-    x: &CudaTensor,
+    input: DecodeInput<'_>,
     w: &MoeWeights<CudaWeight>,
     spec: &MoeSpec,
 ) -> CudaTensor {
-    let (t, h) = (x.rows, x.cols);
+    let (t, h) = match &input {
+        DecodeInput::Rows(x) => (x.rows, x.cols),
+        DecodeInput::Norm(pre) => (pre.residual.rows, pre.residual.cols),
+    };
     let (ne, k, inter) = (spec.num_experts, spec.top_k, spec.intermediate);
     let s = &gpu.stream;
     let shared = SharedExpert::of(gpu, w, spec);
@@ -48,19 +58,32 @@ pub(super) fn moe_decode(
 
     // Router logits [T, E], plus the gate logit as column E when there is one.
     let ld = ne + usize::from(gate.is_some());
-    let logits = gpu.alloc::<f32>(t * ld);
     let (router, router_half) = w.router.matrix("router");
-    let x_ptr = ptr(&x.buf, s);
-    gemv(
-        gpu,
-        ptr(&logits, s),
-        x_ptr,
-        t,
-        h,
-        (ptr(router, s), router_half),
-        ld,
-        gate.unwrap_or(0),
-    );
+    let router = (ptr(router, s), router_half);
+    // `_normed` keeps the rows the router's product normalised alive until
+    // the experts, launched below, have read them.
+    let (logits, x_ptr, _normed) = match input {
+        DecodeInput::Rows(x) => {
+            let logits = gpu.alloc::<f32>(t * ld);
+            let x_ptr = ptr(&x.buf, s);
+            gemv(
+                gpu,
+                ptr(&logits, s),
+                x_ptr,
+                t,
+                h,
+                router,
+                ld,
+                gate.unwrap_or(0),
+            );
+            (logits, x_ptr, None)
+        }
+        DecodeInput::Norm(pre) => {
+            let (logits, x) = gemv_norm(gpu, pre, router, ld, gate.unwrap_or(0), true);
+            let x = x.expect("gemv_norm keeps the rows when asked");
+            (logits, ptr(&x.buf, s), Some(x))
+        }
+    };
     // One format for the whole block (one checkpoint): the kernels take one.
     let (gate_up, half) = w.gate_up.matrix("experts' gate_up");
     let (down, down_half) = w.down.matrix("experts' down");

@@ -3,7 +3,8 @@
 //! Decode (1..=8 tokens, [`decode_fits`]): three or four launches whose
 //! shapes depend only on T and the spec, with the routing never leaving the
 //! device, so a step can be recorded in a CUDA graph: router logits (a
-//! `gemv`, the shared-expert gate appended as one more row), then at one or
+//! `gemv`, the shared-expert gate appended as one more row; `gemv_norm`
+//! when the block's norm runs inside it, [`norm_moe`]), then at one or
 //! two tokens `moe_gate_up`, whose blocks each compute their token's softmax
 //! and top-k (the same numbers as `moe_topk`, picks sorted by expert id) before
 //! reading each pick's weights by its id, and with more tokens `moe_topk`
@@ -38,14 +39,16 @@ mod decode;
 mod host_routed;
 mod prefill;
 
-use kestrel_core::{MoeSpec, MoeWeights};
+use kestrel_core::{MoeSpec, MoeWeights, PreNorm};
 
 use cudarc::driver::CudaSlice;
 
 use crate::device::{Arg, Gpu, ptr};
+use crate::ops::linear::norm_fits;
+use crate::ops::norm::pre_norm;
 use crate::precision::Precision;
 use crate::tensor::{CudaTensor, CudaWeight, Half};
-use decode::moe_decode;
+use decode::{DecodeInput, moe_decode};
 use host_routed::moe_host_routed;
 use prefill::moe_prefill;
 
@@ -174,7 +177,7 @@ pub fn moe(gpu: &Gpu, x: &CudaTensor, w: &MoeWeights<CudaWeight>, spec: &MoeSpec
     let (t, h) = (x.rows, x.cols);
     w.check_shapes(h, spec, |x| x.numel());
     if decode_fits(t, h, spec) {
-        return moe_decode(gpu, x, w, spec);
+        return moe_decode(gpu, DecodeInput::Rows(x), w, spec);
     }
     if gpu.precision == Precision::F32 && decode_fits(DECODE_MAX_TOKENS, h, spec) {
         return moe_decode_chunked(gpu, x, w, spec);
@@ -183,6 +186,23 @@ pub fn moe(gpu: &Gpu, x: &CudaTensor, w: &MoeWeights<CudaWeight>, spec: &MoeSpec
         return moe_prefill(gpu, x, w, spec);
     }
     moe_host_routed(gpu, x, w, spec)
+}
+
+/// The block on `pre`'s normalised rows. On the decode path the router's
+/// product computes the norm itself (`gemv_norm`) and leaves the rows for the
+/// experts; elsewhere the norm runs first.
+pub fn norm_moe(
+    gpu: &Gpu,
+    pre: PreNorm<'_, CudaTensor, CudaWeight>,
+    w: &MoeWeights<CudaWeight>,
+    spec: &MoeSpec,
+) -> CudaTensor {
+    let (t, h) = (pre.residual.rows, pre.residual.cols);
+    w.check_shapes(h, spec, |x| x.numel());
+    if decode_fits(t, h, spec) && norm_fits(gpu, t, h, w.router.matrix("router").1) {
+        return moe_decode(gpu, DecodeInput::Norm(pre), w, spec);
+    }
+    moe(gpu, &pre_norm(gpu, pre), w, spec)
 }
 
 /// The decode path over any number of tokens, [`DECODE_MAX_TOKENS`] at a time.
@@ -205,7 +225,7 @@ fn moe_decode_chunked(
             buf: gpu.alloc::<f32>(rows * h),
         };
         gpu.copy_dtod(ptr(&chunk.buf, s), ptr(&x.buf, s) + offset, bytes);
-        let y = moe_decode(gpu, &chunk, w, spec);
+        let y = moe_decode(gpu, DecodeInput::Rows(&chunk), w, spec);
         gpu.copy_dtod(ptr(&out, s) + offset, ptr(&y.buf, s), bytes);
     }
     CudaTensor {

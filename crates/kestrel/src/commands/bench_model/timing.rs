@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use kestrel_core::{
     AttentionSpec, AttentionWeights, Backend, CacheSpec, CandidateRequest, DType, ForwardBatch,
-    GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, Result, RowCandidates, StepKey,
+    GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, PreNorm, Result, RowCandidates, StepKey,
 };
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -221,6 +221,29 @@ impl<B: Backend> Backend for Timed<B> {
 
     fn moe(&self, x: &B::Tensor, w: &MoeWeights<B::Weight>, spec: &MoeSpec) -> B::Tensor {
         self.time(fixed("moe"), || self.inner.moe(x, w, spec))
+    }
+
+    // The fused operations go to the inner backend whole (its defaults would
+    // split them into the parts above and time those instead).
+    fn pre_norm(&self, pre: PreNorm<'_, B::Tensor, B::Weight>) -> B::Tensor {
+        self.time(fixed("pre_norm"), || self.inner.pre_norm(pre))
+    }
+
+    fn norm_matmul(&self, pre: PreNorm<'_, B::Tensor, B::Weight>, w: &B::Weight) -> B::Tensor {
+        let k = self.inner.dims(pre.residual).1;
+        self.time(
+            |out| format!("norm + matmul {k}->{}", self.inner.dims(out).1),
+            || self.inner.norm_matmul(pre, w),
+        )
+    }
+
+    fn norm_moe(
+        &self,
+        pre: PreNorm<'_, B::Tensor, B::Weight>,
+        w: &MoeWeights<B::Weight>,
+        spec: &MoeSpec,
+    ) -> B::Tensor {
+        self.time(fixed("norm + moe"), || self.inner.norm_moe(pre, w, spec))
     }
 
     fn gated_delta_net(
