@@ -56,6 +56,9 @@ pub struct Kernels {
     pub paged_attention_f32: CudaFunction,
     /// Tensor-core attention per head dim of `ops::attention::FAST_HEAD_DIMS`.
     pub attention_decode: [CudaFunction; 3],
+    /// The same with the new token's q/k norm, RoPE and cache write inside,
+    /// for head dims up to `ops::attention::FUSED_DECODE_MAX_HEAD_DIM`.
+    pub attention_decode_fused: [Option<CudaFunction>; 3],
     pub attention_decode_combine: CudaFunction,
     pub attention_prefill: [CudaFunction; 3],
     /// The 128-query double-buffered prefill per head dim; `None` where its
@@ -163,6 +166,7 @@ impl Kernels {
                 "attention_decode",
                 crate::ops::attention::decode_smem_bytes,
             )?,
+            attention_decode_fused: crate::ops::attention::fused_decode_kernels(&attention_decode)?,
             attention_decode_combine: f(&attention_decode, "attention_decode_combine")?,
             attention_prefill: crate::ops::attention::fast_kernels(
                 &attention_prefill,
@@ -290,6 +294,10 @@ pub struct Gpu {
     /// Compute decode steps' RMSNorms inside the product that reads them
     /// (`gemv_norm`); `KESTREL_NORM_FUSION=off` runs the norm kernels instead.
     pub norm_fusion: bool,
+    /// Decode attention computes the new token's q/k norm, RoPE and cache
+    /// write itself (`attention_decode_fused`); `KESTREL_ATTN_DECODE=unfused`
+    /// runs `qk_norm_rope_kv_write` first instead.
+    pub attn_decode_fused: bool,
     /// bf16 (serving) or f32 (reference) arithmetic; caches take the KV
     /// element type of the precision they were created under.
     pub precision: Precision,
@@ -346,6 +354,7 @@ impl Gpu {
             moe_gemm_wgmma: hopper && !std::env::var("KESTREL_MOE_GEMM").is_ok_and(|v| v == "mma"),
             moe_prefill_host: std::env::var("KESTREL_MOE_PREFILL").is_ok_and(|v| v == "host"),
             norm_fusion: !std::env::var("KESTREL_NORM_FUSION").is_ok_and(|v| v == "off"),
+            attn_decode_fused: !std::env::var("KESTREL_ATTN_DECODE").is_ok_and(|v| v == "unfused"),
             precision,
         })
     }

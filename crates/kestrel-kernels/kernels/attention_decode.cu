@@ -24,6 +24,143 @@ __device__ __forceinline__ int dec_swz(int row, int ch) {
     return row * (D / 8) + (ch ^ (row & 7));
 }
 
+// The step's new token as attention_decode_fused reads it: instead of a
+// kernel of its own (q/k norm + RoPE + cache write, attention.cu) before the
+// attention, every block normalises and rotates the q heads it serves from the
+// projection, with the same arithmetic, and the blocks of split 0 also the
+// kv head's k and v, which they write into the cache. No block reads the new
+// token from the cache (other blocks of this kernel may not have written it
+// yet): split 0 adds it as one more key.
+struct NewToken {
+    const float* proj;  // [T, proj_stride]: [q | gate | k | v]
+    int proj_stride, k_offset, v_offset;
+    const float* q_norm;  // [D]
+    const float* k_norm;  // [D]
+    const int* positions;
+    const int* slot_mapping;
+    int rotary_dim;  // (rotary_dim / 2) % 4 == 0, rotary_dim <= D
+    float theta, eps;
+};
+
+// Fills `rows` (f32, D apart) with the normalised + rotated q heads h0 ..
+// h0 + nh - 1 of token t, then row DEC_HEADS with its k of kv head kvh (both
+// as qk_norm_rope_kv_write computes them), rounded to bf16 for k; rows
+// DEC_HEADS + 1 and + 2 hold the q and k norm weights meanwhile. `v_row`
+// gets its v rounded to bf16. `kv` (split 0): also computes k and v and
+// writes both into the cache. Every thread of the block calls it; it ends
+// with a barrier.
+template <int D>
+__device__ __forceinline__ void new_token_rows(float* __restrict__ rows, float* __restrict__ v_row,
+                                               const NewToken& nt, int t, int h0, int nh, int kvh, int hkv,
+                                               bool kv, bool write_cache, __nv_bfloat16* __restrict__ k_cache,
+                                               __nv_bfloat16* __restrict__ v_cache) {
+    constexpr int C4 = D / 4;  // float4s per row
+    __shared__ float inv[DEC_HEADS + 1];
+    // cos and sin of each rotary pair's angle: the same for every row.
+    __shared__ float rope_cos[D / 2], rope_sin[D / 2];
+    const int tid = threadIdx.x, threads = blockDim.x, warp = tid >> 5, lane = tid & 31, W = threads >> 5;
+    const float* row = nt.proj + (size_t)t * nt.proj_stride;
+    // Row r < nh: q head h0 + r; row DEC_HEADS: k. Every load first.
+    const int n4 = (nh + (kv ? 1 : 0)) * C4;
+    constexpr int PER = (DEC_HEADS + 1) * C4 / 64 + 1;  // >= loads per thread (>= 64 threads)
+    float4 x[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = tid + j * threads;
+        if (i < n4) {
+            const int r = i / C4, c = i % C4;
+            const float* src = r < nh ? row + (size_t)(h0 + r) * D : row + nt.k_offset + (size_t)kvh * D;
+            x[j] = reinterpret_cast<const float4*>(src)[c];
+        }
+    }
+    float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f), qw4 = v4, kw4 = v4;
+    if (kv && tid < C4) v4 = reinterpret_cast<const float4*>(row + nt.v_offset + (size_t)kvh * D)[tid];
+    // The norm weights go to shared memory too: the scaling loop below reads
+    // each many times (a short block has dozens of elements per thread).
+    if (tid < C4) {
+        qw4 = reinterpret_cast<const float4*>(nt.q_norm)[tid];
+        if (kv) kw4 = reinterpret_cast<const float4*>(nt.k_norm)[tid];
+    }
+    const int pos_i = nt.positions[t];
+    const int64_t slot = nt.slot_mapping[t];
+    // While the rows load: inv_freq[e] = theta^(-2e/rotary_dim), rounded once
+    // from double, and the angles, as qk_norm_rope_kv_write computes them.
+    const int half = nt.rotary_dim / 2;
+    for (int e = tid; e < half; e += threads) {
+        const float inv_freq = (float)pow((double)nt.theta, -2.0 * e / nt.rotary_dim);
+        sincosf((float)pos_i * inv_freq, &rope_sin[e], &rope_cos[e]);
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = tid + j * threads;
+        if (i < n4) {
+            const int r = i / C4, c = i % C4;
+            reinterpret_cast<float4*>(rows + (r < nh ? r : DEC_HEADS) * D)[c] = x[j];
+        }
+    }
+    if (tid < C4) {
+        reinterpret_cast<float4*>(rows + (DEC_HEADS + 1) * D)[tid] = qw4;
+        reinterpret_cast<float4*>(rows + (DEC_HEADS + 2) * D)[tid] = kw4;
+    }
+    if (kv && tid < C4) {
+        const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const __nv_bfloat16 b = f32_to_bf16(vv[e]);
+            v_row[4 * tid + e] = bf16_to_f32(b);
+            if (write_cache) v_cache[(slot * hkv + kvh) * D + 4 * tid + e] = b;
+        }
+    }
+    __syncthreads();
+    // Each row's sum of squares in qk_norm_rope_kv_write's order: lane-strided,
+    // then the warp's shuffle tree.
+    for (int r = warp; r < DEC_HEADS + 1; r += W) {
+        if (r >= nh && !(r == DEC_HEADS && kv)) continue;
+        const float* xr = rows + r * D;
+        float ss = 0.f;
+        for (int i = lane; i < D; i += 32) ss += xr[i] * xr[i];
+        const float v = rsqrtf(warp_sum(ss) / D + nt.eps);
+        if (lane == 0) inv[r] = v;
+    }
+    __syncthreads();
+    // Scale and rotate: a thread takes a rotary pair (i, i + half) or a dim
+    // past the rotary ones, of one row.
+    const int per_row = half + (D - nt.rotary_dim);
+    for (int idx = tid; idx < (DEC_HEADS + 1) * per_row; idx += threads) {
+        const int r = idx / per_row, e = idx % per_row;
+        if (r >= nh && !(r == DEC_HEADS && kv)) continue;
+        float* xr = rows + r * D;
+        const float* w = rows + (r < nh ? DEC_HEADS + 1 : DEC_HEADS + 2) * D;
+        const float s_inv = inv[r];
+        float a, b = 0.f;
+        int i0 = e, i1 = -1;
+        if (e < half) {
+            i1 = e + half;
+            const float sn = rope_sin[e], cs = rope_cos[e];
+            const float lo = xr[e] * s_inv * w[e], hi = xr[i1] * s_inv * w[i1];
+            a = lo * cs - hi * sn;
+            b = hi * cs + lo * sn;
+        } else {
+            i0 = e + half;
+            a = xr[i0] * s_inv * w[i0];
+        }
+        if (r == DEC_HEADS) {  // k: what the cache holds
+            const __nv_bfloat16 ba = f32_to_bf16(a);
+            xr[i0] = bf16_to_f32(ba);
+            if (write_cache) k_cache[(slot * hkv + kvh) * D + i0] = ba;
+            if (i1 >= 0) {
+                const __nv_bfloat16 bb = f32_to_bf16(b);
+                xr[i1] = bf16_to_f32(bb);
+                if (write_cache) k_cache[(slot * hkv + kvh) * D + i1] = bb;
+            }
+        } else {
+            xr[i0] = a;
+            if (i1 >= 0) xr[i1] = b;
+        }
+    }
+    __syncthreads();
+}
+
 // One block = one split of one sequence's keys for up to 8 q heads of one kv
 // group, so each K/V element is loaded once for all heads of the group.
 // Grid (hkv * ceil(group / 8), S, splits), block 32 * dec_warps<D>(),
@@ -40,19 +177,24 @@ __device__ __forceinline__ int dec_swz(int row, int ch) {
 //   fragments come from ldmatrix.trans of the V rows.
 // Partials: part_o [S, hq, splits, D] (unnormalised, relative to m),
 // part_ml [S, hq, splits, 2] = (m, l), m in log2 units.
-template <int D>
+// FUSED (attention_decode_fused): q and the new token come from `nt`
+// (new_token_rows), `q` is not read, and the cache holds only the older keys.
+template <int D, bool FUSED = false>
 __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* __restrict__ part_ml,
-                                             const float* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
-                                             const __nv_bfloat16* __restrict__ v_cache,
+                                             const float* __restrict__ q, __nv_bfloat16* __restrict__ k_cache,
+                                             __nv_bfloat16* __restrict__ v_cache,
                                              const int* __restrict__ seq_start, const int* __restrict__ seq_len,
                                              const int* __restrict__ table_offset,
                                              const int* __restrict__ block_tables, int hq, int hkv, int block_size,
-                                             float scale_log2, int splits) {
+                                             float scale_log2, int splits, const NewToken* nt = nullptr) {
     static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
     constexpr int W = dec_warps<D>(), CH = D / 8, STEP = W * DEC_KEYS;
     constexpr int TILE = DEC_KEYS * CH;  // 16-byte chunks of 16 rows of K (or V)
     extern __shared__ uint4 dec_smem[];
     __shared__ float s_ml[W][2][DEC_HEADS];
+    // FUSED: the new key's score per head (log2 units), then its weight; its v.
+    __shared__ float new_score[DEC_HEADS];
+    __shared__ float new_v[FUSED ? D : 1];
 
     const int group = hq / hkv;
     const int chunks = (group + DEC_HEADS - 1) / DEC_HEADS;
@@ -62,14 +204,17 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
     const int s = blockIdx.y, split = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
 
-    const int len = seq_len[s];
+    // FUSED: the cached keys are all but the last (the new token's).
+    const int len = seq_len[s] - (FUSED ? 1 : 0);
+    // Split 0 adds the new token's key (FUSED), even without cached keys.
+    const bool new_key = FUSED && split == 0;
     int chunk = (len + splits - 1) / splits;
     chunk = max(STEP, (chunk + STEP - 1) / STEP * STEP);
     const int begin = split * chunk;
     const int end = min(len, begin + chunk);
     // Partial of head h0 + i: index part + i * splits.
     const size_t part = ((size_t)s * hq + h0) * splits + split;
-    if (begin >= end) {
+    if (begin >= end && !new_key) {
         if (threadIdx.x < nh) {
             part_ml[(part + threadIdx.x * splits) * 2] = -INFINITY;
             part_ml[(part + threadIdx.x * splits) * 2 + 1] = 0.f;
@@ -107,12 +252,33 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
         cp_async_commit();
     }
 
+    // FUSED: q (and k) rows staged in warp 0's last ring stage, which is not
+    // issued before the loop; the barrier after the fragments frees it.
+    const float* q_rows = q + ((size_t)t * hq + h0) * D;
+    if constexpr (FUSED) {
+        // (DEC_HEADS + 3) rows of D floats: 44 D bytes of the stage's 64 D.
+        float* rows = reinterpret_cast<float*>(dec_smem + (DEC_STAGES - 1) * 2 * TILE);
+        new_token_rows<D>(rows, new_v, *nt, t, h0, nh, kvh, hkv, new_key,
+                          new_key && blockIdx.x % chunks == 0, k_cache, v_cache);
+        if (new_key) {
+            // Scores of the new key, from the bf16 q and k the tensor cores would use.
+            for (int hh = warp; hh < nh; hh += W) {
+                float acc = 0.f;
+                for (int i = lane; i < D; i += 32)
+                    acc += bf16_to_f32(f32_to_bf16(rows[hh * D + i])) * rows[DEC_HEADS * D + i];
+                acc = warp_sum(acc);
+                if (lane == 0) new_score[hh] = acc * scale_log2;
+            }
+        }
+        q_rows = rows;
+    }
+
     // Q fragments of head h0 + g (zero beyond the block's heads): k-step ks
     // holds dims 16ks + 2c, +1 and 16ks + 8 + 2c, +1; rows g + 8 are zero.
     uint32_t qa[D / 16][2];
     {
         const bool valid = g < nh;
-        const float* qrow = q + ((size_t)t * hq + h0 + (valid ? g : 0)) * D + 2 * c;
+        const float* qrow = q_rows + (size_t)(valid ? g : 0) * D + 2 * c;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
             float2 lo = make_float2(0.f, 0.f), hi = lo;
@@ -124,6 +290,7 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
             qa[ks][1] = pack_bf16(hi.x, hi.y);
         }
     }
+    if constexpr (FUSED) __syncthreads();  // the staged rows are read
 
     float o[D / 16][4];
 #pragma unroll
@@ -219,11 +386,18 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
         float mm = -INFINITY, ll = 0.f;
 #pragma unroll
         for (int w = 0; w < W; ++w) mm = fmaxf(mm, s_ml[w][0][hh]);
+        if (new_key) mm = fmaxf(mm, new_score[hh]);
 #pragma unroll
         for (int w = 0; w < W; ++w) {
             const float f = exp2f(s_ml[w][0][hh] - mm);
             s_ml[w][0][hh] = f;  // from here on: the warp's weight
             ll += f * s_ml[w][1][hh];
+        }
+        if (new_key) {
+            // The new key as one more partial: m = its score, l = 1, o = v.
+            const float f = exp2f(new_score[hh] - mm);
+            new_score[hh] = f;  // from here on: its weight
+            ll += f;
         }
         const size_t pi = part + (size_t)hh * splits;
         part_ml[pi * 2] = mm;
@@ -235,6 +409,7 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
         float acc = 0.f;
 #pragma unroll
         for (int w = 0; w < W; ++w) acc += s_ml[w][0][hh] * s_o[(w * DEC_HEADS + hh) * D + dim];
+        if (new_key) acc += new_score[hh] * new_v[dim];
         part_o[(part + (size_t)hh * splits) * D + dim] = acc;
     }
 }
@@ -242,16 +417,37 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
 #define DECODE_KERNEL(D)                                                                                          \
     KESTREL_EXTERN void __launch_bounds__(dec_warps<D>() * 32) attention_decode_d##D(                               \
         float* __restrict__ part_o, float* __restrict__ part_ml, const float* __restrict__ q,                      \
-        const __nv_bfloat16* __restrict__ k_cache, const __nv_bfloat16* __restrict__ v_cache,                     \
+        __nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache,                                 \
         const int* __restrict__ seq_start, const int* __restrict__ seq_len, const int* __restrict__ table_offset, \
         const int* __restrict__ block_tables, int hq, int hkv, int block_size, float scale_log2, int splits) { pdl_begin();     \
         decode_split<D>(part_o, part_ml, q, k_cache, v_cache, seq_start, seq_len, table_offset, block_tables, hq, \
                         hkv, block_size, scale_log2, splits);                                                     \
     }
 
+// The fused kernel only where a block has 128 threads: at head_dim 256 its two
+// warps spend longer on the new token than the separate kernel and its launch
+// take (H200, Qwen3.6 decode step: 2.609 ms fused, 2.582 ms not; at head_dim
+// 128, Qwen3-30B: 2.901 vs 2.961 ms).
+#define DECODE_FUSED_KERNEL(D)                                                                                    \
+    KESTREL_EXTERN void __launch_bounds__(dec_warps<D>() * 32) attention_decode_fused_d##D(                         \
+        float* __restrict__ part_o, float* __restrict__ part_ml, __nv_bfloat16* __restrict__ k_cache,              \
+        __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ seq_start, const int* __restrict__ seq_len,   \
+        const int* __restrict__ table_offset, const int* __restrict__ block_tables, int hq, int hkv,              \
+        int block_size, float scale_log2, int splits, const float* __restrict__ proj, int proj_stride,            \
+        int k_offset, int v_offset, const float* __restrict__ q_norm, const float* __restrict__ k_norm,           \
+        const int* __restrict__ positions, const int* __restrict__ slot_mapping, int rotary_dim, float theta,    \
+        float eps) { pdl_begin();                                                                                  \
+        const NewToken nt{proj, proj_stride, k_offset, v_offset, q_norm, k_norm, positions, slot_mapping,         \
+                          rotary_dim, theta, eps};                                                                 \
+        decode_split<D, true>(part_o, part_ml, nullptr, k_cache, v_cache, seq_start, seq_len, table_offset,       \
+                              block_tables, hq, hkv, block_size, scale_log2, splits, &nt);                        \
+    }
+
 DECODE_KERNEL(64)
 DECODE_KERNEL(128)
 DECODE_KERNEL(256)
+DECODE_FUSED_KERNEL(64)
+DECODE_FUSED_KERNEL(128)
 
 // Merge the splits of one (q head, sequence): out = sum_i w_i o_i / sum_i w_i l_i
 // with w_i = 2^(m_i - max m), then the optional gate out *= sigmoid(gate), the

@@ -135,6 +135,36 @@ pub fn fast_kernels(
     ])
 }
 
+/// Largest head dim with a fused decode kernel (`attention_decode_fused_d*`):
+/// its blocks have 128 threads up to here, 64 above (too few to form the new
+/// token's rows faster than a kernel of their own).
+pub const FUSED_DECODE_MAX_HEAD_DIM: usize = 128;
+
+/// `attention_decode_fused_d{D}` per head dim of `FAST_HEAD_DIMS` up to
+/// [`FUSED_DECODE_MAX_HEAD_DIM`], configured like the unfused ones.
+pub fn fused_decode_kernels(m: &Arc<CudaModule>) -> Result<[Option<CudaFunction>; 3]> {
+    let load = |d: usize| -> Result<Option<CudaFunction>> {
+        if d > FUSED_DECODE_MAX_HEAD_DIM {
+            return Ok(None);
+        }
+        let name = format!("attention_decode_fused_d{d}");
+        let f = m
+            .load_function(&name)
+            .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            decode_smem_bytes(d) as i32,
+        )
+        .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
+        Ok(Some(f))
+    };
+    Ok([
+        load(FAST_HEAD_DIMS[0])?,
+        load(FAST_HEAD_DIMS[1])?,
+        load(FAST_HEAD_DIMS[2])?,
+    ])
+}
+
 /// Splits of the decode kernel: a function of the launch shape and the
 /// device only, never of sequence lengths (recorded steps replay with other
 /// lengths). At most one wave of blocks (a second, partial wave would leave
@@ -213,37 +243,47 @@ pub fn attention(
     let (k_cache, v_cache) = (ptr(&cache.k[layer], s), ptr(&cache.v[layer], s));
 
     let f32_cache = cache.kv_precision == Precision::F32;
-    let q = gpu.alloc::<f32>(t * q_width);
-    gpu.launch(
-        if f32_cache {
-            &gpu.k.qk_norm_rope_kv_write_f32
-        } else {
-            &gpu.k.qk_norm_rope_kv_write
-        },
-        (blocks(t * (hq + 2 * hkv), QKN_WARPS), 1, 1),
-        32 * QKN_WARPS as u32,
-        (QKN_WARPS * (d + d / 2) * 4) as u32,
-        &[
-            Arg::Ptr(ptr(&proj.buf, s)),
-            Arg::I32(proj.cols as i32),
-            Arg::Ptr(ptr(&q, s)),
-            Arg::Ptr(k_cache),
-            Arg::Ptr(v_cache),
-            Arg::Ptr(ptr(w.q_norm.f32("q_norm"), s)),
-            Arg::Ptr(ptr(w.k_norm.f32("k_norm"), s)),
-            Arg::Ptr(l.positions()),
-            Arg::Ptr(l.slot_mapping()),
-            Arg::I32(t as i32),
-            Arg::I32(hq as i32),
-            Arg::I32(hkv as i32),
-            Arg::I32(d as i32),
-            Arg::I32(spec.rope.rotary_dim as i32),
-            Arg::F32(spec.rope.theta),
-            Arg::F32(spec.norm_eps),
-            Arg::I32(k_offset as i32),
-            Arg::I32(v_offset as i32),
-        ],
-    );
+    let fast = FAST_HEAD_DIMS.iter().position(|&x| x == d);
+    // Sequences without new tokens (if any) have no output row: not decode.
+    let decode = l.max_new == 1 && l.tokens == l.seqs;
+    // The fused decode kernel does the first kernel's work itself.
+    let fused = fast.is_some_and(|i| gpu.k.attention_decode_fused[i].is_some())
+        && decode
+        && !f32_cache
+        && gpu.attn_decode_fused;
+    let q = gpu.alloc::<f32>(if fused { 0 } else { t * q_width });
+    if !fused {
+        gpu.launch(
+            if f32_cache {
+                &gpu.k.qk_norm_rope_kv_write_f32
+            } else {
+                &gpu.k.qk_norm_rope_kv_write
+            },
+            (blocks(t * (hq + 2 * hkv), QKN_WARPS), 1, 1),
+            32 * QKN_WARPS as u32,
+            (QKN_WARPS * (d + d / 2) * 4) as u32,
+            &[
+                Arg::Ptr(ptr(&proj.buf, s)),
+                Arg::I32(proj.cols as i32),
+                Arg::Ptr(ptr(&q, s)),
+                Arg::Ptr(k_cache),
+                Arg::Ptr(v_cache),
+                Arg::Ptr(ptr(w.q_norm.f32("q_norm"), s)),
+                Arg::Ptr(ptr(w.k_norm.f32("k_norm"), s)),
+                Arg::Ptr(l.positions()),
+                Arg::Ptr(l.slot_mapping()),
+                Arg::I32(t as i32),
+                Arg::I32(hq as i32),
+                Arg::I32(hkv as i32),
+                Arg::I32(d as i32),
+                Arg::I32(spec.rope.rotary_dim as i32),
+                Arg::F32(spec.rope.theta),
+                Arg::F32(spec.norm_eps),
+                Arg::I32(k_offset as i32),
+                Arg::I32(v_offset as i32),
+            ],
+        );
+    }
 
     let out = gpu.alloc::<f32>(t * q_width);
     let a = Attend {
@@ -259,12 +299,17 @@ pub fn attention(
         proj_stride: proj.cols,
         gate_offset: if spec.output_gate { q_width as i32 } else { -1 },
         f32_cache,
+        new_token: fused.then(|| NewTokenArgs {
+            q_norm: ptr(w.q_norm.f32("q_norm"), s),
+            k_norm: ptr(w.k_norm.f32("k_norm"), s),
+            k_offset,
+            v_offset,
+        }),
     };
-    match FAST_HEAD_DIMS.iter().position(|&x| x == d) {
+    match fast {
         // The tensor-core kernels read bf16 pages.
         _ if f32_cache => a.generic(),
-        // Sequences without new tokens (if any) have no output row: not decode.
-        Some(i) if l.max_new == 1 && l.tokens == l.seqs => a.decode(i),
+        Some(i) if decode => a.decode(i),
         Some(i) => a.prefill(i),
         None => a.generic(),
     }
@@ -274,6 +319,14 @@ pub fn attention(
         cols: q_width,
         buf: out,
     }
+}
+
+/// What `attention_decode_fused` reads to form the new token's q, k and v.
+struct NewTokenArgs {
+    q_norm: u64,
+    k_norm: u64,
+    k_offset: usize,
+    v_offset: usize,
 }
 
 /// Everything the attention kernels read, by device address.
@@ -290,6 +343,8 @@ struct Attend<'a> {
     proj_stride: usize,
     gate_offset: i32,
     f32_cache: bool,
+    /// Set: decode runs the fused kernel (no q was computed beforehand).
+    new_token: Option<NewTokenArgs>,
 }
 
 impl Attend<'_> {
@@ -312,28 +367,61 @@ impl Attend<'_> {
         let part_o = gpu.alloc::<f32>(seqs * hq * splits * d);
         let part_ml = gpu.alloc::<f32>(seqs * hq * splits * 2);
         let s = &gpu.stream;
-        gpu.launch(
-            &gpu.k.attention_decode[dim_index],
-            (blocks_per_seq as u32, seqs as u32, splits as u32),
-            32 * decode_warps(d) as u32,
-            decode_smem_bytes(d),
-            &[
-                Arg::Ptr(ptr(&part_o, s)),
-                Arg::Ptr(ptr(&part_ml, s)),
-                Arg::Ptr(self.q),
-                Arg::Ptr(self.k_cache),
-                Arg::Ptr(self.v_cache),
-                Arg::Ptr(l.seq_start()),
-                Arg::Ptr(l.seq_len()),
-                Arg::Ptr(l.table_offset()),
-                Arg::Ptr(l.block_tables()),
-                Arg::I32(hq as i32),
-                Arg::I32(hkv as i32),
-                Arg::I32(self.block_size as i32),
-                Arg::F32(self.scale_log2()),
-                Arg::I32(splits as i32),
-            ],
+        let grid = (blocks_per_seq as u32, seqs as u32, splits as u32);
+        let (threads, smem) = (32 * decode_warps(d) as u32, decode_smem_bytes(d));
+        let common = [
+            Arg::Ptr(l.seq_start()),
+            Arg::Ptr(l.seq_len()),
+            Arg::Ptr(l.table_offset()),
+            Arg::Ptr(l.block_tables()),
+            Arg::I32(hq as i32),
+            Arg::I32(hkv as i32),
+            Arg::I32(self.block_size as i32),
+            Arg::F32(self.scale_log2()),
+            Arg::I32(splits as i32),
+        ];
+        let (parts, caches) = (
+            [Arg::Ptr(ptr(&part_o, s)), Arg::Ptr(ptr(&part_ml, s))],
+            [Arg::Ptr(self.k_cache), Arg::Ptr(self.v_cache)],
         );
+        match &self.new_token {
+            None => {
+                let mut args = parts.to_vec();
+                args.push(Arg::Ptr(self.q));
+                args.extend(caches);
+                args.extend(common);
+                gpu.launch(
+                    &gpu.k.attention_decode[dim_index],
+                    grid,
+                    threads,
+                    smem,
+                    &args,
+                );
+            }
+            Some(nt) => {
+                let rope = self.spec.rope;
+                let mut args = parts.to_vec();
+                args.extend(caches);
+                args.extend(common);
+                args.extend([
+                    Arg::Ptr(self.proj),
+                    Arg::I32(self.proj_stride as i32),
+                    Arg::I32(nt.k_offset as i32),
+                    Arg::I32(nt.v_offset as i32),
+                    Arg::Ptr(nt.q_norm),
+                    Arg::Ptr(nt.k_norm),
+                    Arg::Ptr(l.positions()),
+                    Arg::Ptr(l.slot_mapping()),
+                    Arg::I32(rope.rotary_dim as i32),
+                    Arg::F32(rope.theta),
+                    Arg::F32(self.spec.norm_eps),
+                ]);
+                let f = gpu.k.attention_decode_fused[dim_index]
+                    .as_ref()
+                    .expect("a fused decode kernel for this head dim");
+                gpu.launch(f, grid, threads, smem, &args);
+            }
+        }
         gpu.launch(
             &gpu.k.attention_decode_combine,
             (hq as u32, seqs as u32, 1),
