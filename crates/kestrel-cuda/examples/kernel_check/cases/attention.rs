@@ -53,7 +53,18 @@ pub fn attention(c: &mut Ctx) {
     for shape in LONG_SHAPES {
         attention_prefill_long(c, &shape);
     }
+    // The fused decode kernel's other cases: head dim 64 with a partial
+    // rotary (the bundled model's attention layers), and 16 q heads per kv
+    // head (two blocks per kv head, of which one writes the cache).
+    for shape in DECODE_EXTRA_SHAPES {
+        attention_decode(c, &shape);
+    }
 }
+
+const DECODE_EXTRA_SHAPES: [AttnShape; 2] = [
+    ("Hq4 Hkv2 D64 rot16", 4, 2, 64, 16, 1e4, false),
+    ("Hq16 Hkv1 D128", 16, 1, 128, 128, 1e6, false),
+];
 
 /// One shape per tensor-core head dim, few heads (the CPU reference is the
 /// cost of the long cases), each with GQA.
