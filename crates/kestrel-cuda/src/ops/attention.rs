@@ -65,6 +65,37 @@ fn prefill_v1_forced() -> bool {
     *V1.get_or_init(|| std::env::var("KESTREL_ATTN_PREFILL").is_ok_and(|v| v == "v1"))
 }
 
+/// Kernel `{prefix}_d{D}` for each D of `FAST_HEAD_DIMS` that `wanted`
+/// accepts (`None` for the others), allowed the dynamic shared memory
+/// `smem(D)` (above the default 48 KiB).
+fn per_head_dim(
+    m: &Arc<CudaModule>,
+    prefix: &str,
+    smem: impl Fn(usize) -> u32,
+    wanted: impl Fn(usize) -> bool,
+) -> Result<[Option<CudaFunction>; 3]> {
+    let load = |d: usize| -> Result<Option<CudaFunction>> {
+        if !wanted(d) {
+            return Ok(None);
+        }
+        let name = format!("{prefix}_d{d}");
+        let f = m
+            .load_function(&name)
+            .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem(d) as i32,
+        )
+        .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
+        Ok(Some(f))
+    };
+    Ok([
+        load(FAST_HEAD_DIMS[0])?,
+        load(FAST_HEAD_DIMS[1])?,
+        load(FAST_HEAD_DIMS[2])?,
+    ])
+}
+
 /// `attention_prefill_v2_d{D}` for every D of `FAST_HEAD_DIMS` whose tiles
 /// fit the device's opt-in shared memory per block; `None` for the others.
 pub fn prefill_v2_kernels(
@@ -75,27 +106,9 @@ pub fn prefill_v2_kernels(
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         .unwrap_or(0)
         .max(0) as u32;
-    let load = |d: usize| -> Result<Option<CudaFunction>> {
-        let smem = prefill_v2_smem_bytes(d);
-        if smem + PREFILL_STATIC_SMEM > limit {
-            return Ok(None);
-        }
-        let name = format!("attention_prefill_v2_d{d}");
-        let f = m
-            .load_function(&name)
-            .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
-        Ok(Some(f))
-    };
-    Ok([
-        load(FAST_HEAD_DIMS[0])?,
-        load(FAST_HEAD_DIMS[1])?,
-        load(FAST_HEAD_DIMS[2])?,
-    ])
+    per_head_dim(m, "attention_prefill_v2", prefill_v2_smem_bytes, |d| {
+        prefill_v2_smem_bytes(d) + PREFILL_STATIC_SMEM <= limit
+    })
 }
 
 /// Warps per decode block (`dec_warps` in `kernels/attention_decode.cu`).
@@ -110,29 +123,15 @@ pub fn decode_smem_bytes(d: usize) -> u32 {
 }
 
 /// The tensor-core kernels `{prefix}_d{D}` for every D of `FAST_HEAD_DIMS`,
-/// allowed the dynamic shared memory they need (above the default 48 KiB).
+/// allowed the dynamic shared memory they need.
 pub fn fast_kernels(
     m: &Arc<CudaModule>,
     prefix: &str,
     smem: fn(usize) -> u32,
 ) -> Result<[CudaFunction; 3]> {
-    let load = |d: usize| {
-        let name = format!("{prefix}_d{d}");
-        let f = m
-            .load_function(&name)
-            .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem(d) as i32,
-        )
-        .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
-        Ok(f)
-    };
-    Ok([
-        load(FAST_HEAD_DIMS[0])?,
-        load(FAST_HEAD_DIMS[1])?,
-        load(FAST_HEAD_DIMS[2])?,
-    ])
+    let [a, b, c] = per_head_dim(m, prefix, smem, |_| true)?;
+    let all = |f: Option<CudaFunction>| f.expect("every head dim was loaded");
+    Ok([all(a), all(b), all(c)])
 }
 
 /// Largest head dim with a fused decode kernel (`attention_decode_fused_d*`):
@@ -143,26 +142,9 @@ pub const FUSED_DECODE_MAX_HEAD_DIM: usize = 128;
 /// `attention_decode_fused_d{D}` per head dim of `FAST_HEAD_DIMS` up to
 /// [`FUSED_DECODE_MAX_HEAD_DIM`], configured like the unfused ones.
 pub fn fused_decode_kernels(m: &Arc<CudaModule>) -> Result<[Option<CudaFunction>; 3]> {
-    let load = |d: usize| -> Result<Option<CudaFunction>> {
-        if d > FUSED_DECODE_MAX_HEAD_DIM {
-            return Ok(None);
-        }
-        let name = format!("attention_decode_fused_d{d}");
-        let f = m
-            .load_function(&name)
-            .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            decode_smem_bytes(d) as i32,
-        )
-        .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
-        Ok(Some(f))
-    };
-    Ok([
-        load(FAST_HEAD_DIMS[0])?,
-        load(FAST_HEAD_DIMS[1])?,
-        load(FAST_HEAD_DIMS[2])?,
-    ])
+    per_head_dim(m, "attention_decode_fused", decode_smem_bytes, |d| {
+        d <= FUSED_DECODE_MAX_HEAD_DIM
+    })
 }
 
 /// Splits of the decode kernel: a function of the launch shape and the
