@@ -87,7 +87,7 @@ pub struct Kernels {
     /// The same for f16 weights (`Precision::F32` with an f16 checkpoint).
     pub gemv_f16: [CudaFunction; 8],
     /// `gemv` that computes its rows' RMSNorm itself (`ops::linear::gemv_norm`).
-    pub gemv_norm: [CudaFunction; 8],
+    pub gemv_norm: [CudaFunction; crate::ops::linear::NORM_MAX_ROWS],
     pub moe_topk: CudaFunction,
     pub moe_gate_up: CudaFunction,
     pub moe_down: CudaFunction,
@@ -196,7 +196,7 @@ impl Kernels {
             dummy_fill_f32: f(&dummy, "dummy_fill_f32")?,
             gemv: per_row_count(&gemv, "gemv_m")?,
             gemv_f16: per_row_count(&gemv, "gemv_f16_m")?,
-            gemv_norm: crate::ops::linear::norm_kernels(per_row_count(&gemv, "gemv_norm_m")?)?,
+            gemv_norm: crate::ops::linear::norm_kernels(&gemv)?,
             moe_topk: f(&moe, "moe_topk")?,
             moe_gate_up: f(&moe, "moe_gate_up")?,
             moe_down: f(&moe, "moe_down")?,

@@ -215,7 +215,7 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 // `gemv_norm_m*` compute their rows with norm_prologue (dynamic shared
 // memory: M * k floats); at one row, capped at 85 registers so that three
 // blocks share an SM, since each block streams many row groups.
-#define KESTREL_GEMV(M, R, U, MIN_BLOCKS, NORM_MIN_BLOCKS)                                                                      \
+#define KESTREL_GEMV(M, R, U, MIN_BLOCKS)                                                                     \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,         \
                   const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                        \
@@ -225,8 +225,10 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         gemv_f16_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,     \
                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                    \
         gemv_body<M, R, U, F16W>(y, x, w, w_last, n_rows, k, split);                                          \
-    }                                                                                                         \
-    KESTREL_EXTERN void __launch_bounds__(256, NORM_MIN_BLOCKS)                                               \
+    }
+// Only for the row counts the fused norm takes (`NORM_MAX_ROWS` in ops/linear.rs).
+#define KESTREL_GEMV_NORM(M, R, U, MIN_BLOCKS)                                                                \
+    KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_norm_m##M(float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out,   \
                        const float* __restrict__ residual, const float* __restrict__ delta,                   \
                        const float* __restrict__ norm_w, float eps, const uint16_t* __restrict__ w,          \
@@ -235,11 +237,13 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         gemv_body<M, R, U, Bf16W, true>(y, nullptr, w, w_last, n_rows, k, split, &n);                         \
     }
 
-KESTREL_GEMV(1, 2, 4, 1, 3)
-KESTREL_GEMV(2, 4, 2, 1, 1)
-KESTREL_GEMV(3, 4, 2, 1, 1)
-KESTREL_GEMV(4, 4, 2, 1, 1)
-KESTREL_GEMV(5, 8, 2, 1, 1)
-KESTREL_GEMV(6, 8, 2, 1, 1)
-KESTREL_GEMV(7, 8, 2, 1, 1)
-KESTREL_GEMV(8, 8, 2, 1, 1)
+KESTREL_GEMV(1, 2, 4, 1)
+KESTREL_GEMV(2, 4, 2, 1)
+KESTREL_GEMV(3, 4, 2, 1)
+KESTREL_GEMV(4, 4, 2, 1)
+KESTREL_GEMV(5, 8, 2, 1)
+KESTREL_GEMV(6, 8, 2, 1)
+KESTREL_GEMV(7, 8, 2, 1)
+KESTREL_GEMV(8, 8, 2, 1)
+KESTREL_GEMV_NORM(1, 2, 4, 3)
+KESTREL_GEMV_NORM(2, 4, 2, 1)

@@ -114,6 +114,17 @@ KESTREL_EXTERN void argmax_rows(int* __restrict__ out, const float* __restrict__
 // column order, so every count, sum and choice is unchanged.
 #define TOPC_BATCH 8
 
+// v[u] = src[first + u * step] for u < TOPC_BATCH, `fill` from `end` on: the
+// loads of one pass step, all issued before any value is used.
+__device__ __forceinline__ void load_batch(float (&v)[TOPC_BATCH], const float* src, int first, int step, int end,
+                                           float fill) {
+#pragma unroll
+    for (int u = 0; u < TOPC_BATCH; ++u) {
+        const int c = first + u * step;
+        v[u] = c < end ? src[c] : fill;
+    }
+}
+
 // Orders floats like their values with -0 == +0 (`candidates::rank_key`).
 __device__ __forceinline__ unsigned rank_key(float v) {
     const unsigned b = v == 0.f ? 0u : __float_as_uint(v);
@@ -155,11 +166,7 @@ __device__ double warp_run_weight(const float* src, int begin, int end, float th
     const int lane = threadIdx.x & 31;
     for (int base = begin; base < end; base += 32 * TOPC_BATCH) {
         float v[TOPC_BATCH];
-#pragma unroll
-        for (int u = 0; u < TOPC_BATCH; ++u) {
-            const int c = base + 32 * u + lane;
-            v[u] = c < end ? src[c] : NAN;
-        }
+        load_batch(v, src, base + lane, 32, end, NAN);
 #pragma unroll
         for (int u = 0; u < TOPC_BATCH; ++u) {
             if (base + 32 * u >= end) break;  // uniform over the warp
@@ -268,11 +275,7 @@ __device__ void radix_histogram(const float* src, int cols, unsigned prefix, int
     __syncthreads();
     for (int base = 0; base < cols; base += TOPC_BATCH * blockDim.x) {
         float v[TOPC_BATCH];
-#pragma unroll
-        for (int u = 0; u < TOPC_BATCH; ++u) {
-            const int c = base + u * blockDim.x + threadIdx.x;
-            v[u] = c < cols ? src[c] : NAN;  // NaN is never eligible
-        }
+        load_batch(v, src, base + threadIdx.x, blockDim.x, cols, NAN);  // NaN is never eligible
 #pragma unroll
         for (int u = 0; u < TOPC_BATCH; ++u) {
             int bucket = -1;
@@ -314,11 +317,7 @@ __device__ void penalise_row(const float* row, float* dst, const int* d, const i
     const int cols = d[TOPC_COLS];
     for (int base = threadIdx.x; base < cols; base += TOPC_BATCH * blockDim.x) {
         float v[TOPC_BATCH];
-#pragma unroll
-        for (int u = 0; u < TOPC_BATCH; ++u) {
-            const int c = base + u * blockDim.x;
-            v[u] = c < cols ? row[c] : 0.f;
-        }
+        load_batch(v, row, base, blockDim.x, cols, 0.f);
 #pragma unroll
         for (int u = 0; u < TOPC_BATCH; ++u) {
             const int c = base + u * blockDim.x;
@@ -368,11 +367,7 @@ KESTREL_EXTERN void __launch_bounds__(TOPC_THREADS) top_candidates(unsigned* out
     unsigned n_eligible = 0, max_key = 0;
     for (int base = threadIdx.x; base < cols; base += TOPC_BATCH * blockDim.x) {
         float v[TOPC_BATCH];
-#pragma unroll
-        for (int u = 0; u < TOPC_BATCH; ++u) {
-            const int c = base + u * blockDim.x;
-            v[u] = c < cols ? src[c] : NAN;
-        }
+        load_batch(v, src, base, blockDim.x, cols, NAN);
 #pragma unroll
         for (int u = 0; u < TOPC_BATCH; ++u)
             if (eligible(v[u])) ++n_eligible, max_key = max(max_key, rank_key(v[u]));
@@ -421,11 +416,7 @@ KESTREL_EXTERN void __launch_bounds__(TOPC_THREADS) top_candidates(unsigned* out
     double run_weight = 0.0;
     for (int base0 = run_begin; base0 < run_end; base0 += 32 * TOPC_BATCH) {
         float vs[TOPC_BATCH];
-#pragma unroll
-        for (int u = 0; u < TOPC_BATCH; ++u) {
-            const int c = base0 + 32 * u + lane;
-            vs[u] = c < run_end ? src[c] : NAN;
-        }
+        load_batch(vs, src, base0 + lane, 32, run_end, NAN);
 #pragma unroll
         for (int u = 0; u < TOPC_BATCH; ++u) {
             if (base0 + 32 * u >= run_end) break;  // uniform over the warp
@@ -502,11 +493,7 @@ KESTREL_EXTERN void __launch_bounds__(TOPC_THREADS) top_candidates(unsigned* out
     unsigned next_above = warp_base[0][warp], next_tied = warp_base[1][warp];
     for (int base0 = run_begin; base0 < run_end && found; base0 += 32 * TOPC_BATCH) {
         float vs[TOPC_BATCH];
-#pragma unroll
-        for (int u = 0; u < TOPC_BATCH; ++u) {
-            const int c = base0 + 32 * u + lane;
-            vs[u] = c < run_end ? src[c] : NAN;
-        }
+        load_batch(vs, src, base0 + lane, 32, run_end, NAN);
 #pragma unroll
         for (int u = 0; u < TOPC_BATCH; ++u) {
             const int base = base0 + 32 * u;

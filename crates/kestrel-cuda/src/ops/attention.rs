@@ -160,11 +160,7 @@ fn decode_splits(target_blocks: usize, seqs: usize, blocks_per_seq: usize) -> us
 /// Decode blocks that fit on the device at once (two per SM at 96 KiB of
 /// shared memory each).
 fn decode_target_blocks(gpu: &Gpu) -> usize {
-    let sms = gpu
-        .ctx
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .unwrap_or(132);
-    2 * sms.max(1) as usize
+    2 * gpu.sm_count()
 }
 
 pub fn attention(
@@ -233,7 +229,9 @@ pub fn attention(
         && decode
         && !f32_cache
         && gpu.attn_decode_fused;
-    let q = gpu.alloc::<f32>(if fused { 0 } else { t * q_width });
+    // q from the first kernel (the fused decode kernel forms its own).
+    let q = (!fused).then(|| gpu.alloc::<f32>(t * q_width));
+    let q_ptr = q.as_ref().map_or(0, |q| ptr(q, s));
     if !fused {
         gpu.launch(
             if f32_cache {
@@ -247,7 +245,7 @@ pub fn attention(
             &[
                 Arg::Ptr(ptr(&proj.buf, s)),
                 Arg::I32(proj.cols as i32),
-                Arg::Ptr(ptr(&q, s)),
+                Arg::Ptr(q_ptr),
                 Arg::Ptr(k_cache),
                 Arg::Ptr(v_cache),
                 Arg::Ptr(ptr(w.q_norm.f32("q_norm"), s)),
@@ -273,7 +271,7 @@ pub fn attention(
         spec,
         l: &l,
         out: ptr(&out, s),
-        q: ptr(&q, s),
+        q: q_ptr,
         k_cache,
         v_cache,
         block_size: cache.spec.block_size,

@@ -13,8 +13,10 @@
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaFunction, CudaSlice};
-use kestrel_core::PreNorm;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice};
+use kestrel_core::{BackendError, PreNorm, Result};
 
 use crate::device::{Arg, Gpu, blocks, check, ptr};
 use crate::precision::Precision;
@@ -161,22 +163,26 @@ pub fn gemv(
 }
 
 /// Most shared memory a `gemv_norm` block holds its normalised rows in
-/// (rows x k f32 values: 8 rows of 2,048); the kernels are configured for it
+/// (rows x k f32 values: 2 rows of 8,192); the kernels are configured for it
 /// at load time. Within the opt-in limit of every target GPU (99 KB on a GB10).
 pub const NORM_SMEM_MAX: usize = 64 << 10;
 
-/// The `gemv_norm` kernels, allowed [`NORM_SMEM_MAX`] of dynamic shared memory.
-pub(crate) fn norm_kernels(f: [CudaFunction; 8]) -> kestrel_core::Result<[CudaFunction; 8]> {
-    for k in &f {
-        k.set_attribute(
+/// `gemv_norm_m1` .. `gemv_norm_m{NORM_MAX_ROWS}` from the gemv module,
+/// allowed [`NORM_SMEM_MAX`] of dynamic shared memory.
+pub(crate) fn norm_kernels(m: &Arc<CudaModule>) -> Result<[CudaFunction; NORM_MAX_ROWS]> {
+    let load = |rows: usize| -> Result<CudaFunction> {
+        let name = format!("gemv_norm_m{rows}");
+        let f = m
+            .load_function(&name)
+            .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
+        f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             NORM_SMEM_MAX as i32,
         )
-        .map_err(|e| {
-            kestrel_core::BackendError::Unavailable(format!("configuring gemv_norm: {e:?}"))
-        })?;
-    }
-    Ok(f)
+        .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
+        Ok(f)
+    };
+    Ok([load(1)?, load(2)?])
 }
 
 /// Whether `gemv_norm` forms `rows` normalised rows of length `k` itself for
