@@ -89,6 +89,8 @@ pub struct Kernels {
     /// `gemv` that computes its rows' RMSNorm itself (`ops::linear::gemv_norm`).
     pub gemv_norm: [CudaFunction; crate::ops::linear::NORM_MAX_ROWS],
     pub moe_topk: CudaFunction,
+    /// The same picks with a warp per token, for many tokens.
+    pub moe_topk_warps: CudaFunction,
     pub moe_gate_up: CudaFunction,
     pub moe_down: CudaFunction,
     pub moe_gate_up_f16: CudaFunction,
@@ -198,6 +200,7 @@ impl Kernels {
             gemv_f16: per_row_count(&gemv, "gemv_f16_m")?,
             gemv_norm: crate::ops::linear::norm_kernels(&gemv)?,
             moe_topk: f(&moe, "moe_topk")?,
+            moe_topk_warps: f(&moe, "moe_topk_warps")?,
             moe_gate_up: f(&moe, "moe_gate_up")?,
             moe_down: f(&moe, "moe_down")?,
             moe_gate_up_f16: f(&moe, "moe_gate_up_f16")?,

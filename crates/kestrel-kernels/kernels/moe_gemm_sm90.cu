@@ -194,12 +194,12 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
                 *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(v0, v1);
             }
         } else {
-            float* o = static_cast<float*>(out) + p * ldo;
+            __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + p * ldo;
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
                 const int col = nt * MG_BN + 8 * j + 2 * c;  // n % 8 == 0: col + 1 < n too
                 if (col >= n) continue;
-                *reinterpret_cast<float2*>(o + col) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+                *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
             }
         }
     }

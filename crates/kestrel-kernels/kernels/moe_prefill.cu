@@ -14,7 +14,7 @@
 //                    order: a stable counting sort, one block per expert.
 //   moe_gate_up_gemm act [pairs, I] = silu(gate) * up of each pair's expert,
 //                    rows gathered from xs, bf16 out (grouped order).
-//   moe_down_gemm    y [pairs, H] = act . W_down[e]^T, f32 out (grouped order).
+//   moe_down_gemm    y [pairs, H] = act . W_down[e]^T, bf16 out (grouped order).
 //   moe_combine      out[t] = sum over picks in ascending expert id of
 //                    w * y[pos(t, j)], then + sigmoid(gate) * y_shared[t].
 //
@@ -52,7 +52,12 @@ static_assert(MG_A_CHUNKS == 2 * MG_THREADS && MG_B_CHUNKS == 4 * MG_THREADS, "o
 //              columns, whose 64 gate rows (e's rows c) and 64 up rows (rows
 //              I + c) form the 128 B rows, arranged so that each warp holds
 //              16 act columns' gate and up values: act = silu(gate) * up.
-//   MG_DOWN    out f32 [., ldo]: n columns, rows of w.
+//   MG_DOWN    out bf16 [., ldo]: n columns, rows of w. Each expert's output
+//              is rounded to bf16, as a bf16 model's expert computes it;
+//              the combine adds them in f32. (This path serves bf16
+//              precision only: under f32 a prefill takes the decode path.)
+//              An f32 y cost 537 MB of writes and as many reads a layer at
+//              an 8K-token Qwen3.6 prefill.
 template <int MODE>
 __device__ __forceinline__ void moe_gemm(void* __restrict__ out, int ldo, const __nv_bfloat16* __restrict__ a,
                                          int lda, const int* __restrict__ a_rows,
@@ -209,12 +214,12 @@ __device__ __forceinline__ void moe_gemm(void* __restrict__ out, int ldo, const 
                     *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(v0, v1);
                 }
             } else if (MODE == MG_DOWN) {
-                float* o = static_cast<float*>(out) + p * ldo;
+                __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + p * ldo;
 #pragma unroll
                 for (int nj = 0; nj < 4; ++nj) {
                     const int col = nt * MG_BN + wn * 32 + nj * 8 + 2 * c;  // n % 8 == 0: col + 1 < n too
                     if (col >= n) continue;
-                    *reinterpret_cast<float2*>(o + col) = make_float2(acc[mi][nj][2 * hr], acc[mi][nj][2 * hr + 1]);
+                    *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(acc[mi][nj][2 * hr], acc[mi][nj][2 * hr + 1]);
                 }
             } else {
                 float* o = static_cast<float*>(out) + p * ldo;
@@ -401,23 +406,29 @@ KESTREL_EXTERN void __launch_bounds__(RF_THREADS)
 
 // ---- combine -----------------------------------------------------------------
 
-// out[t, h] = sum_j w[t, j] * y[pos[t, j], h] over the picks in their order
+// out[t, h] = sum_j w[t, j] * y[pos[t, j], h] (y, ys bf16) over the picks in their order
 // (ascending expert id, as moe_topk writes them), then + g * ys[t, h] with
 // g = sigmoid(logits[t, gate_col]) (1 when gate_col < 0) when ys is not null.
 // Each product rounded, then added, as the reference does. Four columns per
 // thread; hidden % 4 == 0. Grid ceil(T * H / 4 / 256), block 256.
-KESTREL_EXTERN void moe_combine(float* __restrict__ out, const float* __restrict__ y, const float* __restrict__ ys,
-                                const int* __restrict__ pos, const float* __restrict__ weights,
-                                const float* __restrict__ logits, int logits_ld, int gate_col, int tokens,
-                                int hidden, int k) { pdl_begin();
+KESTREL_EXTERN void moe_combine(float* __restrict__ out, const __nv_bfloat16* __restrict__ y,
+                                const __nv_bfloat16* __restrict__ ys, const int* __restrict__ pos,
+                                const float* __restrict__ weights, const float* __restrict__ logits, int logits_ld,
+                                int gate_col, int tokens, int hidden, int k) { pdl_begin();
     const int quads = hidden >> 2;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)tokens * quads) return;
     const int t = (int)(i / quads), q = (int)(i % quads);
+    // Four bf16 values: element 0 in the low half of the first word.
+    auto quad = [](const __nv_bfloat16* row, int q) {
+        const uint2 b = reinterpret_cast<const uint2*>(row)[q];
+        return make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u),
+                           __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xffff0000u));
+    };
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int j = 0; j < k; ++j) {
         const float wj = weights[(size_t)t * k + j];
-        const float4 v = reinterpret_cast<const float4*>(y + (size_t)pos[(size_t)t * k + j] * hidden)[q];
+        const float4 v = quad(y + (size_t)pos[(size_t)t * k + j] * hidden, q);
         o.x = __fadd_rn(o.x, __fmul_rn(wj, v.x));
         o.y = __fadd_rn(o.y, __fmul_rn(wj, v.y));
         o.z = __fadd_rn(o.z, __fmul_rn(wj, v.z));
@@ -425,7 +436,7 @@ KESTREL_EXTERN void moe_combine(float* __restrict__ out, const float* __restrict
     }
     if (ys != nullptr) {
         const float gt = gate_col >= 0 ? sigmoidf_exact(logits[(size_t)t * logits_ld + gate_col]) : 1.f;
-        const float4 v = reinterpret_cast<const float4*>(ys + (size_t)t * hidden)[q];
+        const float4 v = quad(ys + (size_t)t * hidden, q);
         o.x = __fadd_rn(o.x, __fmul_rn(gt, v.x));
         o.y = __fadd_rn(o.y, __fmul_rn(gt, v.y));
         o.z = __fadd_rn(o.z, __fmul_rn(gt, v.z));

@@ -239,9 +239,10 @@ fn moe_prefill(c: &mut Ctx) {
 /// routed ones, and a Qwen3-Next-like 512 experts with 10 picks. `moe_gate_up`
 /// routes each token itself, so the expert counts also cover its routing's
 /// shapes: Qwen3.6's 256 experts with 8 picks and a gated shared expert (at a
-/// small H), counts that are not multiples of 32 (20, 48, 300), and more
-/// groups of 32 experts than the block has warps (300 with 4 picks, 512
-/// with 10 + 1), where warps take several groups.
+/// small H), counts that are not multiples of 32 (20, 48, 300), more experts
+/// than the block has threads (300 with 4 picks), where threads take several
+/// experts; and the full 2,048-wide rows and expert sizes of Qwen3.6 and
+/// Qwen3-30B at one and two tokens.
 fn moe_decode(c: &mut Ctx) {
     type Config = (
         &'static str,
@@ -253,7 +254,7 @@ fn moe_decode(c: &mut Ctx) {
         Option<usize>,
         bool,
     );
-    let configs: [(Config, &[usize]); 8] = [
+    let configs: [(Config, &[usize]); 10] = [
         (
             (
                 "3.6-like E64 k8 renorm shared+gate",
@@ -339,6 +340,24 @@ fn moe_decode(c: &mut Ctx) {
         (
             ("E20 k3 shared Is24", 20, 3, 40, 200, false, Some(24), false),
             &[1, 4],
+        ),
+        // The real models' rows and expert sizes (fewer experts).
+        (
+            (
+                "3.6 rows E64 k8 renorm shared+gate",
+                64,
+                8,
+                512,
+                2048,
+                true,
+                Some(512),
+                true,
+            ),
+            &[1, 2],
+        ),
+        (
+            ("30B rows E32 k8 renorm", 32, 8, 768, 2048, true, None, false),
+            &[1, 2],
         ),
     ];
     for ((label, e, k, inter, h, renorm, shared, shared_gate), tokens) in configs {

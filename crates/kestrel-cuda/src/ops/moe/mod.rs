@@ -19,7 +19,7 @@
 //! tensor-core product over the three parts (f32-accurate), the same top-k,
 //! a count / scan / stable fill that groups the (token, pick) pairs by expert
 //! in ascending token order, then two grouped GEMMs on tensor cores (gate_up
-//! with SiLU * up in the epilogue, bf16 activations; down with f32 output) over
+//! with SiLU * up in the epilogue, bf16 activations; down with bf16 output) over
 //! a fixed upper bound of 64-row tiles, and a combine that adds each token's
 //! picks in ascending expert order and the shared expert last. The shared
 //! expert runs through the same GEMMs as one dense group.
@@ -57,7 +57,8 @@ pub use prefill::{prefill_gemm, prefill_gemm_sm90};
 /// Softmax and top-k of router logits `[t, ld]` (the first `num_experts`
 /// columns): picked ids and weights `[t, top_k]`, in ascending expert id so
 /// that every path adds them in the reference's order. A block per token, a
-/// thread per expert.
+/// thread per expert, up to a decode's tokens (the shortest latency); a warp
+/// per token beyond (the most tokens at once).
 fn top_k(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,
@@ -68,6 +69,27 @@ fn top_k(
     let (ne, k, s) = (spec.num_experts, spec.top_k, &gpu.stream);
     let ids = gpu.alloc::<i32>(t * k);
     let weights = gpu.alloc::<f32>(t * k);
+    if t > DECODE_MAX_TOKENS {
+        // Many tokens: a warp each (the same numbers), all on the GPU at once.
+        let per_block = THREADS as usize / 32;
+        gpu.launch(
+            &gpu.k.moe_topk_warps,
+            (t.div_ceil(per_block) as u32, 1, 1),
+            THREADS,
+            0,
+            &[
+                Arg::Ptr(ptr(&ids, s)),
+                Arg::Ptr(ptr(&weights, s)),
+                Arg::Ptr(ptr(logits, s)),
+                Arg::I32(ld as i32),
+                Arg::I32(t as i32),
+                Arg::I32(ne as i32),
+                Arg::I32(k as i32),
+                Arg::I32(spec.norm_topk_prob as i32),
+            ],
+        );
+        return (ids, weights);
+    }
     gpu.launch(
         &gpu.k.moe_topk,
         (t as u32, 1, 1),

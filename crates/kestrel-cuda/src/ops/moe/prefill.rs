@@ -365,7 +365,8 @@ pub(super) fn moe_prefill(
             k_period: h,
         },
     );
-    let y = gpu.alloc::<f32>(pairs * h);
+    // bf16 expert outputs (see MG_DOWN in moe_prefill.cu).
+    let y = gpu.alloc::<u16>(pairs * h);
     launch_expert_gemm(
         gpu,
         &ExpertGemm::down(gpu),
@@ -417,7 +418,7 @@ pub(super) fn moe_prefill(
                 k_period: h,
             },
         );
-        let ys = gpu.alloc::<f32>(t * h);
+        let ys = gpu.alloc::<u16>(t * h);
         launch_expert_gemm(
             gpu,
             &ExpertGemm::down(gpu),
