@@ -46,7 +46,19 @@ KESTREL_EXTERN void swiglu_f32(float* __restrict__ out, const float* __restrict_
     out[(size_t)t * inter + j] = g / (1.f + __expf(-g)) * row[inter + j];
 }
 
+// Eight values per thread: two 16-byte loads, one 16-byte store (one value
+// per thread, with 2-byte stores, ran at about a third of the bandwidth on an
+// 8K-token prefill's [8192, 4096] rows). x and out 16-byte aligned.
+// Grid ceil(n / 8 / 256), block 256.
 KESTREL_EXTERN void f32_to_bf16_kernel(__nv_bfloat16* __restrict__ out, const float* __restrict__ x, size_t n) { pdl_begin();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = f32_to_bf16(x[i]);
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i + 8 <= n) {
+        const float4 a = reinterpret_cast<const float4*>(x + i)[0];
+        const float4 b = reinterpret_cast<const float4*>(x + i)[1];
+        const __nv_bfloat162 o[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                                     __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+        *reinterpret_cast<uint4*>(out + i) = *reinterpret_cast<const uint4*>(o);
+    } else {
+        for (size_t j = i; j < n; ++j) out[j] = f32_to_bf16(x[j]);
+    }
 }

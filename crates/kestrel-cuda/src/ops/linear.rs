@@ -29,7 +29,7 @@ pub fn to_bf16(gpu: &Gpu, x: &CudaTensor) -> CudaSlice<u16> {
     let s = &gpu.stream;
     gpu.launch(
         &gpu.k.f32_to_bf16,
-        (blocks(n, 256), 1, 1),
+        (blocks(n.div_ceil(8), 256), 1, 1),
         256,
         0,
         &[
