@@ -4,10 +4,10 @@
 // other GPUs (and the router GEMM) keep using.
 //
 // A block tile is BM x 128: BM = 64 rows for one warpgroup (128 threads),
-// or 128 rows for two that share each stage's weight tile (256 threads, one
-// block per SM), which halves the weight bytes per FLOP where experts get
+// or 128 rows for two that share each stage's weight tile (256 threads, two
+// blocks per SM), which halves the weight bytes per FLOP where experts get
 // enough rows (ops/moe picks). The cp.async pipeline fills 4 stages as in
-// the mma.sync kernels; each K tile of 64 is then 4 wgmma.m64n128k16 per
+// the mma.sync kernels (3 for 128-row tiles, see Mgw); each K tile of 64 is then 4 wgmma.m64n128k16 per
 // warpgroup that read both operands straight from shared memory through
 // matrix descriptors (mma.sync needed an ldmatrix per operand fragment,
 // whose shared-memory traffic and issue slots bounded the old kernels at
@@ -21,19 +21,24 @@
 //   d[4j], d[4j+1] = D[16w + g][8j + 2c, +1], d[4j+2], d[4j+3] = D[16w + g + 8][...].
 #include "moe_gemm.cuh"
 
-// Threads, 16-byte chunks of a stage (A then B), and the dynamic shared
-// memory (4 stages plus 1 KiB for alignment; ops/moe mirrors it) per BM.
+// Threads, pipeline stages, 16-byte chunks of a stage (A then B), and the
+// dynamic shared memory (the stages plus 1 KiB for alignment; ops/moe mirrors
+// it) per BM. 128-row tiles take 3 stages (97 KiB), so that two blocks share
+// an SM and one's epilogue and tile start overlap the other's main loop: with
+// 4 stages (129 KiB, one block per SM) an H200 issued in a third of the
+// cycles at an 8K-token Qwen3.6 prefill.
 template <int BM>
 struct Mgw {
     static constexpr int THREADS = 2 * BM;
+    static constexpr int STAGES = BM == 128 ? 3 : MG_STAGES;
     static constexpr int A_CHUNKS = BM * MG_BK / 8;
     static constexpr int STAGE_CHUNKS = A_CHUNKS + MG_B_CHUNKS;
-    static constexpr int SMEM_BYTES = MG_STAGES * STAGE_CHUNKS * 16 + 1024;
+    static constexpr int SMEM_BYTES = STAGES * STAGE_CHUNKS * 16 + 1024;
     // Copies per thread and K tile: A and B rows r_lo + ROW_STEP * i.
     static constexpr int ROW_STEP = THREADS / 8;
     static constexpr int A_LOADS = BM / ROW_STEP, B_LOADS = MG_BN / ROW_STEP;
 };
-static_assert(Mgw<64>::SMEM_BYTES == 97 * 1024 && Mgw<128>::SMEM_BYTES == 129 * 1024, "ops/moe.rs mirrors these");
+static_assert(Mgw<64>::SMEM_BYTES == 97 * 1024 && Mgw<128>::SMEM_BYTES == 97 * 1024, "ops/moe.rs mirrors these");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -142,7 +147,7 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
 
     const int k_tiles = (k + MG_BK - 1) / MG_BK;
 #pragma unroll
-    for (int s = 0; s < MG_STAGES - 1; ++s) {
+    for (int s = 0; s < P::STAGES - 1; ++s) {
         if (s < k_tiles) load_stage(s, s);
         cp_async_commit();
     }
@@ -155,10 +160,10 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
     // committing tile kt, waiting for all but one group means tile kt - 1 is
     // done, so its stage can take the copies of tile kt + STAGES - 1.
     for (int kt = 0; kt < k_tiles; ++kt) {
-        cp_async_wait<MG_STAGES - 2>();  // K tile kt has landed (this thread's copies)
+        cp_async_wait<P::STAGES - 2>();  // K tile kt has landed (this thread's copies)
         fence_proxy_async();             // ... and is visible to wgmma
         __syncthreads();                 // ... for every thread's copies
-        const uint4* sa = smem + (kt % MG_STAGES) * P::STAGE_CHUNKS;
+        const uint4* sa = smem + (kt % P::STAGES) * P::STAGE_CHUNKS;
         // This warpgroup's 64 A rows (8 KiB further for the second), all of B.
         const uint64_t da = wgmma_desc(smem_addr(sa + wgr * MG_A_CHUNKS)),
                        db = wgmma_desc(smem_addr(sa + P::A_CHUNKS));
@@ -170,8 +175,8 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
         wgmma_commit();
         wgmma_wait<1>();
         pin(acc);
-        const int next = kt + MG_STAGES - 1;
-        if (next < k_tiles) load_stage(next % MG_STAGES, next);
+        const int next = kt + P::STAGES - 1;
+        if (next < k_tiles) load_stage(next % P::STAGES, next);
         cp_async_commit();
     }
     wgmma_wait<0>();
@@ -231,5 +236,5 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
 // memory Mgw<BM>::SMEM_BYTES.
 MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90, MG_GATE_UP, 64, 2)
 MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90, MG_DOWN, 64, 2)
-MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90_m128, MG_GATE_UP, 128, 1)
-MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90_m128, MG_DOWN, 128, 1)
+MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90_m128, MG_GATE_UP, 128, 2)
+MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90_m128, MG_DOWN, 128, 2)
