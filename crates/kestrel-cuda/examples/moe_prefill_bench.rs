@@ -1,5 +1,5 @@
 //! Micro-benchmark of the prefill MoE block (more than 8 tokens) on dummy bf16
-//! weights: Qwen3.6-35B-A3B and Qwen3-30B-A3B layers at 1,024 and 8,192
+//! weights: Qwen3.6-35B-A3B and Qwen3-30B-A3B layers at 1,024 to 8,192
 //! tokens.
 //!
 //! Prints the time per call and the achieved rate of the block's useful
@@ -64,7 +64,7 @@ fn main() {
     for (name, spec, h) in target_models() {
         // One layer (over 1 GB of experts, far beyond L2).
         let w = moe_layer(&gpu, &spec, h, 1000);
-        for t in [1024usize, 8192] {
+        for t in [1024usize, 2048, 4096, 8192] {
             let x = gpu.from_host(t, h, &inputs(t, h, 50));
             let reps = if t >= 8192 { 10 } else { 30 };
             for _ in 0..3 {

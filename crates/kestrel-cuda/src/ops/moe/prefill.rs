@@ -41,15 +41,14 @@ pub fn prefill_gemm(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
 
 /// The wgmma GEMM kernels (`kernels/moe_gemm_sm90.cu`) at `rows` rows per
 /// tile (64 or 128): two threads per row (one or two warpgroups), and their
-/// dynamic shared memory, 4 stages (3 at 128 rows, `Mgw::STAGES`) of `rows`
-/// A rows and 128 weight rows of 64 bf16, plus 1 KiB to start the stages on
-/// a 1,024-byte boundary.
+/// dynamic shared memory, 3 stages (`Mgw::STAGES`) of `rows` A rows and 128
+/// weight rows of 64 bf16, plus 1 KiB to start the stages on a 1,024-byte
+/// boundary.
 fn sm90_threads(rows: usize) -> u32 {
     2 * rows as u32
 }
 fn sm90_smem_bytes(rows: usize) -> u32 {
-    let stages = if rows == 128 { 3 } else { 4 };
-    (stages * (rows + GEMM_COLS) * 64 * 2 + 1024) as u32
+    (3 * (rows + GEMM_COLS) * 64 * 2 + 1024) as u32
 }
 const _: () = assert!(
     GEMM_ROWS == 64 && GEMM_ROWS_LARGE == 128 && GEMM_COLS == 128,
