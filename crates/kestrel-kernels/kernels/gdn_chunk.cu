@@ -101,6 +101,9 @@ constexpr int PREP_THREADS = 256;
 // 32) words makes the tensor-core fragment reads (rows c, columns g of a
 // tile) hit 32 distinct banks.
 constexpr int KS = CH + 8;
+// Padded row of A: the tensor-core epilogue's stores (rows g, columns 2c of
+// a fragment) hit 2 banks per word instead of 8 with rows of CH.
+constexpr int AS = CH + 4;
 
 }  // namespace
 
@@ -108,7 +111,7 @@ constexpr int KS = CH + 8;
 // qkv is the conv output [T, conv_dim]; proj supplies b and a. tc != 0: k k^T
 // and q k^T on tensor cores (tc 1: 3xTF32, 2: one pass).
 // Grid (max chunks of a sequence, Hv, S), block 256, dynamic shared memory
-// PREP_SMEM_BYTES (ops/gdn.rs): q^T, k^T [DK][KS] and A [CH][CH].
+// PREP_SMEM_BYTES (ops/gdn.rs): q^T, k^T [DK][KS] and A [CH][AS].
 KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
     gdn_chunk_prep(float* __restrict__ scratch, const float* __restrict__ qkv, const float* __restrict__ proj,
                    int proj_stride, int b_offset, int a_offset, const float* __restrict__ a_log,
@@ -117,7 +120,7 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
     extern __shared__ float4 smem4[];
     float* qT = reinterpret_cast<float*>(smem4);  // [DK][KS], normalised and scaled
     float* kT = qT + DK * KS;                     // [DK][KS], normalised
-    float* A = kT + DK * KS;                      // [CH][CH]
+    float* A = kT + DK * KS;                      // [CH][AS]
     __shared__ float part[4][CH];
     __shared__ float cum[CH], ecum[CH], etail[CH], beta[CH], inv_norm[2][CH];
 
@@ -226,7 +229,7 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
             for (int e = 0; e < 4; ++e) {
                 const int i = m0 + g + (e >> 1) * 8, j = nb + 8 * t + 2 * cq + (e & 1);
                 const float decay = j <= i ? expf(cum[i] - cum[j]) : 0.f;
-                A[i * CH + j] = j < i ? ak[t][e] * beta[i] * decay : 0.f;
+                A[i * AS + j] = j < i ? ak[t][e] * beta[i] * decay : 0.f;
                 rec[OFF_IT + j * CH + i] = aq[t][e] * decay;
             }
         }
@@ -260,7 +263,7 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
                 av[cc] = j < i ? get(a[r], cc) * beta[i] * decay : 0.f;
                 it[cc][r] = get(b[r], cc) * decay;
             }
-            st4(A + i * CH + j0, make_float4(av[0], av[1], av[2], av[3]));
+            st4(A + i * AS + j0, make_float4(av[0], av[1], av[2], av[3]));
         }
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc)
@@ -289,7 +292,7 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
         }
 #pragma unroll
         for (int i = 1; i < CH; ++i) {
-            const float* ai = A + i * CH;
+            const float* ai = A + i * AS;
 #pragma unroll
             for (int j4 = 0; j4 < i; j4 += 4) {
                 const float4 w = ld4(ai + j4);

@@ -43,9 +43,9 @@ const DECODE_CONV_KERNEL: usize = 4;
 const CHUNK: usize = 64;
 const CHUNK_FLOATS: usize = 4 * HEAD_DIM * CHUNK + CHUNK * CHUNK + 4;
 /// Dynamic shared memory of the chunked kernels (see their layouts): the
-/// prep's padded q^T and k^T rows (`KS`) and A; the state pass's larger
-/// layout (the tensor-core one, `STATE_SMEM_BYTES` in gdn_chunk.cu).
-const PREP_SMEM_BYTES: usize = (2 * HEAD_DIM * (CHUNK + 8) + CHUNK * CHUNK) * 4;
+/// prep's padded q^T and k^T rows (`KS`) and A's (`AS`); the state pass's
+/// larger layout (the tensor-core one, `STATE_SMEM_BYTES` in gdn_chunk.cu).
+const PREP_SMEM_BYTES: usize = (2 * HEAD_DIM * (CHUNK + 8) + CHUNK * (CHUNK + 4)) * 4;
 const STATE_SMEM_BYTES: usize = 167_936;
 
 /// The arithmetic of the chunked kernels' dense products (the `tc` argument
