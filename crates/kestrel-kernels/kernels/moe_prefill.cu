@@ -367,14 +367,35 @@ KESTREL_EXTERN void __launch_bounds__(RF_THREADS)
     int run = offsets[e];
     for (int base = 0; base < tokens; base += RF_THREADS * RF_TOKENS) {
         const int t0 = base + tid * RF_TOKENS;
+        // The thread's tokens' picks are n consecutive ids, read 32 at a time
+        // with every load issued before any is compared (one load and compare
+        // at a time left this kernel waiting on L2 for ~95 us a layer at 8K
+        // tokens). t0 * k ints from the start: 16-byte aligned.
         unsigned mask = 0;
-        for (int u = 0; u < RF_TOKENS; ++u) {
-            const int t = t0 + u;
-            if (t >= tokens) break;
-            const int* row = ids + (size_t)t * k;
-            bool hit = false;
-            for (int j = 0; j < k; ++j) hit |= row[j] == e;
-            if (hit) mask |= 1u << u;
+        const int n = t0 < tokens ? min(RF_TOKENS, tokens - t0) * k : 0;
+        const int* run_ids = ids + (size_t)t0 * k;
+        for (int c = 0; c < n; c += 32) {
+            int4 v[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int i = c + 4 * q;
+                if (i + 3 < n) {
+                    v[q] = *reinterpret_cast<const int4*>(run_ids + i);
+                } else {
+                    v[q].x = i < n ? run_ids[i] : -1;
+                    v[q].y = i + 1 < n ? run_ids[i + 1] : -1;
+                    v[q].z = i + 2 < n ? run_ids[i + 2] : -1;
+                    v[q].w = -1;
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int i = c + 4 * q;
+                if (v[q].x == e) mask |= 1u << (i / k);
+                if (v[q].y == e) mask |= 1u << ((i + 1) / k);
+                if (v[q].z == e) mask |= 1u << ((i + 2) / k);
+                if (v[q].w == e) mask |= 1u << ((i + 3) / k);
+            }
         }
         const int mine = __popc(mask);
         const int incl = warp_inclusive_scan(mine);
