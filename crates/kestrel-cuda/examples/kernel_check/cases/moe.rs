@@ -356,7 +356,16 @@ fn moe_decode(c: &mut Ctx) {
             &[1, 2],
         ),
         (
-            ("30B rows E32 k8 renorm", 32, 8, 768, 2048, true, None, false),
+            (
+                "30B rows E32 k8 renorm",
+                32,
+                8,
+                768,
+                2048,
+                true,
+                None,
+                false,
+            ),
             &[1, 2],
         ),
     ];
