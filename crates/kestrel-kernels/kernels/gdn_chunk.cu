@@ -102,7 +102,7 @@ constexpr int PREP_THREADS = 256;
 // tile) hit 32 distinct banks.
 constexpr int KS = CH + 8;
 // Padded row of A: the tensor-core epilogue's stores (rows g, columns 2c of
-// a fragment) hit 2 banks per word instead of 8 with rows of CH.
+// a fragment) conflict 2-way instead of 8-way with rows of CH.
 constexpr int AS = CH + 4;
 
 }  // namespace

@@ -101,7 +101,7 @@ KESTREL_EXTERN void add_gated_rows(float* __restrict__ out, const float* __restr
     out[(size_t)t * cols + c] += g * y[(size_t)t * cols + c];
 }
 
-// ---- decode path (1..8 tokens) ---------------------------------------------
+// ---- top-k, and the decode path (1..8 tokens) -----------------------------
 
 // Largest expert count the decode top-k takes (one thread per expert).
 #define MOE_MAX_EXPERTS 512
@@ -118,8 +118,9 @@ KESTREL_EXTERN void add_gated_rows(float* __restrict__ out, const float* __restr
 // this takes ~4 us with a launch (H200). Splitting the count over more
 // threads per expert measured slower. A NaN probability sorts below every
 // number, so the ranks stay a permutation.
-// The prefill path launches this; the decode path computes the same numbers
-// inside moe_gate_up (moe_route below): a change here must be made there too.
+// Decode at 3..8 tokens launches this and a prefill moe_topk_warps (below, the
+// same numbers); at 1..2 tokens moe_gate_up computes them itself (moe_route
+// below): a change here must be made in both.
 // Grid T, block 32 * ceil(E / 32); E <= 512, k <= 32.
 KESTREL_EXTERN void __launch_bounds__(MOE_MAX_EXPERTS)
     moe_topk(int* __restrict__ ids, float* __restrict__ weights, const float* __restrict__ logits, int ld,

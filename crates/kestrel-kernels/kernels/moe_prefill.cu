@@ -7,7 +7,7 @@
 //                    hi + mid + lo to ~2^-27, and hi = bf16(x) feeds the experts.
 //   moe_router_gemm  logits [T, E (+1 shared-expert gate)] = xs . [W | W | W]^T
 //                    on tensor cores: three bf16 products that add up to the f32
-//                    product (see the kernel), then moe_topk (moe.cu).
+//                    product (see the kernel), then moe_topk_warps (moe.cu).
 //   moe_route_plan   tokens per expert, their exclusive scan (grouped row
 //                    offsets) and the scan of 64-row tiles per expert.
 //   moe_route_fill   per expert, its (token, pick) pairs in ascending token
@@ -355,7 +355,7 @@ constexpr int RF_TOKENS = 16;  // consecutive tokens per thread and pass (a 32-b
 // p = offsets[e] + i is token pair_token[p], and pos[t * k + j] = p for the
 // pick (t, j). Thread i of a pass looks at tokens base + 16 i .. + 15; a
 // block-wide exclusive scan of the per-thread counts gives each its first
-// row. A token picks an expert at most once (moe_topk). Every (t, j) lands
+// row. A token picks an expert at most once (the top-k). Every (t, j) lands
 // in exactly one block, so pos is written in full.
 // Grid E, block 512.
 KESTREL_EXTERN void __launch_bounds__(RF_THREADS)
@@ -428,7 +428,7 @@ KESTREL_EXTERN void __launch_bounds__(RF_THREADS)
 // ---- combine -----------------------------------------------------------------
 
 // out[t, h] = sum_j w[t, j] * y[pos[t, j], h] (y, ys bf16) over the picks in their order
-// (ascending expert id, as moe_topk writes them), then + g * ys[t, h] with
+// (ascending expert id, as the top-k writes them), then + g * ys[t, h] with
 // g = sigmoid(logits[t, gate_col]) (1 when gate_col < 0) when ys is not null.
 // Each product rounded, then added, as the reference does. Four columns per
 // thread; hidden % 4 == 0. Grid ceil(T * H / 4 / 256), block 256.

@@ -39,16 +39,19 @@ pub fn prefill_gemm(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
     Ok(f)
 }
 
+/// Pipeline stages of the wgmma kernels (`Mgw::STAGES`).
+const SM90_STAGES: usize = 3;
+
 /// The wgmma GEMM kernels (`kernels/moe_gemm_sm90.cu`) at `rows` rows per
 /// tile (64 or 128): two threads per row (one or two warpgroups), and their
-/// dynamic shared memory, 3 stages (`Mgw::STAGES`) of `rows` A rows and 128
+/// dynamic shared memory, [`SM90_STAGES`] stages of `rows` A rows and 128
 /// weight rows of 64 bf16, plus 1 KiB to start the stages on a 1,024-byte
 /// boundary.
 fn sm90_threads(rows: usize) -> u32 {
     2 * rows as u32
 }
 fn sm90_smem_bytes(rows: usize) -> u32 {
-    (3 * (rows + GEMM_COLS) * 64 * 2 + 1024) as u32
+    (SM90_STAGES * (rows + GEMM_COLS) * 64 * 2 + 1024) as u32
 }
 const _: () = assert!(
     GEMM_ROWS == 64 && GEMM_ROWS_LARGE == 128 && GEMM_COLS == 128,
