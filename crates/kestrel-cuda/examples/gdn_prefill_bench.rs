@@ -9,11 +9,10 @@
 //! the state pass plus ~1 M in the prep, 2 FLOP each; see gdn_chunk.cu).
 //! Timing is host wall-clock around the calls, between stream syncs.
 //!
-//! Usage: `gdn_prefill_bench [--device N] [--3xtf32 | --f32]`. By default it
-//! times the serving precision's kernels (one TF32 pass per product);
-//! `--3xtf32` the reference precision's f32-accurate products
-//! (`KESTREL_GDN_PREFILL=3xtf32`), `--f32` the older all-FMA kernels
-//! (`KESTREL_GDN_PREFILL=f32`).
+//! Usage: `gdn_prefill_bench [--device N] [--3xtf32]`. By default it times
+//! the serving precision's kernels (one TF32 pass per product); `--3xtf32`
+//! the reference precision's f32-accurate products
+//! (`KESTREL_GDN_PREFILL=3xtf32`).
 
 use std::path::Path;
 use std::time::Instant;
@@ -33,23 +32,14 @@ mod bench_args;
 
 fn main() {
     let args = bench_args::parse(
-        "gdn_prefill_bench [--device N] [--3xtf32 | --f32]",
-        &[
-            bench_args::Switch {
-                flag: "--f32",
-                var: "KESTREL_GDN_PREFILL",
-                value: "f32",
-            },
-            bench_args::Switch {
-                flag: "--3xtf32",
-                var: "KESTREL_GDN_PREFILL",
-                value: "3xtf32",
-            },
-        ],
+        "gdn_prefill_bench [--device N] [--3xtf32]",
+        &[bench_args::Switch {
+            flag: "--3xtf32",
+            var: "KESTREL_GDN_PREFILL",
+            value: "3xtf32",
+        }],
     );
-    let path_name = if args.has("--f32") {
-        "f32 FMA"
-    } else if args.has("--3xtf32") {
+    let path_name = if args.has("--3xtf32") {
         "tensor cores (3xTF32)"
     } else {
         "tensor cores (TF32)"

@@ -11,7 +11,7 @@
 // still small. Results differ from plain f32 FMA chains by about 1e-6
 // relative, and are deterministic (a fixed instruction sequence).
 #pragma once
-#include "common.cuh"
+#include "attention_mma.cuh"  // smem_addr, ldmatrix_x4
 
 // One m16n8k8 step's operands, split. Register layouts (PTX ISA,
 // "mma.m16n8k8", .tf32), with g = lane / 4 and c = lane % 4:
@@ -62,6 +62,59 @@ __device__ __forceinline__ void mma_tf32x(float (&d)[4], const Tf32A& a, const T
     else mma_tf32(d, a.big, b.big);
 }
 
+// An operand value as the products will read it: rounded to tf32 for one
+// pass (the fragment loaders below then take it as is), left whole for
+// three (they split it).
+template <int PASSES>
+__device__ __forceinline__ float tf32_operand(float x) {
+    return PASSES == 1 ? __uint_as_float(tf32_round(x)) : x;
+}
+
+// A fragment from 32-bit registers as ldmatrix delivers them: with one pass
+// the values were stored through tf32_operand<1> and are used as they are;
+// with three each is split.
+template <int PASSES>
+__device__ __forceinline__ Tf32A tf32_a_from(const uint32_t (&r)[4]) {
+    Tf32A f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (PASSES == 1) f.big[i] = r[i];
+        else tf32_split(__uint_as_float(r[i]), f.big[i], f.small[i]);
+    }
+    return f;
+}
+
+// The A tile rows m0 .. m0 + 15, columns k0 .. k0 + 7 of a row-major f32
+// matrix in shared memory with rows `stride` floats apart (a multiple of 4,
+// and 4 mod 32 for conflict-free rows), in one ldmatrix.x4: an 8x8 b16
+// matrix is 8 rows of 4 f32, and thread t receives element (t / 4, t % 4)
+// of each, which is the tf32 A layout above for matrices (rows 0-7, cols
+// 0-3), (8-15, 0-3), (0-7, 4-7), (8-15, 4-7).
+template <int PASSES>
+__device__ __forceinline__ Tf32A tf32_frag_a_ldm(const float* m, int stride, int m0, int k0) {
+    const int lane = threadIdx.x & 31, q = lane >> 3;
+    uint32_t r[4];
+    ldmatrix_x4(r, smem_addr(m + (m0 + (lane & 7) + 8 * (q & 1)) * stride + k0 + 4 * (q >> 1)));
+    return tf32_a_from<PASSES>(r);
+}
+
+// The B tiles of columns n0 .. n0 + 7 and n0 + 8 .. n0 + 15, rows k0 .. k0 + 7,
+// of a matrix B stored transposed (row n of `bt` holds column n of B, rows
+// `stride` floats apart as above), in one ldmatrix.x4.
+template <int PASSES>
+__device__ __forceinline__ void tf32_frag_b2_ldm(Tf32B (&f)[2], const float* bt, int stride, int n0, int k0) {
+    const int lane = threadIdx.x & 31, q = lane >> 3;
+    uint32_t r[4];
+    ldmatrix_x4(r, smem_addr(bt + (n0 + (lane & 7) + 8 * (q >> 1)) * stride + k0 + 4 * (q & 1)));
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (PASSES == 1) f[t].big[i] = r[2 * t + i];
+            else tf32_split(__uint_as_float(r[2 * t + i]), f[t].big[i], f[t].small[i]);
+        }
+}
+
 // The A tile whose element (r, k) (r < 16, k < 8) is p[r * rs + k * cs]:
 // rs = 1 reads a matrix stored transposed (k-major), cs = 1 a row-major one.
 __device__ __forceinline__ Tf32A tf32_frag_a(const float* p, int rs, int cs) {
@@ -74,11 +127,11 @@ __device__ __forceinline__ Tf32A tf32_frag_a(const float* p, int rs, int cs) {
     return f;
 }
 
-// The B tile whose element (k, n) (k < 8, n < 8) is p[k * ks + n].
-__device__ __forceinline__ Tf32B tf32_frag_b(const float* p, int ks) {
+// The B tile whose element (k, n) (k < 8, n < 8) is p[k * ks + n * ns].
+__device__ __forceinline__ Tf32B tf32_frag_b(const float* p, int ks, int ns) {
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     Tf32B f;
-    tf32_split(p[c * ks + g], f.big[0], f.small[0]);
-    tf32_split(p[(c + 4) * ks + g], f.big[1], f.small[1]);
+    tf32_split(p[c * ks + g * ns], f.big[0], f.small[0]);
+    tf32_split(p[(c + 4) * ks + g * ns], f.big[1], f.small[1]);
     return f;
 }

@@ -42,18 +42,18 @@ const DECODE_CONV_KERNEL: usize = 4;
 /// and the floats of one (chunk, head) record of the prefill scratch.
 const CHUNK: usize = 64;
 const CHUNK_FLOATS: usize = 4 * HEAD_DIM * CHUNK + CHUNK * CHUNK + 4;
-/// Dynamic shared memory of the chunked kernels (see their layouts): the
-/// prep's padded q^T and k^T rows (`KS`) and A's (`AS`); the state pass's
-/// larger layout (the tensor-core one, `STATE_SMEM_BYTES` in gdn_chunk.cu).
-const PREP_SMEM_BYTES: usize = (2 * HEAD_DIM * (CHUNK + 8) + CHUNK * (CHUNK + 4)) * 4;
-const STATE_SMEM_BYTES: usize = 167_936;
+/// Dynamic shared memory of the chunked kernels (`PREP_SMEM_BYTES` and
+/// `STATE_SMEM_BYTES` in gdn_chunk.cu): the prep's padded q and k rows
+/// (`QS`) and A's (`AS`); the state pass's seven padded tiles.
+const PREP_SMEM_BYTES: usize = (2 * CHUNK * (HEAD_DIM + 4) + CHUNK * (CHUNK + 4)) * 4;
+const STATE_SMEM_BYTES: usize = 155_648;
+/// Threads of a `gdn_chunk_state` block (its `STATE_THREADS`).
+const STATE_THREADS: u32 = 256;
 
 /// The arithmetic of the chunked kernels' dense products (the `tc` argument
 /// of `gdn_chunk.cu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ChunkMath {
-    /// The older all-FMA code (`KESTREL_GDN_PREFILL=f32`).
-    Fma = 0,
     /// f32-accurate 3xTF32 on tensor cores: the reference precision's
     /// default (`KESTREL_GDN_PREFILL=3xtf32` forces it).
     Tf32x3 = 1,
@@ -67,7 +67,6 @@ enum ChunkMath {
 fn chunk_math(precision: Precision) -> ChunkMath {
     static FORCED: std::sync::OnceLock<Option<ChunkMath>> = std::sync::OnceLock::new();
     let forced = *FORCED.get_or_init(|| match std::env::var("KESTREL_GDN_PREFILL").as_deref() {
-        Ok("f32") => Some(ChunkMath::Fma),
         Ok("3xtf32") => Some(ChunkMath::Tf32x3),
         Ok("tf32") => Some(ChunkMath::Tf32),
         _ => None,
@@ -359,7 +358,7 @@ fn chunked(
     gpu.launch(
         &gpu.k.gdn_chunk_state,
         ((HEAD_DIM / 32) as u32, hv as u32, l.seqs as u32),
-        256,
+        STATE_THREADS,
         STATE_SMEM_BYTES as u32,
         &[
             Arg::Ptr(ptr(&core, s)),
