@@ -111,6 +111,9 @@ pub struct Kernels {
     /// The same with 128-row tiles (two warpgroups).
     pub moe_gate_up_gemm_sm90_m128: CudaFunction,
     pub moe_down_gemm_sm90_m128: CudaFunction,
+    /// The same with 128 x 256 tiles (twice the weight rows).
+    pub moe_gate_up_gemm_sm90_m128_n256: CudaFunction,
+    pub moe_down_gemm_sm90_m128_n256: CudaFunction,
     pub argmax_rows: CudaFunction,
     pub top_candidates: CudaFunction,
 }
@@ -217,21 +220,37 @@ impl Kernels {
                 &moe_gemm_sm90,
                 "moe_gate_up_gemm_sm90",
                 64,
+                128,
             )?,
             moe_down_gemm_sm90: crate::ops::moe::prefill_gemm_sm90(
                 &moe_gemm_sm90,
                 "moe_down_gemm_sm90",
                 64,
+                128,
             )?,
             moe_gate_up_gemm_sm90_m128: crate::ops::moe::prefill_gemm_sm90(
                 &moe_gemm_sm90,
                 "moe_gate_up_gemm_sm90_m128",
+                128,
                 128,
             )?,
             moe_down_gemm_sm90_m128: crate::ops::moe::prefill_gemm_sm90(
                 &moe_gemm_sm90,
                 "moe_down_gemm_sm90_m128",
                 128,
+                128,
+            )?,
+            moe_gate_up_gemm_sm90_m128_n256: crate::ops::moe::prefill_gemm_sm90(
+                &moe_gemm_sm90,
+                "moe_gate_up_gemm_sm90_m128_n256",
+                128,
+                256,
+            )?,
+            moe_down_gemm_sm90_m128_n256: crate::ops::moe::prefill_gemm_sm90(
+                &moe_gemm_sm90,
+                "moe_down_gemm_sm90_m128_n256",
+                128,
+                256,
             )?,
             argmax_rows: f(&sample, "argmax_rows")?,
             top_candidates: f(&sample, "top_candidates")?,

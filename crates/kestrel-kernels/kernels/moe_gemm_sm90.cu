@@ -3,11 +3,12 @@
 // layout and epilogues as the mma.sync kernels of moe_prefill.cu, which
 // other GPUs (and the router GEMM) keep using.
 //
-// A block tile is BM x 128: BM = 64 rows for one warpgroup (128 threads),
+// A block tile is BM x BN: BM = 64 rows for one warpgroup (128 threads),
 // or 128 rows for two that share each stage's weight tile (256 threads),
 // which halves the weight bytes per FLOP where experts get enough rows
-// (ops/moe picks). The cp.async pipeline fills 3 stages (the mma.sync
-// kernels 4, see Mgw); each K tile of 64 is then 4 wgmma.m64n128k16 per
+// (ops/moe picks); BN = 128 weight rows, or 256 for 128-row tiles (the
+// default there, see Mgw). The cp.async pipeline fills 3 or 4 stages; each
+// K tile of 64 is then 4 wgmma.m64n{BN}k16 per
 // warpgroup that read both operands straight from shared memory through
 // matrix descriptors (mma.sync needed an ldmatrix per operand fragment,
 // whose shared-memory traffic and issue slots bounded the old kernels at
@@ -23,23 +24,34 @@
 
 // Threads, pipeline stages, 16-byte chunks of a stage (A then B), and the
 // dynamic shared memory (the stages plus 1 KiB for alignment; ops/moe mirrors
-// it) per BM. Three stages (97 KiB at 128 rows, 73 at 64) let two blocks
-// (three at 64 rows) share an SM, so that one's epilogue and tile start
-// overlap another's main loop: with 4 stages (129 KiB, one block per SM)
-// an H200's schedulers issued in a third of the cycles at an 8K-token
-// Qwen3.6 prefill (gate_up 967 -> 786 us a layer with 3).
-template <int BM>
+// it) per tile of BM rows and BN weight rows. At BN = 128, three stages (97
+// KiB at 128 rows, 73 at 64) let two blocks (three at 64 rows) share an SM,
+// so that one's epilogue and tile start overlap another's main loop: with 4
+// stages (129 KiB, one block per SM) an H200's schedulers issued in a third
+// of the cycles at an 8K-token Qwen3.6 prefill (gate_up 967 -> 786 us a layer
+// with 3). The wide tiles (BM = 128, BN = 256) read a quarter fewer bytes
+// per product from L2 and take a whole SM with 4 stages (193 KiB). A
+// warp-specialized form of the wide tiles (a producer warpgroup feeding
+// the weights by TMA and the rows by cp.async, mbarriers instead of block
+// barriers) was correct and exactly as fast on an H200 (1.545 vs 1.546 ms
+// for the MoE block of an 8K-token Qwen3.6 prefill), so it was not kept.
+template <int BM, int BN = MG_BN>
 struct Mgw {
     static constexpr int THREADS = 2 * BM;
-    static constexpr int STAGES = 3;
+    static constexpr int STAGES = BN == MG_BN ? 3 : 4;
     static constexpr int A_CHUNKS = BM * MG_BK / 8;
-    static constexpr int STAGE_CHUNKS = A_CHUNKS + MG_B_CHUNKS;
+    static constexpr int B_CHUNKS = BN * MG_BK / 8;
+    static constexpr int STAGE_CHUNKS = A_CHUNKS + B_CHUNKS;
     static constexpr int SMEM_BYTES = STAGES * STAGE_CHUNKS * 16 + 1024;
     // Copies per thread and K tile: A and B rows r_lo + ROW_STEP * i.
     static constexpr int ROW_STEP = THREADS / 8;
-    static constexpr int A_LOADS = BM / ROW_STEP, B_LOADS = MG_BN / ROW_STEP;
+    static constexpr int A_LOADS = BM / ROW_STEP, B_LOADS = BN / ROW_STEP;
+    // Accumulators per thread: a warpgroup's 64 x BN tile over 128 threads.
+    static constexpr int ACC = BN / 2;
 };
-static_assert(Mgw<64>::SMEM_BYTES == 73 * 1024 && Mgw<128>::SMEM_BYTES == 97 * 1024, "ops/moe.rs mirrors these");
+static_assert(Mgw<64>::SMEM_BYTES == 73 * 1024 && Mgw<128>::SMEM_BYTES == 97 * 1024 &&
+                  Mgw<128, 256>::SMEM_BYTES == 193 * 1024,
+              "ops/moe.rs mirrors these");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -63,9 +75,10 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Keeps the compiler from moving accumulator accesses across wgmma issue/wait.
-__device__ __forceinline__ void pin(float (&d)[64]) {
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // d += A[64 x 16] B[16 x 128] (bf16, both K-major in shared memory).
@@ -79,7 +92,61 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, ui
         : "l"(da), "l"(db));
 }
 
-template <int MODE, int BM>
+// d += A[64 x 16] B[16 x 256] (bf16, both K-major in shared memory).
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db));
+}
+
+// The product of one K step of 16 at tile width BN.
+template <int BN>
+__device__ __forceinline__ void wgmma_k16(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+    if constexpr (BN == 256) wgmma_m64n256k16(d, da, db);
+    else wgmma_m64n128k16(d, da, db);
+}
+
+// The epilogue of both kernel forms: this thread's accumulators (warpgroup
+// wgr, warp w of it) to bf16 rows of the output, SwiGLU applied for gate_up
+// (gate columns in the tile's first half, their up columns in the second).
+template <int MODE, int BN>
+__device__ __forceinline__ void mgw_epilogue(void* __restrict__ out, int ldo, const float (&acc)[BN / 2], int row0,
+                                             int m_rows, int nt, int n) {
+    constexpr int HALF = BN / 2;
+    const int tid = threadIdx.x, lane = tid & 31, wgr = tid >> 7, warp = (tid >> 5) & 3;
+    const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int r = 64 * wgr + 16 * warp + g + 8 * hr;
+        if (r >= m_rows) continue;
+        const size_t p = (size_t)(row0 + r);
+        if (MODE == MG_GATE_UP) {
+            __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + p * ldo;
+#pragma unroll
+            for (int j = 0; j < BN / 16; ++j) {
+                const int col = nt * HALF + 8 * j + 2 * c;  // n % 8 == 0: col + 1 < n too
+                if (col >= n) continue;
+                const float v0 = siluf_exact(acc[4 * j + 2 * hr]) * acc[4 * (j + BN / 16) + 2 * hr];
+                const float v1 = siluf_exact(acc[4 * j + 2 * hr + 1]) * acc[4 * (j + BN / 16) + 2 * hr + 1];
+                *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(v0, v1);
+            }
+        } else {
+            __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + p * ldo;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int col = nt * BN + 8 * j + 2 * c;  // n % 8 == 0: col + 1 < n too
+                if (col >= n) continue;
+                *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+            }
+        }
+    }
+}
+
+template <int MODE, int BM, int BN>
 __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, const __nv_bfloat16* __restrict__ a,
                                             int lda, const int* __restrict__ a_rows,
                                             const __nv_bfloat16* __restrict__ w, long long w_stride,
@@ -91,14 +158,14 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
     uint4* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw) / 16;
     const int nt = (int)(blockIdx.x % (unsigned)n_tiles);
     const int slot = (int)(blockIdx.x / (unsigned)n_tiles);
-    using P = Mgw<BM>;
+    using P = Mgw<BM, BN>;
+    constexpr int HALF = BN / 2;  // gate_up: act columns per tile
     MgTile tile;
     if (!mg_tile<BM>(tile, slot, offsets, tile_off, groups, rows)) return;
     const int grp = tile.grp, row0 = tile.row0, m_rows = tile.m_rows;
 
-    // Warpgroup wgr computes tile rows 64 wgr .. + 63; warp w of it rows 16 w ...
-    const int tid = threadIdx.x, lane = tid & 31, wgr = tid >> 7, warp = (tid >> 5) & 3;
-    const int g = lane >> 2, c = lane & 3;
+    // Warpgroup wgr computes tile rows 64 wgr .. + 63 (the epilogue: warp w of it rows 16 w ...).
+    const int tid = threadIdx.x, wgr = tid >> 7;
 
     // Each thread copies chunk `ch` of A and B tile rows r_lo + ROW_STEP i.
     const int ch = tid & 7, r_lo = tid >> 3;
@@ -120,12 +187,12 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
         const int r = r_lo + P::ROW_STEP * i;  // B tile row = output column of the tile
         int wrow;
         if (MODE == MG_GATE_UP) {
-            // Rows 0..63: the gate rows of act columns nt*64 + r; rows 64..127 their up rows.
-            const int col = nt * 64 + (r & 63);
+            // Rows 0 .. HALF-1: the gate rows of act columns nt*HALF + r; then their up rows.
+            const int col = nt * HALF + r % HALF;
             b_ok[i] = col < n;
-            wrow = b_ok[i] ? (r < 64 ? col : n + col) : 0;
+            wrow = b_ok[i] ? (r < HALF ? col : n + col) : 0;
         } else {
-            const int col = nt * MG_BN + r;
+            const int col = nt * BN + r;
             b_ok[i] = col < n;
             wrow = b_ok[i] ? col : 0;
         }
@@ -153,9 +220,9 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
         cp_async_commit();
     }
 
-    float acc[64];
+    float acc[P::ACC];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int i = 0; i < P::ACC; ++i) acc[i] = 0.f;
 
     // K tile kt's wgmmas run while the next tile's are issued: after
     // committing tile kt, waiting for all but one group means tile kt - 1 is
@@ -172,7 +239,7 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < MG_BK / 16; ++ks)  // 16 columns = 32 bytes = 2 descriptor units
-            wgmma_m64n128k16(acc, da + 2 * ks, db + 2 * ks);
+            wgmma_k16<BN>(acc, da + 2 * ks, db + 2 * ks);
         wgmma_commit();
         wgmma_wait<1>();
         pin(acc);
@@ -184,31 +251,7 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
     pin(acc);
     cp_async_wait<0>();
 
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        const int r = 64 * wgr + 16 * warp + g + 8 * hr;
-        if (r >= m_rows) continue;
-        const size_t p = (size_t)(row0 + r);
-        if (MODE == MG_GATE_UP) {
-            __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + p * ldo;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int col = nt * 64 + 8 * j + 2 * c;  // n % 8 == 0: col + 1 < n too
-                if (col >= n) continue;
-                const float v0 = siluf_exact(acc[4 * j + 2 * hr]) * acc[4 * (j + 8) + 2 * hr];
-                const float v1 = siluf_exact(acc[4 * j + 2 * hr + 1]) * acc[4 * (j + 8) + 2 * hr + 1];
-                *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(v0, v1);
-            }
-        } else {
-            __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + p * ldo;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const int col = nt * MG_BN + 8 * j + 2 * c;  // n % 8 == 0: col + 1 < n too
-                if (col >= n) continue;
-                *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
-            }
-        }
-    }
+    mgw_epilogue<MODE, BN>(out, ldo, acc, row0, m_rows, nt, n);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -218,24 +261,27 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
 // 128-row tiles (two). Built for sm_90a only: on other targets the kernels
 // exist but trap, and ops/moe never launches them there.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MGW_BODY(MODE, BM) \
-    moe_gemm_wg<MODE, BM>(out, ldo, a, lda, a_rows, w, w_stride, offsets, tile_off, groups, rows, n, k, n_tiles)
+#define MGW_BODY(MODE, BM, BN) \
+    moe_gemm_wg<MODE, BM, BN>(out, ldo, a, lda, a_rows, w, w_stride, offsets, tile_off, groups, rows, n, k, n_tiles)
 #else
-#define MGW_BODY(MODE, BM) __trap()
+#define MGW_BODY(MODE, BM, BN) __trap()
 #endif
-#define MOE_GEMM_WG_KERNEL(NAME, MODE, BM, MIN_BLOCKS)                                                           \
+#define MOE_GEMM_WG_KERNEL(NAME, MODE, BM, BN, MIN_BLOCKS)                                                       \
     KESTREL_EXTERN void __launch_bounds__(2 * BM, MIN_BLOCKS)                                                    \
         NAME(void* __restrict__ out, int ldo, const __nv_bfloat16* __restrict__ a, int lda,                      \
              const int* __restrict__ a_rows, const __nv_bfloat16* __restrict__ w, long long w_stride,            \
              const int* __restrict__ offsets, const int* __restrict__ tile_off, int groups, int rows, int n,     \
              int k, int n_tiles) {                                                                               \
         pdl_begin();                                                                                             \
-        MGW_BODY(MODE, BM);                                                                                      \
+        MGW_BODY(MODE, BM, BN);                                                                                  \
     }
 
 // Launch: grid n_tiles * row tiles of BM (1-D), block 2 * BM, dynamic shared
-// memory Mgw<BM>::SMEM_BYTES.
-MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90, MG_GATE_UP, 64, 3)
-MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90, MG_DOWN, 64, 3)
-MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90_m128, MG_GATE_UP, 128, 2)
-MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90_m128, MG_DOWN, 128, 2)
+// memory Mgw<BM, BN>::SMEM_BYTES; a column tile is BN weight rows (gate_up:
+// BN / 2 act columns).
+MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90, MG_GATE_UP, 64, 128, 3)
+MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90, MG_DOWN, 64, 128, 3)
+MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90_m128, MG_GATE_UP, 128, 128, 2)
+MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90_m128, MG_DOWN, 128, 128, 2)
+MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90_m128_n256, MG_GATE_UP, 128, 256, 1)
+MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90_m128_n256, MG_DOWN, 128, 256, 1)

@@ -39,47 +39,63 @@ pub fn prefill_gemm(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction> {
     Ok(f)
 }
 
-/// Pipeline stages of the wgmma kernels (`Mgw::STAGES`).
-const SM90_STAGES: usize = 3;
-
-/// The wgmma GEMM kernels (`kernels/moe_gemm_sm90.cu`) at `rows` rows per
-/// tile (64 or 128): two threads per row (one or two warpgroups), and their
-/// dynamic shared memory, [`SM90_STAGES`] stages of `rows` A rows and 128
-/// weight rows of 64 bf16, plus 1 KiB to start the stages on a 1,024-byte
-/// boundary.
+/// The wgmma GEMM kernels (`kernels/moe_gemm_sm90.cu`) at `rows` rows (64
+/// or 128) and `cols` weight rows (128, or 256 for the wide tiles) per tile:
+/// two threads per row (one or two warpgroups), and their dynamic shared
+/// memory, `Mgw::STAGES` stages (3 at 128 columns, 4 at 256) of `rows` A
+/// rows and `cols` weight rows of 64 bf16, plus 1 KiB to start the stages on
+/// a 1,024-byte boundary.
 fn sm90_threads(rows: usize) -> u32 {
     2 * rows as u32
 }
-fn sm90_smem_bytes(rows: usize) -> u32 {
-    (SM90_STAGES * (rows + GEMM_COLS) * 64 * 2 + 1024) as u32
+fn sm90_smem_bytes(rows: usize, cols: usize) -> u32 {
+    let stages = if cols == GEMM_COLS { 3 } else { 4 };
+    (stages * (rows + cols) * 64 * 2 + 1024) as u32
 }
 const _: () = assert!(
-    GEMM_ROWS == 64 && GEMM_ROWS_LARGE == 128 && GEMM_COLS == 128,
-    "mirror Mgw<64> and Mgw<128>"
+    GEMM_ROWS == 64 && GEMM_ROWS_LARGE == 128 && GEMM_COLS == 128 && GEMM_COLS_WIDE == 256,
+    "mirror Mgw<64>, Mgw<128> and Mgw<128, 256>"
 );
 /// Rows per tile of the large wgmma kernels, taken when the experts average
 /// at least that many rows (an 8K-token Qwen3.6 prefill: 256).
 const GEMM_ROWS_LARGE: usize = 128;
+/// Weight rows per tile of the wide wgmma kernels (128-row tiles only).
+const GEMM_COLS_WIDE: usize = 256;
 
-/// A wgmma GEMM kernel for tiles of `rows` rows, allowed its dynamic shared memory.
-pub fn prefill_gemm_sm90(m: &Arc<CudaModule>, name: &str, rows: usize) -> Result<CudaFunction> {
+/// Whether 128-row wgmma tiles are 256 weight rows wide (the default) or
+/// 128 (`KESTREL_MOE_TILES=narrow`), read once. H200, MoE block of an 8K-token
+/// prefill (`moe_prefill_bench`): Qwen3.6 1.567 -> 1.540 ms, Qwen3-30B 1.655
+/// -> 1.618 ms with the wide tiles.
+fn wide_tiles() -> bool {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| !std::env::var("KESTREL_MOE_TILES").is_ok_and(|v| v == "narrow"))
+}
+
+/// A wgmma GEMM kernel for tiles of `rows` x `cols`, allowed its dynamic shared memory.
+pub fn prefill_gemm_sm90(
+    m: &Arc<CudaModule>,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<CudaFunction> {
     let f = m
         .load_function(name)
         .map_err(|e| BackendError::Unavailable(format!("CUDA kernel {name} missing: {e:?}")))?;
     f.set_attribute(
         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        sm90_smem_bytes(rows) as i32,
+        sm90_smem_bytes(rows, cols) as i32,
     )
     .map_err(|e| BackendError::Unavailable(format!("configuring {name}: {e:?}")))?;
     Ok(f)
 }
 
 /// The kernels of one expert GEMM (gate_up or down): mma.sync, and wgmma
-/// with 64- and 128-row tiles.
+/// with 64- and 128-row tiles, the latter 128 or 256 weight rows wide.
 struct ExpertGemm<'a> {
     mma: &'a CudaFunction,
     wgmma: &'a CudaFunction,
     wgmma_large: &'a CudaFunction,
+    wgmma_wide: &'a CudaFunction,
 }
 
 impl<'a> ExpertGemm<'a> {
@@ -88,6 +104,7 @@ impl<'a> ExpertGemm<'a> {
             mma: &gpu.k.moe_gate_up_gemm,
             wgmma: &gpu.k.moe_gate_up_gemm_sm90,
             wgmma_large: &gpu.k.moe_gate_up_gemm_sm90_m128,
+            wgmma_wide: &gpu.k.moe_gate_up_gemm_sm90_m128_n256,
         }
     }
     fn down(gpu: &'a Gpu) -> Self {
@@ -95,6 +112,7 @@ impl<'a> ExpertGemm<'a> {
             mma: &gpu.k.moe_down_gemm,
             wgmma: &gpu.k.moe_down_gemm_sm90,
             wgmma_large: &gpu.k.moe_down_gemm_sm90_m128,
+            wgmma_wide: &gpu.k.moe_down_gemm_sm90_m128_n256,
         }
     }
 }
@@ -210,17 +228,19 @@ fn launch_expert_gemm(
         g.w_extra == 0 && g.k_period == g.k,
         "the wgmma expert GEMMs take plain weight rows"
     );
-    let f = match tile_rows {
-        GEMM_ROWS => kernels.wgmma,
-        GEMM_ROWS_LARGE => kernels.wgmma_large,
+    let (f, cols) = match tile_rows {
+        GEMM_ROWS => (kernels.wgmma, GEMM_COLS),
+        GEMM_ROWS_LARGE if wide_tiles() => (kernels.wgmma_wide, GEMM_COLS_WIDE),
+        GEMM_ROWS_LARGE => (kernels.wgmma_large, GEMM_COLS),
         _ => panic!("no wgmma kernel for {tile_rows}-row tiles"),
     };
-    let (n_tiles, grid) = g.grid(cols_per_tile);
+    // Wide tiles cover twice the columns.
+    let (n_tiles, grid) = g.grid(cols_per_tile * cols / GEMM_COLS);
     gpu.launch(
         f,
         (grid, 1, 1),
         sm90_threads(tile_rows),
-        sm90_smem_bytes(tile_rows),
+        sm90_smem_bytes(tile_rows, cols),
         &g.args(n_tiles, true),
     );
 }
@@ -537,7 +557,8 @@ mod tests {
     /// The shared-memory sizes mirror `Mgw<64>` and `Mgw<128>` of moe_gemm_sm90.cu.
     #[test]
     fn sm90_shared_memory_matches_the_kernels() {
-        assert_eq!(sm90_smem_bytes(GEMM_ROWS), 73 * 1024);
-        assert_eq!(sm90_smem_bytes(GEMM_ROWS_LARGE), 97 * 1024);
+        assert_eq!(sm90_smem_bytes(GEMM_ROWS, GEMM_COLS), 73 * 1024);
+        assert_eq!(sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS), 97 * 1024);
+        assert_eq!(sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS_WIDE), 193 * 1024);
     }
 }
