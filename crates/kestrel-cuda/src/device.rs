@@ -381,7 +381,6 @@ impl Gpu {
         })
     }
 
-    /// Device memory for `n` elements (at least one, so empty tensors stay valid).
     /// The device's streaming multiprocessors.
     pub fn sm_count(&self) -> usize {
         self.ctx
@@ -390,6 +389,7 @@ impl Gpu {
             .max(1) as usize
     }
 
+    /// Device memory for `n` elements (at least one, so empty tensors stay valid).
     pub fn alloc<T: DeviceRepr>(&self, n: usize) -> CudaSlice<T> {
         let buf = check(unsafe { self.stream.alloc::<T>(n.max(1)) }, "alloc");
         if self.poison {

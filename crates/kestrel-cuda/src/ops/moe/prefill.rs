@@ -62,13 +62,18 @@ const GEMM_ROWS_LARGE: usize = 128;
 /// Weight rows per tile of the wide wgmma kernels (128-row tiles only).
 const GEMM_COLS_WIDE: usize = 256;
 
-/// Whether 128-row wgmma tiles are 256 weight rows wide (the default) or
-/// 128 (`KESTREL_MOE_TILES=narrow`), read once. H200, MoE block of an 8K-token
-/// prefill (`moe_prefill_bench`): Qwen3.6 1.567 -> 1.540 ms, Qwen3-30B 1.655
-/// -> 1.618 ms with the wide tiles.
-fn wide_tiles() -> bool {
-    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WIDE.get_or_init(|| !std::env::var("KESTREL_MOE_TILES").is_ok_and(|v| v == "narrow"))
+/// Whether a GEMM of 128-row tiles takes the tiles 256 weight rows wide: when
+/// that still makes at least two blocks per SM, unless
+/// `KESTREL_MOE_TILES=narrow` (read once) keeps them 128 wide. H200, MoE block
+/// of an 8K-token prefill (`moe_prefill_bench`): Qwen3.6 1.569 -> 1.547 ms,
+/// Qwen3-30B 1.660 -> 1.613 ms with the wide tiles; a 1K-token Qwen3.6
+/// prefill's shared expert, 32 wide blocks, went 0.587 -> 0.599 ms before the
+/// block count was asked.
+fn wide_tiles(gpu: &Gpu, wide_blocks: usize) -> bool {
+    static NARROW: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let narrow =
+        *NARROW.get_or_init(|| std::env::var("KESTREL_MOE_TILES").is_ok_and(|v| v == "narrow"));
+    !narrow && wide_blocks >= 2 * gpu.sm_count()
 }
 
 /// A wgmma GEMM kernel for tiles of `rows` x `cols`, allowed its dynamic shared memory.
@@ -228,9 +233,10 @@ fn launch_expert_gemm(
         g.w_extra == 0 && g.k_period == g.k,
         "the wgmma expert GEMMs take plain weight rows"
     );
+    let wide_blocks = g.grid(cols_per_tile * GEMM_COLS_WIDE / GEMM_COLS).1 as usize;
     let (f, cols) = match tile_rows {
         GEMM_ROWS => (kernels.wgmma, GEMM_COLS),
-        GEMM_ROWS_LARGE if wide_tiles() => (kernels.wgmma_wide, GEMM_COLS_WIDE),
+        GEMM_ROWS_LARGE if wide_tiles(gpu, wide_blocks) => (kernels.wgmma_wide, GEMM_COLS_WIDE),
         GEMM_ROWS_LARGE => (kernels.wgmma_large, GEMM_COLS),
         _ => panic!("no wgmma kernel for {tile_rows}-row tiles"),
     };
