@@ -294,6 +294,9 @@ pub struct Gpu {
     pub k: Kernels,
     /// Fill fresh outputs with NaN so that an unwritten element shows up in checks.
     pub poison: bool,
+    /// The device's streaming multiprocessors, read once (launch shapes ask
+    /// for it on every step).
+    sm_count: usize,
     /// The layout of the step in progress (see `step.rs`).
     pub step: crate::step::SharedStep,
     /// Set while a step is being recorded into a graph: host copies would
@@ -364,7 +367,12 @@ impl Gpu {
         keep_freed_memory(&ctx)?;
         let k = Kernels::load(&ctx)?;
         let hopper = ctx.compute_capability().is_ok_and(|cc| cc == (9, 0));
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(1)
+            .max(1) as usize;
         Ok(Gpu {
+            sm_count,
             ctx,
             stream,
             blas,
@@ -383,10 +391,7 @@ impl Gpu {
 
     /// The device's streaming multiprocessors.
     pub fn sm_count(&self) -> usize {
-        self.ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .unwrap_or(1)
-            .max(1) as usize
+        self.sm_count
     }
 
     /// Device memory for `n` elements (at least one, so empty tensors stay valid).

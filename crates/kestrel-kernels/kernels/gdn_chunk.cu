@@ -131,7 +131,7 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
     const int kh = h / (hv / hk);
     const int conv_dim = 2 * hk * DK + hv * DV;
     const bool round = tc == 2;
-    auto operand = [&](float x) { return round ? __uint_as_float(tf32_round(x)) : x; };
+    auto operand = [&](float x) { return round ? tf32_operand<1>(x) : x; };
     float* rec = scratch + ((size_t)(chunk_base(seq_start, s) + c) * hv + h) * CHUNK_FLOATS;
 
     // 1. The q and k rows (zero past L), L2-normalised (q also scaled) into

@@ -69,42 +69,30 @@ fn top_k(
     let (ne, k, s) = (spec.num_experts, spec.top_k, &gpu.stream);
     let ids = gpu.alloc::<i32>(t * k);
     let weights = gpu.alloc::<f32>(t * k);
-    if t > DECODE_MAX_TOKENS {
-        // Many tokens: a warp each (the same numbers), all on the GPU at once.
-        let per_block = THREADS as usize / 32;
-        gpu.launch(
-            &gpu.k.moe_topk_warps,
-            (t.div_ceil(per_block) as u32, 1, 1),
-            THREADS,
-            0,
-            &[
-                Arg::Ptr(ptr(&ids, s)),
-                Arg::Ptr(ptr(&weights, s)),
-                Arg::Ptr(ptr(logits, s)),
-                Arg::I32(ld as i32),
-                Arg::I32(t as i32),
-                Arg::I32(ne as i32),
-                Arg::I32(k as i32),
-                Arg::I32(spec.norm_topk_prob as i32),
-            ],
-        );
-        return (ids, weights);
+    // Many tokens: a warp each (the same numbers), all on the GPU at once;
+    // that kernel also takes the token count, after ld.
+    let warps = t > DECODE_MAX_TOKENS;
+    let per_block = THREADS as usize / 32;
+    let (f, grid, block) = if warps {
+        (&gpu.k.moe_topk_warps, t.div_ceil(per_block), THREADS)
+    } else {
+        (&gpu.k.moe_topk, t, 32 * ne.div_ceil(32) as u32)
+    };
+    let mut args = vec![
+        Arg::Ptr(ptr(&ids, s)),
+        Arg::Ptr(ptr(&weights, s)),
+        Arg::Ptr(ptr(logits, s)),
+        Arg::I32(ld as i32),
+    ];
+    if warps {
+        args.push(Arg::I32(t as i32));
     }
-    gpu.launch(
-        &gpu.k.moe_topk,
-        (t as u32, 1, 1),
-        32 * ne.div_ceil(32) as u32,
-        0,
-        &[
-            Arg::Ptr(ptr(&ids, s)),
-            Arg::Ptr(ptr(&weights, s)),
-            Arg::Ptr(ptr(logits, s)),
-            Arg::I32(ld as i32),
-            Arg::I32(ne as i32),
-            Arg::I32(k as i32),
-            Arg::I32(spec.norm_topk_prob as i32),
-        ],
-    );
+    args.extend([
+        Arg::I32(ne as i32),
+        Arg::I32(k as i32),
+        Arg::I32(spec.norm_topk_prob as i32),
+    ]);
+    gpu.launch(f, (grid as u32, 1, 1), block, 0, &args);
     (ids, weights)
 }
 
