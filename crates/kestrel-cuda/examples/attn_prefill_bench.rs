@@ -8,12 +8,15 @@
 //! these lengths). Per case: one warm-up call, then 5 calls each timed alone
 //! (host wall-clock between stream syncs); the median is reported as ms per
 //! layer and TFLOP/s of causal attention, 4 * T^2 / 2 * D * Hq FLOP. A
-//! checksum of the output's bits is printed: the two kernels are expected to
-//! agree bit for bit (same tiles, same arithmetic order).
+//! checksum of the output's bits is printed: v1 and v2 are expected to agree
+//! bit for bit (same tiles, same arithmetic order); the wgmma kernel sums
+//! inside its products in another order (kernel_check holds all three to the
+//! CPU reference).
 //!
-//! Usage: `attn_prefill_bench [--device N] [--v1 | --v2]`. With neither it
-//! runs itself twice, for the new kernel (v2) and the old one
-//! (v1, `KESTREL_ATTN_PREFILL=v1`), since the choice is read once per process.
+//! Usage: `attn_prefill_bench [--device N] [--wg | --v2 | --v1]`. With none
+//! it runs itself once per kernel (wgmma, the default on compute capability
+//! 9.0; v2 and v1 on mma.sync, `KESTREL_ATTN_PREFILL=v2|v1`), since the
+//! choice is read once per process.
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;
@@ -85,18 +88,28 @@ const V2: bench_args::Switch = bench_args::Switch {
     var: "KESTREL_ATTN_PREFILL",
     value: "v2",
 };
+const WG: bench_args::Switch = bench_args::Switch {
+    flag: "--wg",
+    var: "KESTREL_ATTN_PREFILL",
+    value: "wg",
+};
 
 fn main() -> ExitCode {
-    let args = bench_args::parse("attn_prefill_bench [--device N] [--v1 | --v2]", &[V1, V2]);
+    let args = bench_args::parse(
+        "attn_prefill_bench [--device N] [--wg | --v2 | --v1]",
+        &[V1, V2, WG],
+    );
     let kernel = if args.has("--v1") {
         "v1"
     } else if args.has("--v2") {
         "v2"
+    } else if args.has("--wg") {
+        "wg"
     } else {
         // One process per kernel: the selection is read once per process.
         let exe = std::env::current_exe().expect("own executable");
         let mut ok = true;
-        for flag in [V2.flag, V1.flag] {
+        for flag in [WG.flag, V2.flag, V1.flag] {
             let status = Command::new(&exe)
                 .args(["--device", &args.device.to_string(), flag])
                 .status()
@@ -115,10 +128,10 @@ fn main() -> ExitCode {
     println!(
         "device: {}  kernel: {kernel}{}",
         gpu.name(),
-        if kernel == "v1" {
-            " (KESTREL_ATTN_PREFILL=v1)"
+        if kernel == "wg" {
+            String::new()
         } else {
-            ""
+            format!(" (KESTREL_ATTN_PREFILL={kernel})")
         }
     );
     for case in &CASES {

@@ -64,6 +64,9 @@ pub struct Kernels {
     /// The 128-query double-buffered prefill per head dim; `None` where its
     /// tiles exceed the device's shared memory per block (then the above runs).
     pub attention_prefill_v2: [Option<CudaFunction>; 3],
+    /// The wgmma prefill per head dim (`kernels/attention_prefill_sm90.cu`):
+    /// loaded on compute capability 9.0 only.
+    pub attention_prefill_wg: [Option<CudaFunction>; 3],
     pub router_logits: CudaFunction,
     pub router_topk: CudaFunction,
     pub gather_rows_to_bf16: CudaFunction,
@@ -131,6 +134,10 @@ impl Kernels {
         let attention = module(kestrel_kernels::ATTENTION, "attention")?;
         let attention_decode = module(kestrel_kernels::ATTENTION_DECODE, "attention_decode")?;
         let attention_prefill = module(kestrel_kernels::ATTENTION_PREFILL, "attention_prefill")?;
+        let attention_prefill_sm90 = module(
+            kestrel_kernels::ATTENTION_PREFILL_SM90,
+            "attention_prefill_sm90",
+        )?;
         let moe = module(kestrel_kernels::MOE, "moe")?;
         let moe_prefill = module(kestrel_kernels::MOE_PREFILL, "moe_prefill")?;
         let moe_gemm_sm90 = module(kestrel_kernels::MOE_GEMM_SM90, "moe_gemm_sm90")?;
@@ -181,6 +188,10 @@ impl Kernels {
             attention_prefill_v2: crate::ops::attention::prefill_v2_kernels(
                 ctx,
                 &attention_prefill,
+            )?,
+            attention_prefill_wg: crate::ops::attention::prefill_wg_kernels(
+                ctx,
+                &attention_prefill_sm90,
             )?,
             router_logits: f(&moe, "router_logits")?,
             router_topk: f(&moe, "router_topk")?,

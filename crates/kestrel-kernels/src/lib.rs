@@ -16,7 +16,7 @@ pub fn available() -> Result<(), &'static str> {
 }
 
 /// Every embedded module, by name (the `.cu` file stem).
-pub fn modules() -> [(&'static str, &'static [u8]); 13] {
+pub fn modules() -> [(&'static str, &'static [u8]); 15] {
     [
         ("dummy", DUMMY),
         ("elementwise", ELEMENTWISE),
@@ -24,8 +24,10 @@ pub fn modules() -> [(&'static str, &'static [u8]); 13] {
         ("attention", ATTENTION),
         ("attention_decode", ATTENTION_DECODE),
         ("attention_prefill", ATTENTION_PREFILL),
+        ("attention_prefill_sm90", ATTENTION_PREFILL_SM90),
         ("moe", MOE),
         ("moe_prefill", MOE_PREFILL),
+        ("moe_gemm_sm90", MOE_GEMM_SM90),
         ("gdn", GDN),
         ("gdn_decode", GDN_DECODE),
         ("gdn_chunk", GDN_CHUNK),

@@ -5,7 +5,8 @@
 //! output by `||cuda - cpu|| / ||cpu||` and `max |cuda - cpu| / max |cpu|`
 //! against a tolerance that matches the op's precision.
 //!
-//! Usage: `kernel_check [--seed N] [--device N] [--json PATH] [--require-cuda]`.
+//! Usage: `kernel_check [--seed N] [--device N] [--json PATH] [--require-cuda]
+//! [--only GROUP]` (`--only attention`: the case groups whose name contains it).
 //! Exit code 1 when a check fails (or, with `--require-cuda`, when no CUDA
 //! device can be used); without CUDA it reports why and exits 0.
 
@@ -28,6 +29,8 @@ struct Args {
     device: usize,
     json: Option<String>,
     require_cuda: bool,
+    /// Run only the case groups whose name contains this (`--only`).
+    only: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -36,6 +39,7 @@ fn parse_args() -> Result<Args, String> {
         device: 0,
         json: None,
         require_cuda: false,
+        only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -53,11 +57,11 @@ fn parse_args() -> Result<Args, String> {
             }
             "--json" => args.json = Some(value("--json")?),
             "--require-cuda" => args.require_cuda = true,
+            "--only" => args.only = Some(value("--only")?),
             "-h" | "--help" => {
-                return Err(
-                    "usage: kernel_check [--seed N] [--device N] [--json PATH] [--require-cuda]"
-                        .into(),
-                );
+                return Err("usage: kernel_check [--seed N] [--device N] [--json PATH] \
+                     [--require-cuda] [--only GROUP]"
+                    .into());
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -124,6 +128,9 @@ fn main() -> ExitCode {
         ("precision_f32", cases::precision_f32),
     ];
     for (name, case) in all {
+        if args.only.as_deref().is_some_and(|o| !name.contains(o)) {
+            continue;
+        }
         if let Err(p) = catch_unwind(AssertUnwindSafe(|| case(&mut ctx))) {
             let msg = p
                 .downcast_ref::<String>()

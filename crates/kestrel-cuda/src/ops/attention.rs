@@ -5,9 +5,11 @@
 //!   depends only on the sequence count and the heads; lengths are read on
 //!   the device), or
 //! - prefill (anything else): causal flash attention on tensor cores: blocks
-//!   of 128 queries (8 warps) over double-buffered 64-key tiles, or where
-//!   those do not fit the device's shared memory (head_dim 256 on sm_121), or
-//!   with `KESTREL_ATTN_PREFILL=v1`, the older 64-query single-buffered kernel.
+//!   of 128-192 queries over double-buffered K/V tiles, on wgmma where the
+//!   GPU has it (compute capability 9.0) and on mma.sync elsewhere (version 2,
+//!   `KESTREL_ATTN_PREFILL=v2`); where version 2's tiles do not fit the
+//!   device's shared memory (head_dim 256 on sm_121), or with
+//!   `KESTREL_ATTN_PREFILL=v1`, the older 64-query single-buffered kernel.
 //!
 //! Head dims without a tensor-core kernel, and f32 caches (`Precision::F32`),
 //! go through a generic kernel.
@@ -47,6 +49,45 @@ const PREFILL_V2_THREADS: u32 = 256;
 /// Static shared memory of either prefill kernel (the staged cache rows).
 const PREFILL_STATIC_SMEM: u32 = 2 * PREFILL_KEYS as u32 * 8;
 
+/// The block shape of the wgmma prefill kernel at one head dim: warpgroups
+/// of 64 queries, keys per K/V tile (`kernels/attention_prefill_sm90.cu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgShape {
+    pub warpgroups: usize,
+    pub keys: usize,
+}
+
+/// Mirror the instantiations `attention_prefill_wg_d{D}` per head dim of
+/// `FAST_HEAD_DIMS`.
+const WG_SHAPES: [WgShape; 3] = [
+    WgShape {
+        warpgroups: 3,
+        keys: 128,
+    },
+    WgShape {
+        warpgroups: 3,
+        keys: 128,
+    },
+    WgShape {
+        warpgroups: 2,
+        keys: 64,
+    },
+];
+
+impl WgShape {
+    fn rows(self) -> usize {
+        64 * self.warpgroups
+    }
+    fn threads(self) -> u32 {
+        128 * self.warpgroups as u32
+    }
+    /// Dynamic shared memory: the Q tile and two buffers of K and V tiles,
+    /// bf16, plus 1 KiB to align them to 1,024 bytes (the swizzle's period).
+    pub fn smem_bytes(self, d: usize) -> u32 {
+        ((self.rows() + 2 * 2 * self.keys) * d * 2 + 1024) as u32
+    }
+}
+
 /// Dynamic shared memory of the prefill kernel: Q, K and V tiles of bf16.
 pub fn prefill_smem_bytes(d: usize) -> u32 {
     ((PREFILL_ROWS + 2 * PREFILL_KEYS) * d * 2) as u32
@@ -58,11 +99,23 @@ pub fn prefill_v2_smem_bytes(d: usize) -> u32 {
     ((PREFILL_V2_ROWS + 2 * 2 * PREFILL_KEYS) * d * 2) as u32
 }
 
-/// `KESTREL_ATTN_PREFILL=v1` keeps the older prefill kernel (for A/B runs);
-/// read once per process.
-fn prefill_v1_forced() -> bool {
-    static V1: OnceLock<bool> = OnceLock::new();
-    *V1.get_or_init(|| std::env::var("KESTREL_ATTN_PREFILL").is_ok_and(|v| v == "v1"))
+/// Which prefill kernel `KESTREL_ATTN_PREFILL` asks for (for A/B runs): `v1`
+/// or `v2` (mma.sync); anything else means the wgmma kernel where there is
+/// one. Read once per process.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PrefillChoice {
+    V1,
+    V2,
+    Wgmma,
+}
+
+fn prefill_choice() -> PrefillChoice {
+    static CHOICE: OnceLock<PrefillChoice> = OnceLock::new();
+    *CHOICE.get_or_init(|| match std::env::var("KESTREL_ATTN_PREFILL").as_deref() {
+        Ok("v1") => PrefillChoice::V1,
+        Ok("v2") => PrefillChoice::V2,
+        _ => PrefillChoice::Wgmma,
+    })
 }
 
 /// Kernel `{prefix}_d{D}` for each D of `FAST_HEAD_DIMS` that `wanted`
@@ -109,6 +162,24 @@ pub fn prefill_v2_kernels(
     per_head_dim(m, "attention_prefill_v2", prefill_v2_smem_bytes, |d| {
         prefill_v2_smem_bytes(d) + PREFILL_STATIC_SMEM <= limit
     })
+}
+
+/// `attention_prefill_wg_d{D}` (`kernels/attention_prefill_sm90.cu`) for
+/// every D of `FAST_HEAD_DIMS` on compute capability 9.0; all `None` on
+/// other GPUs, where the kernels only trap.
+pub fn prefill_wg_kernels(
+    ctx: &Arc<CudaContext>,
+    m: &Arc<CudaModule>,
+) -> Result<[Option<CudaFunction>; 3]> {
+    let hopper = ctx.compute_capability().is_ok_and(|cc| cc == (9, 0));
+    let smem = |d: usize| {
+        let i = FAST_HEAD_DIMS
+            .iter()
+            .position(|&x| x == d)
+            .expect("a fast head dim");
+        WG_SHAPES[i].smem_bytes(d)
+    };
+    per_head_dim(m, "attention_prefill_wg", smem, |_| hopper)
 }
 
 /// Warps per decode block (`dec_warps` in `kernels/attention_decode.cu`).
@@ -427,23 +498,34 @@ impl Attend<'_> {
     fn prefill(&self, dim_index: usize) {
         let (gpu, l) = (self.gpu, self.l);
         let (hq, d) = (self.spec.num_q_heads, self.spec.head_dim);
+        let choice = prefill_choice();
+        let wg = gpu.k.attention_prefill_wg[dim_index]
+            .as_ref()
+            .filter(|_| choice == PrefillChoice::Wgmma);
         let v2 = gpu.k.attention_prefill_v2[dim_index]
             .as_ref()
-            .filter(|_| !prefill_v1_forced());
-        // Version 2 puts the query tile last (heaviest tiles of every head
-        // first); version 1 has it first.
-        let (f, grid, threads, smem) = match v2 {
-            Some(f) => (
-                f,
+            .filter(|_| choice != PrefillChoice::V1);
+        // Versions 2 and wgmma put the query tile last (heaviest tiles of
+        // every head first); version 1 has it first.
+        let query_tiles_last =
+            |rows: usize| (hq as u32, l.seqs as u32, l.max_new.div_ceil(rows) as u32);
+        let (f, grid, threads, smem) = match (wg, v2) {
+            (Some(f), _) => {
+                let shape = WG_SHAPES[dim_index];
                 (
-                    hq as u32,
-                    l.seqs as u32,
-                    l.max_new.div_ceil(PREFILL_V2_ROWS) as u32,
-                ),
+                    f,
+                    query_tiles_last(shape.rows()),
+                    shape.threads(),
+                    shape.smem_bytes(d),
+                )
+            }
+            (None, Some(f)) => (
+                f,
+                query_tiles_last(PREFILL_V2_ROWS),
                 PREFILL_V2_THREADS,
                 prefill_v2_smem_bytes(d),
             ),
-            None => (
+            (None, None) => (
                 &gpu.k.attention_prefill[dim_index],
                 (
                     l.max_new.div_ceil(PREFILL_ROWS) as u32,
@@ -548,6 +630,11 @@ mod tests {
                 assert!(2 * (v2 + 1024) <= 228 * 1024, "{d}: {v2}");
                 assert!(v2 <= 99 * 1024, "{d}: {v2}");
             }
+            // The wgmma kernel (Hopper only), with its static rows of
+            // 8 bytes a key for two tiles.
+            let shape = WG_SHAPES[FAST_HEAD_DIMS.iter().position(|&x| x == d).unwrap()];
+            let wg = shape.smem_bytes(d) + 2 * shape.keys as u32 * 8;
+            assert!(wg <= 227 * 1024, "{d}: {wg}");
         }
     }
 }
