@@ -57,11 +57,13 @@ __device__ __forceinline__ void qk_scores(float (&sc)[PF_KEYS / 8][4], const uin
 // online softmax: sc becomes P (unnormalised, base 2); m, l and o are updated.
 // The O rescale is skipped when no row of the warp raised its max (exact:
 // it would multiply by 1).
-// KEYS: the keys of the tile (64 for the mma.sync kernels).
-template <int D, int KEYS = PF_KEYS>
+// KEYS: the keys of the tile (64 for the mma.sync kernels). MASK = false:
+// the caller knows that no key of the tile lies past the warp's first row
+// (no mask code at all).
+template <int D, int KEYS = PF_KEYS, bool MASK = true>
 __device__ __forceinline__ void online_softmax(float (&sc)[KEYS / 8][4], float (&o)[D / 8][4], float (&m)[2],
                                                float (&l)[2], int kb, int pos0, int c, float scale_log2) {
-    const bool diagonal = kb + KEYS - 1 > pos0;
+    const bool diagonal = MASK && kb + KEYS - 1 > pos0;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < KEYS / 8; ++nt)

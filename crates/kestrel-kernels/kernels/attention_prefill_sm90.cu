@@ -13,9 +13,10 @@
 // mma.sync needed an ldmatrix per operand fragment, whose shared-memory
 // traffic and issue slots held version 2 at about 205-245 TFLOP/s on an H200
 // at head dim 128. The warpgroups run their softmax and products
-// independently, so one's exponentials overlap another's wgmma. With 64-key
-// tiles the output is bit-identical to version 2's on the benchmark shapes;
-// 128-key tiles take each row's running max over 128 keys at a time.
+// independently, so one's exponentials overlap another's wgmma, and each
+// tile's P V runs on while the next tile's Q K^T is issued. With 64-key
+// tiles the output is bit-identical to version 2's on the benchmark shapes
+// (128-key tiles take each row's running max over 128 keys at a time).
 //
 // Tiles in shared memory are column blocks of 64 dims, each [rows][64] bf16
 // with 128-byte rows in wgmma's 128-byte swizzle (wgmma.cuh), so that Q and
@@ -156,9 +157,11 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
     };
     // P as bf16 A fragments (keys 16 kk .. + 15 are score blocks 2 kk and
     // 2 kk + 1), then O += P V. The scores are zeroed for the next tile's S
-    // before these products are issued, which run on into the next tile.
+    // before these products are issued, which run on into the next tile:
+    // the fragments are pinned after the wait that ends them, so that no
+    // other value takes their registers while the products still read them.
+    uint32_t a[KEYS / 16][4];
     auto pv = [&](uint32_t v_base) {
-        uint32_t a[KEYS / 16][4];
 #pragma unroll
         for (int kk = 0; kk < KEYS / 16; ++kk) {
             a[kk][0] = pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
@@ -175,18 +178,16 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
         wgmma_commit();
     };
 
-    zero_scores();
-    for (int it = 0; it < n_tiles; ++it) {
+    // Tile it: P V of tile it - 1 may still be running; S of this tile
+    // queues behind it, and the barrier after both frees tile it - 1's
+    // buffer for the copy of tile it + 1.
+    auto step = [&](int it, auto mask_tag) {
+        constexpr bool MASK = decltype(mask_tag)::value;
         const int kb = it * KEYS, buf = it & 1;
         const uint32_t k_base = smem_addr(skv + 2 * buf * TILE);
         const uint32_t v_base = k_base + TILE * 16;
-        // P V of tile it - 1 may still be running: S of this tile queues
-        // behind it, and the barrier after both frees tile it - 1's buffer
-        // for the copy of tile it + 1. (ptxas still serializes the wgmmas
-        // of each group here, C7515; this order measured faster anyway:
-        // 2.02 against 2.16 ms a layer at head dim 128 and 8K tokens.)
         // Wholly above this warpgroup's diagonal (warpgroup-uniform): nothing to add.
-        const bool active = kb < wg_end;
+        const bool active = !MASK || kb < wg_end;
         cp_async_wait<0>();   // this thread's part of tile it has landed
         fence_proxy_async();  // ... visible to wgmma
         __syncthreads();      // ... and everyone's
@@ -194,16 +195,27 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
         wgmma_wait<0>();
         pin(o_flat);
         pin(sc_flat);
+        pin(a);
         __syncthreads();  // every warpgroup's P V of tile it - 1 is done
         if (it + 1 < n_tiles) load_tile(buf ^ 1);
         cp_async_commit();
         if (it + 2 < n_tiles) stage_rows(buf, kb + 2 * KEYS);
-        if (!active) continue;
-        online_softmax<D, KEYS>(sc, o, m, l, kb, pos0, c, scale_log2);
+        if (!active) return;
+        online_softmax<D, KEYS, MASK>(sc, o, m, l, kb, pos0, c, scale_log2);
         pv(v_base);
-    }
+    };
+    // Tiles whose keys all precede the block's first query need no mask.
+    // They run in a loop of their own: with the mask code in the loop that
+    // keeps P V running into the next tile, ptxas serializes every wgmma
+    // (C7515), which cost 13 % at head dim 256 (8K tokens: 2.01 against
+    // 1.75 ms a layer).
+    const int unmasked = min(n_tiles, (cached + row0 + 1) / KEYS);
+    zero_scores();
+    for (int it = 0; it < unmasked; ++it) step(it, std::false_type{});
+    for (int it = unmasked; it < n_tiles; ++it) step(it, std::true_type{});
     wgmma_wait<0>();
     pin(o_flat);
+    pin(a);
     cp_async_wait<0>();  // nothing may be in flight into shared memory at exit
 
     store_rows<D>(out, o, l, wrow0, g, c, n_new, t0, hq, h, proj, proj_stride, gate_offset);
@@ -228,11 +240,13 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
         WG_BODY(D, WGS, KEYS);                                                                                    \
     }
 
-// Block shapes chosen on an H200 (attn_prefill_bench, 8K and 32K tokens):
-// at head dim 128, three warpgroups and 128-key tiles (2.02 ms a layer at 8K
-// against 2.48 with two and 64 keys); at 256 the O accumulators leave room
-// for two warpgroups only, and 128-key tiles do not fit the shared memory.
+// Block shapes chosen on an H200 (attn_prefill_bench, 8K and 32K tokens): at
+// head dim 128, three warpgroups and 64-key tiles (1.91 ms a layer at 8K; two
+// warpgroups 2.08 with 64 keys and 1.91 with 128; three with 128 keys need
+// more than the 168 registers a thread has, and ptxas serializes them); at
+// 256 the O accumulators leave room for two warpgroups only. With 64-key
+// tiles the output is bit-identical to version 2's on the benchmark shapes.
 // ops/attention.rs mirrors the shapes (WG_SHAPES).
-PREFILL_WG_KERNEL(attention_prefill_wg_d64, 64, 3, 128)
-PREFILL_WG_KERNEL(attention_prefill_wg_d128, 128, 3, 128)
+PREFILL_WG_KERNEL(attention_prefill_wg_d64, 64, 3, 64)
+PREFILL_WG_KERNEL(attention_prefill_wg_d128, 128, 3, 64)
 PREFILL_WG_KERNEL(attention_prefill_wg_d256, 256, 2, 64)

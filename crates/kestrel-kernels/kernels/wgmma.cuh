@@ -52,6 +52,16 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The same for A fragments in registers, which a wgmma reads until it has
+// been waited for: pinned after the wait, they stay allocated (and
+// unchanged) until then.
+template <int M, int N>
+__device__ __forceinline__ void pin(uint32_t (&a)[M][N]) {
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
 
 // d += A[64 x 16] B[16 x 64], both K-major in shared memory (descriptors).
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {

@@ -62,11 +62,11 @@ pub struct WgShape {
 const WG_SHAPES: [WgShape; 3] = [
     WgShape {
         warpgroups: 3,
-        keys: 128,
+        keys: 64,
     },
     WgShape {
         warpgroups: 3,
-        keys: 128,
+        keys: 64,
     },
     WgShape {
         warpgroups: 2,
