@@ -21,14 +21,15 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use kestrel_core::{AttentionSpec, AttentionWeights, BackendError, ForwardBatch, Result};
 
 use crate::cache::CudaCache;
-use crate::device::{Arg, Gpu, blocks, ptr};
+use crate::device::{Arg, Gpu, ptr};
 use crate::precision::Precision;
 use crate::step::StepLayout;
 use crate::tensor::{CudaTensor, CudaWeight};
 
 const THREADS: u32 = 128;
-/// Mirrors `QKN_WARPS` in `kernels/attention.cu`: (token, head) items per block.
-const QKN_WARPS: usize = 4;
+/// Mirrors `QKN_WARPS` in `kernels/attention.cu`: heads of one token per
+/// block, a warp each.
+const QKN_WARPS: usize = 8;
 /// The generic kernel keeps at most 4 output dims per thread.
 const MAX_HEAD_DIM: usize = 4 * THREADS as usize;
 /// Head dims of the tensor-core kernels (`_d64`, `_d128`, `_d256`), in the
@@ -310,9 +311,9 @@ pub fn attention(
             } else {
                 &gpu.k.qk_norm_rope_kv_write
             },
-            (blocks(t * (hq + 2 * hkv), QKN_WARPS), 1, 1),
+            (t as u32, (hq + 2 * hkv).div_ceil(QKN_WARPS) as u32, 1),
             32 * QKN_WARPS as u32,
-            (QKN_WARPS * (d + d / 2) * 4) as u32,
+            ((spec.rope.rotary_dim + QKN_WARPS * d) * 4) as u32,
             &[
                 Arg::Ptr(ptr(&proj.buf, s)),
                 Arg::I32(proj.cols as i32),
