@@ -105,16 +105,113 @@ static_assert(PREP_SMEM_BYTES == 84992, "ops/gdn.rs mirrors this");
 
 }  // namespace
 
+// The 8 rows i0 .. i0 + 7 of the chunk (zero from row L on) of the four
+// channels col .. col + 3 of the conv output, for gdn_chunk_prep. With
+// conv_w == nullptr, x is the conv output itself ([T, ld]); otherwise x is
+// the conv's input (the in_proj output, rows ld floats apart) and the causal
+// conv + SiLU is computed here with the arithmetic of gdn_conv_body
+// (gdn.cu), so that the two paths agree bit for bit: inputs before the
+// sequence's first new token come from conv_state (oldest first), which only
+// rows i0 < kernel - 1 of chunk 0 read. Conv kernels of at most 4 taps.
+struct ConvIn {
+    const float* x;
+    int ld;
+    const __nv_bfloat16* w;  // [conv_dim, kernel], or null: x is the conv output
+    const float* state;      // [conv_dim, kernel - 1] of this sequence's slot
+    int kernel;
+};
+constexpr int CONV_FUSED_MAX_KERNEL = 4;  // mirrored in ops/gdn.rs
+
+__device__ __forceinline__ void conv_rows(float4 (&out)[8], const ConvIn& in, int start, int seq_row0, int i0,
+                                          int L, int col, int lane_col) {
+    const float* x = in.x + col + lane_col;
+    auto row = [&](int i) { return ld4(x + (size_t)(start + seq_row0 + i) * in.ld); };
+    if (in.w == nullptr) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u) out[u] = i0 + u < L ? row(i0 + u) : make_float4(0.f, 0.f, 0.f, 0.f);
+        return;
+    }
+    constexpr int KMAX = CONV_FUSED_MAX_KERNEL;
+    const int hist = in.kernel - 1;
+    // w_new[e]: the tap of the current input (a register: w[e][hist] with a
+    // runtime index would put w in local memory).
+    float w[4][KMAX - 1], w_new[4], window[4][KMAX - 1];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int ch = col + lane_col + e;
+        w_new[e] = bf16_to_f32(in.w[(size_t)ch * in.kernel + hist]);
+#pragma unroll
+        for (int j = 0; j < KMAX - 1; ++j) {
+            if (j < hist) w[e][j] = bf16_to_f32(in.w[(size_t)ch * in.kernel + j]);
+            if (j < hist) {
+                const int i = seq_row0 + i0 - hist + j;  // index among the sequence's new tokens
+                window[e][j] = i >= 0 ? x[(size_t)(start + i) * in.ld + e] : in.state[(size_t)ch * hist + hist + i];
+            }
+        }
+    }
+    // The inputs, all requested before any is used, then replaced by the outputs.
+#pragma unroll
+    for (int u = 0; u < 8; ++u) out[u] = i0 + u < L ? row(i0 + u) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        float res[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float xe = get(out[u], e);
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < KMAX - 1; ++j)
+                if (j < hist) acc += w[e][j] * window[e][j];
+            acc += w_new[e] * xe;
+            res[e] = siluf_exact(acc);
+#pragma unroll
+            for (int j = 0; j < KMAX - 1; ++j)
+                if (j < hist) window[e][j] = j + 1 < hist ? window[e][j + 1] : xe;
+        }
+        out[u] = i0 + u < L ? make_float4(res[0], res[1], res[2], res[3]) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+// The conv state after this step's n new tokens, for channels col + lane_col
+// .. + 3: the last kernel - 1 inputs of [old state ; new inputs]. Run by
+// gdn_chunk_state, after every block of gdn_chunk_prep has read the old state
+// (two value heads read the q and k channels of their key head).
+__device__ __forceinline__ void conv_state_update(const ConvIn& in, float* state, int start, int n, int col,
+                                                  int lane_col) {
+    constexpr int KMAX = CONV_FUSED_MAX_KERNEL;
+    const int hist = in.kernel - 1;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int ch = col + lane_col + e;
+        float* st = state + (size_t)ch * hist;
+        float next[KMAX - 1];
+#pragma unroll
+        for (int j = 0; j < KMAX - 1; ++j) {
+            if (j < hist) {
+                const int i = n - hist + j;
+                next[j] = i >= 0 ? in.x[(size_t)(start + i) * in.ld + ch] : st[hist + i];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < KMAX - 1; ++j)
+            if (j < hist) st[j] = next[j];
+    }
+}
+
 // Per (chunk, value head, sequence): the state-independent part of the chunk.
-// qkv is the conv output [T, conv_dim]; proj supplies b and a. k k^T and
+// The conv output comes from x (see ConvIn: the conv output [T, conv_dim],
+// or the in_proj output with conv_w, whose conv + SiLU this kernel computes
+// and whose conv state chunk 0 advances); proj supplies b and a. k k^T and
 // q k^T on tensor cores (tc 1: 3xTF32, 2: one pass, and the record's matrix
 // operands stored rounded to tf32).
 // Grid (max chunks of a sequence, Hv, S), block 256, dynamic shared memory
 // PREP_SMEM_BYTES: q, k [CH][QS] and A [CH][AS].
-KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
-    gdn_chunk_prep(float* __restrict__ scratch, const float* __restrict__ qkv, const float* __restrict__ proj,
-                   int proj_stride, int b_offset, int a_offset, const float* __restrict__ a_log,
-                   const float* __restrict__ dt_bias, const int* __restrict__ seq_start, int hk, int hv,
+KESTREL_EXTERN void __launch_bounds__(PREP_THREADS, 2)
+    gdn_chunk_prep(float* __restrict__ scratch, const float* __restrict__ x, int x_stride,
+                   const __nv_bfloat16* __restrict__ conv_w, const float* __restrict__ conv_state, int conv_kernel,
+                   const float* __restrict__ proj, int proj_stride, int b_offset, int a_offset,
+                   const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                   const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hk, int hv,
                    float q_scale, int tc) { pdl_begin();
     extern __shared__ float4 smem4[];
     float* qS = reinterpret_cast<float*>(smem4);  // [CH][QS], normalised and scaled
@@ -133,26 +230,26 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
     const bool round = tc == 2;
     auto operand = [&](float x) { return round ? tf32_operand<1>(x) : x; };
     float* rec = scratch + ((size_t)(chunk_base(seq_start, s) + c) * hv + h) * CHUNK_FLOATS;
+    // The conv state before this step (chunk 0 reads it; gdn_chunk_state,
+    // the next kernel, advances it).
+    const float* state = conv_w != nullptr ? conv_state + (size_t)seq_slot[s] * conv_dim * (conv_kernel - 1) : nullptr;
+    const ConvIn in{x, x_stride, conv_w, state, conv_kernel};
 
     // 1. The q and k rows (zero past L), L2-normalised (q also scaled) into
-    //    shared memory: warp w takes rows w, w + 8, ... of the 128 (q rows,
-    //    then k rows), a row per warp-wide 16-byte load.
+    //    shared memory: warp w takes rows 8w .. 8w + 7 of q, then of k, a
+    //    row per warp-wide 16-byte load.
 #pragma unroll 1
-    for (int r0 = warp; r0 < 2 * CH; r0 += 8 * 8) {
+    for (int which = 0; which < 2; ++which) {
+        const int col = which * hk * DK + kh * DK;
         float4 v[8];
+        conv_rows(v, in, start, c * CH, 8 * warp, L, col, 4 * lane);
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
-            const int row = r0 + 8 * u, which = row / CH, i = row % CH;
-            v[u] = i < L ? ld4(qkv + (size_t)(t0 + i) * conv_dim + which * hk * DK + kh * DK + 4 * lane)
-                         : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int row = r0 + 8 * u, which = row / CH, i = row % CH;
+            const int i = 8 * warp + u;
             const float inv = gdn_l2_inv(warp_sum(v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w));
-            float4 x = make_float4(v[u].x * inv, v[u].y * inv, v[u].z * inv, v[u].w * inv);
-            if (!which) x = make_float4(x.x * q_scale, x.y * q_scale, x.z * q_scale, x.w * q_scale);
-            st4((which ? kS : qS) + i * QS + 4 * lane, x);
+            float4 y = make_float4(v[u].x * inv, v[u].y * inv, v[u].z * inv, v[u].w * inv);
+            if (!which) y = make_float4(y.x * q_scale, y.y * q_scale, y.z * q_scale, y.w * q_scale);
+            st4((which ? kS : qS) + i * QS + 4 * lane, y);
         }
     }
     if (tid < CH) {
@@ -249,18 +346,13 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS)
     //    are zero in A and B, so they stay zero in X.
     float* Xv = qS;
     float* Xk = kS;
-#pragma unroll 1
-    for (int r0 = warp; r0 < CH; r0 += 8 * 8) {
+    {
+        const int col = 2 * hk * DK + h * DV;
         float4 v[8];
+        conv_rows(v, in, start, c * CH, 8 * warp, L, col, 4 * lane);
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
-            const int i = r0 + 8 * u;
-            v[u] = i < L ? ld4(qkv + (size_t)(t0 + i) * conv_dim + 2 * hk * DK + h * DV + 4 * lane)
-                         : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int i = r0 + 8 * u;
+            const int i = 8 * warp + u;
             const float b = beta[i], e = ecum[i];
             st4(Xv + i * QS + 4 * lane, make_float4(v[u].x * b, v[u].y * b, v[u].z * b, v[u].w * b));
             const float4 k = ld4(Xk + i * QS + 4 * lane);
@@ -539,13 +631,29 @@ __device__ __forceinline__ void state_pass(float* __restrict__ core, const float
 // tokens: 3xTF32 2.09 -> 2.02 ms per layer, one TF32 pass unchanged at 1.51).
 KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
     gdn_chunk_state(float* __restrict__ core, const float* __restrict__ scratch, float* __restrict__ state,
-                    const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hv, int tc) {
+                    const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hv, int tc,
+                    const float* __restrict__ conv_x, int conv_x_stride, float* __restrict__ conv_state,
+                    int conv_kernel, int hk) {
     pdl_begin();
     extern __shared__ float4 smem4[];
     float* smem = reinterpret_cast<float*>(smem4);
     const int col0 = blockIdx.x * TC, h = blockIdx.y, s = blockIdx.z;
     const int start = seq_start[s], n = seq_start[s + 1] - start;
     if (n == 0) return;
+    if (conv_state != nullptr && blockIdx.x == 0 && threadIdx.x < 32) {
+        // gdn_chunk_prep computed the conv: advance its state here (warp 0 of
+        // column tile 0): q and k channels from the first value head of their
+        // key head, v channels from every head.
+        const int conv_dim = 2 * hk * DK + hv * DV, lane = threadIdx.x;
+        float* st = conv_state + (size_t)seq_slot[s] * conv_dim * (conv_kernel - 1);
+        const ConvIn in{conv_x, conv_x_stride, nullptr, st, conv_kernel};
+        if (h % (hv / hk) == 0) {
+            const int kh = h / (hv / hk);
+            conv_state_update(in, st, start, n, kh * DK, 4 * lane);
+            conv_state_update(in, st, start, n, hk * DK + kh * DK, 4 * lane);
+        }
+        conv_state_update(in, st, start, n, 2 * hk * DK + h * DV, 4 * lane);
+    }
     const int base = chunk_base(seq_start, s);
     float* st = state + ((size_t)seq_slot[s] * hv + h) * DK * DV + col0;
     if (tc == 2) state_pass<1>(core, scratch, st, smem, start, n, base, col0, h, hv);

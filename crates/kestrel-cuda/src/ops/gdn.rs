@@ -27,6 +27,9 @@ use crate::tensor::{CudaTensor, CudaWeight};
 /// `GATED_NORM_MAX_PER_LANE` (gdn.cu).
 const MAX_CONV_KERNEL: usize = 8;
 const CONV_TOKENS: usize = 64;
+/// Most conv taps `gdn_chunk_prep` computes itself (`CONV_FUSED_MAX_KERNEL`
+/// in `kernels/gdn_chunk.cu`).
+const CONV_FUSED_MAX_KERNEL: usize = 4;
 /// Most conv taps `gdn_conv_v4` takes (its `KMAX`).
 const CONV_V4_MAX_KERNEL: usize = 4;
 const COLS_PER_BLOCK: usize = 32;
@@ -115,11 +118,10 @@ pub fn gated_delta_net(
     {
         return decode(gpu, &io, f);
     }
-    let conv_out = conv(gpu, &io);
     let core = if square {
-        chunked(gpu, &io, &conv_out)
+        chunked(gpu, &io)
     } else {
-        recurrent(gpu, &io, &conv_out)
+        recurrent(gpu, &io, &conv(gpu, &io))
     };
     let out = gpu.alloc::<f32>(t * value_width);
     // Prefill: also the bf16 copy out_proj (cuBLAS) reads.
@@ -314,13 +316,23 @@ fn allow_smem(gpu: &Gpu, f: &CudaFunction, bytes: usize) {
 }
 
 /// The chunked form: per-chunk preparation for all chunks at once, then the
-/// state pass over chunks per (sequence, head, 32 state columns).
-fn chunked(
-    gpu: &Gpu,
-    io: &Io,
-    conv_out: &cudarc::driver::CudaSlice<f32>,
-) -> cudarc::driver::CudaSlice<f32> {
+/// state pass over chunks per (sequence, head, 32 state columns). The
+/// preparation computes the conv itself (and advances the conv state) where
+/// the conv has at most `CONV_FUSED_MAX_KERNEL` taps and the input rows allow
+/// 16-byte loads; otherwise the conv kernel runs first.
+fn chunked(gpu: &Gpu, io: &Io) -> cudarc::driver::CudaSlice<f32> {
     let (spec, s, l) = (io.spec, &gpu.stream, io.l);
+    let fused_conv = spec.conv_kernel <= CONV_FUSED_MAX_KERNEL && io.proj.cols.is_multiple_of(4);
+    let conv_out = (!fused_conv).then(|| conv(gpu, io));
+    let (x, x_stride, conv_w, conv_state) = match &conv_out {
+        Some(out) => (ptr(out, s), spec.conv_dim(), 0, 0),
+        None => (
+            ptr(&io.proj.buf, s),
+            io.proj.cols,
+            ptr(io.w.conv.bf16("conv1d"), s),
+            io.conv_state,
+        ),
+    };
     let hv = spec.num_v_heads;
     // Every sequence's chunks, the last one partial (the batch is on the host).
     let chunks: usize = io
@@ -339,7 +351,11 @@ fn chunked(
         PREP_SMEM_BYTES as u32,
         &[
             Arg::Ptr(ptr(&scratch, s)),
-            Arg::Ptr(ptr(conv_out, s)),
+            Arg::Ptr(x),
+            Arg::I32(x_stride as i32),
+            Arg::Ptr(conv_w),
+            Arg::Ptr(conv_state),
+            Arg::I32(spec.conv_kernel as i32),
             Arg::Ptr(ptr(&io.proj.buf, s)),
             Arg::I32(io.proj.cols as i32),
             Arg::I32(io.b_offset() as i32),
@@ -347,6 +363,7 @@ fn chunked(
             Arg::Ptr(ptr(io.w.a_log.f32("A_log"), s)),
             Arg::Ptr(ptr(io.w.dt_bias.f32("dt_bias"), s)),
             Arg::Ptr(l.seq_start()),
+            Arg::Ptr(l.seq_slot()),
             Arg::I32(spec.num_k_heads as i32),
             Arg::I32(hv as i32),
             Arg::F32(query_scale(spec.head_k_dim)),
@@ -368,6 +385,12 @@ fn chunked(
             Arg::Ptr(l.seq_slot()),
             Arg::I32(hv as i32),
             Arg::I32(tc),
+            // The conv state to advance when the preparation computed the conv.
+            Arg::Ptr(x),
+            Arg::I32(x_stride as i32),
+            Arg::Ptr(conv_state),
+            Arg::I32(spec.conv_kernel as i32),
+            Arg::I32(spec.num_k_heads as i32),
         ],
     );
     core
