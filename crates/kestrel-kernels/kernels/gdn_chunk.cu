@@ -38,9 +38,9 @@
 // ~4.3 G (prep) + ~14.3 G (state) multiply-adds. Memory: the scratch record
 // is 147 KB per chunk-head, 604 MB written by the prep and read by the state
 // pass (each record by its head's 4 column-tile blocks, which run side by
-// side, so DRAM sees it about once: ~2 GB through L2), plus 268 MB of conv
-// output and 134 MB of core output: a memory floor of ~0.3 ms per layer on
-// an H200. The state pass is a chain of 128 dependent chunks per block on
+// side, so DRAM sees it about once: ~2 GB through L2), plus 268 MB of qkv
+// rows (the conv's input, which the prep convolves itself) and 134 MB of
+// core output: a memory floor of ~0.3 ms per layer on an H200. The state pass is a chain of 128 dependent chunks per block on
 // 128 blocks (one per SM), so its time is the chain's latency, while the
 // next chunk's record streams in behind the current chunk's products.
 #include "gdn.cuh"
