@@ -7,6 +7,74 @@
 constexpr int PF_ROWS = 64;  // queries per block: 4 warps x 16 rows
 constexpr int PF_THREADS = 128;
 
+// ---- pieces of both mma.sync versions (one warp = 16 query rows) ----------
+
+// Shared tiles hold rows of D bf16 as 16-byte chunks; chunk ch of row r sits
+// at ch ^ (r % 8), so the 8 row addresses of every ldmatrix hit distinct banks.
+template <int D>
+__device__ __forceinline__ int swz(int row, int ch) {
+    return row * (D / 8) + (ch ^ (row & 7));
+}
+
+// The Q rows [row0, row0 + ROWS) of the chunk as bf16 into the swizzled tile
+// (rows past the chunk are zero and never written out).
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_q_tile(uint4* __restrict__ sq, const float* __restrict__ q, int t0, int row0,
+                                            int n_new, int hq, int h) {
+    constexpr int CH = D / 8;
+    for (int idx = threadIdx.x; idx < ROWS * CH; idx += THREADS) {
+        const int r = idx / CH, ch = idx % CH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (row0 + r < n_new) {
+            const float4* src = reinterpret_cast<const float4*>(q + ((size_t)(t0 + row0 + r) * hq + h) * D + ch * 8);
+            const float4 a = src[0], b = src[1];
+            v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+        }
+        sq[swz<D>(r, ch)] = v;
+    }
+}
+
+// sc = this warp's 16 query rows . the tile's PF_KEYS keys.
+template <int D>
+__device__ __forceinline__ void qk_scores(float (&sc)[PF_KEYS / 8][4], const uint4* sq, const uint4* sk, int warp,
+                                          int lane) {
+#pragma unroll
+    for (int nt = 0; nt < PF_KEYS / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, smem_addr(sq + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+#pragma unroll
+        for (int jp = 0; jp < PF_KEYS / 16; ++jp) {
+            uint32_t b[4];
+            ldmatrix_x4(b, smem_addr(sk + swz<D>(jp * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + ((lane >> 3) & 1))));
+            mma_bf16(sc[2 * jp], a, b[0], b[1]);
+            mma_bf16(sc[2 * jp + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// o += P . V, P straight from the score accumulators (no shuffles).
+template <int D>
+__device__ __forceinline__ void pv_accumulate(float (&o)[D / 8][4], const float (&sc)[PF_KEYS / 8][4],
+                                              const uint4* sv, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < PF_KEYS / 16; ++kk) {
+        const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                               pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, smem_addr(sv + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                                       2 * np + (lane >> 4))));
+            mma_bf16(o[2 * np], a, b[0], b[1]);
+            mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+
 // One block = 64 new tokens of one sequence for one q head.
 // Grid (ceil(max_new / 64), hq, S), block 128, dynamic shared memory
 // 3 * 64 * D * 2 bytes (Q, K and V tiles).
