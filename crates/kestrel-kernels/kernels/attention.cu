@@ -31,7 +31,7 @@ template <typename KV>
 __device__ __forceinline__ void qk_norm_rope_kv_write_impl(
     const float* __restrict__ proj, int proj_stride, float* __restrict__ q_out, KV* __restrict__ k_cache,
     KV* __restrict__ v_cache, const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-    const int* __restrict__ positions, const int* __restrict__ slot_mapping, int tokens, int hq, int hkv, int d,
+    const int* __restrict__ positions, const int* __restrict__ slot_mapping, int hq, int hkv, int d,
     int rotary_dim, float theta, float eps, int k_offset, int v_offset) {
     extern __shared__ float smem_qkn[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -96,12 +96,12 @@ __device__ __forceinline__ void qk_norm_rope_kv_write_impl(
 #define KESTREL_QKN_ARGS                                                                                        \
     const float *__restrict__ proj, int proj_stride, float *__restrict__ q_out, KV *__restrict__ k_cache,       \
         KV *__restrict__ v_cache, const float *__restrict__ q_norm, const float *__restrict__ k_norm,           \
-        const int *__restrict__ positions, const int *__restrict__ slot_mapping, int tokens, int hq, int hkv, \
+        const int *__restrict__ positions, const int *__restrict__ slot_mapping, int hq, int hkv,             \
         int d, int rotary_dim, float theta, float eps, int k_offset, int v_offset
 #define KESTREL_QKN_CALL                                                                                   \
     pdl_begin();                                                                                           \
     qk_norm_rope_kv_write_impl<KV>(proj, proj_stride, q_out, k_cache, v_cache, q_norm, k_norm, positions, \
-                                   slot_mapping, tokens, hq, hkv, d, rotary_dim, theta, eps, k_offset, v_offset)
+                                   slot_mapping, hq, hkv, d, rotary_dim, theta, eps, k_offset, v_offset)
 namespace qkn_bf16 { using KV = __nv_bfloat16; KESTREL_EXTERN void qk_norm_rope_kv_write(KESTREL_QKN_ARGS) { KESTREL_QKN_CALL; } }
 namespace qkn_f32 { using KV = float; KESTREL_EXTERN void qk_norm_rope_kv_write_f32(KESTREL_QKN_ARGS) { KESTREL_QKN_CALL; } }
 

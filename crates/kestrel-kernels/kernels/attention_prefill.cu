@@ -16,24 +16,6 @@ __device__ __forceinline__ int swz(int row, int ch) {
     return row * (D / 8) + (ch ^ (row & 7));
 }
 
-// The Q rows [row0, row0 + ROWS) of the chunk as bf16 into the swizzled tile
-// (rows past the chunk are zero and never written out).
-template <int D, int ROWS, int THREADS>
-__device__ __forceinline__ void load_q_tile(uint4* __restrict__ sq, const float* __restrict__ q, int t0, int row0,
-                                            int n_new, int hq, int h) {
-    constexpr int CH = D / 8;
-    for (int idx = threadIdx.x; idx < ROWS * CH; idx += THREADS) {
-        const int r = idx / CH, ch = idx % CH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row0 + r < n_new) {
-            const float4* src = reinterpret_cast<const float4*>(q + ((size_t)(t0 + row0 + r) * hq + h) * D + ch * 8);
-            const float4 a = src[0], b = src[1];
-            v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
-        }
-        sq[swz<D>(r, ch)] = v;
-    }
-}
-
 // sc = this warp's 16 query rows . the tile's PF_KEYS keys.
 template <int D>
 __device__ __forceinline__ void qk_scores(float (&sc)[PF_KEYS / 8][4], const uint4* sq, const uint4* sk, int warp,
@@ -102,24 +84,14 @@ __device__ __forceinline__ void prefill_tile(float* __restrict__ out, const floa
     __shared__ int64_t s_row[2][PF_KEYS];
 
     // Late query tiles have the most keys: start them first.
-    const int qt = gridDim.x - 1 - blockIdx.x;
     const int h = blockIdx.y, s = blockIdx.z;
-    const int t0 = seq_start[s], n_new = seq_start[s + 1] - t0;
-    const int row0 = qt * PF_ROWS;
-    if (row0 >= n_new) return;
-    const int len = seq_len[s], cached = len - n_new;
-    const int kvh = h / (hq / hkv);
-    // Keys of the last query row of this tile: positions < kv_end.
-    const int kv_end = cached + min(n_new, row0 + PF_ROWS);
-    const int* table = block_tables + table_offset[s];
+    PrefillRows p;
+    if (!prefill_rows<PF_ROWS>(p, gridDim.x - 1 - blockIdx.x, h, s, seq_start, seq_len, table_offset, block_tables,
+                               hq, hkv))
+        return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
 
-    auto stage_rows = [&](int buf, int kb) {
-        if (tid < PF_KEYS) {
-            const int key = kb + tid;
-            s_row[buf][tid] = key < kv_end ? kv_row(table, key, block_size, hkv, kvh) : -1;
-        }
-    };
+    auto stage_rows = [&](int buf, int kb) { stage_key_rows(s_row[buf], p, kb, block_size, hkv); };
     auto load_tile = [&](uint4* dst, const __nv_bfloat16* cache, int buf) {
         for (int idx = tid; idx < PF_KEYS * CH; idx += PF_THREADS) {
             const int r = idx / CH, ch = idx % CH;
@@ -128,7 +100,7 @@ __device__ __forceinline__ void prefill_tile(float* __restrict__ out, const floa
         }
     };
 
-    load_q_tile<D, PF_ROWS, PF_THREADS>(sq, q, t0, row0, n_new, hq, h);
+    load_q_tile<D, PF_ROWS, PF_THREADS>(sq, q, p, hq, h, [](int r, int ch) { return swz<D>(r, ch); });
     stage_rows(0, 0);
     __syncthreads();
     load_tile(sk, k_cache, 0);
@@ -140,9 +112,9 @@ __device__ __forceinline__ void prefill_tile(float* __restrict__ out, const floa
     // Rows g and g + 8 of this warp: running max (log2 units) and this lane's
     // part of the running sum (summed over the quad at the end).
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    const int pos0 = cached + row0 + warp * 16 + g;  // position of row g; row g + 8 is pos0 + 8
+    const int pos0 = p.cached + p.row0 + warp * 16 + g;  // position of row g; row g + 8 is pos0 + 8
 
-    const int n_tiles = (kv_end + PF_KEYS - 1) / PF_KEYS;
+    const int n_tiles = (p.kv_end + PF_KEYS - 1) / PF_KEYS;
     for (int it = 0; it < n_tiles; ++it) {
         const int kb = it * PF_KEYS;
         load_tile(sv, v_cache, it & 1);
@@ -166,7 +138,7 @@ __device__ __forceinline__ void prefill_tile(float* __restrict__ out, const floa
         __syncthreads();  // every warp is done with V before the next copy into it
     }
 
-    store_rows<D>(out, o, l, row0 + warp * 16, g, c, n_new, t0, hq, h, proj, proj_stride, gate_offset);
+    store_rows<D>(out, o, l, p.row0 + warp * 16, g, c, p.n_new, p.t0, hq, h, proj, proj_stride, gate_offset);
 }
 
 #define PREFILL_KERNEL(D)                                                                                         \
@@ -226,41 +198,25 @@ __device__ __forceinline__ void prefill_tile_v2(float* __restrict__ out, const f
     // Cache rows of the keys of two tiles (-1: past the end, zero-filled).
     __shared__ int64_t s_row[2][PF_KEYS];
 
-    const int qt = gridDim.z - 1 - blockIdx.z;
     const int h = blockIdx.x, s = blockIdx.y;
-    const int t0 = seq_start[s], n_new = seq_start[s + 1] - t0;
-    const int row0 = qt * PF2_ROWS;
-    if (row0 >= n_new) return;
-    const int len = seq_len[s], cached = len - n_new;
-    const int kvh = h / (hq / hkv);
-    const int kv_end = cached + min(n_new, row0 + PF2_ROWS);
-    const int* table = block_tables + table_offset[s];
+    PrefillRows p;
+    if (!prefill_rows<PF2_ROWS>(p, gridDim.z - 1 - blockIdx.z, h, s, seq_start, seq_len, table_offset,
+                                block_tables, hq, hkv))
+        return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     // Keys this warp's real rows attend to: positions < w_end (0: no real row).
-    const int wrow0 = row0 + warp * 16;
-    const int w_end = wrow0 < n_new ? cached + min(n_new, wrow0 + 16) : 0;
+    const int wrow0 = p.row0 + warp * 16;
+    const int w_end = wrow0 < p.n_new ? p.cached + min(p.n_new, wrow0 + 16) : 0;
 
-    auto stage_rows = [&](int buf, int kb) {
-        if (tid < PF_KEYS) {
-            const int key = kb + tid;
-            s_row[buf][tid] = key < kv_end ? kv_row(table, key, block_size, hkv, kvh) : -1;
-        }
-    };
+    const auto at = [](int r, int ch) { return swz<D>(r, ch); };
+    auto stage_rows = [&](int buf, int kb) { stage_key_rows(s_row[buf], p, kb, block_size, hkv); };
     auto load_tile = [&](int buf) {
         uint4* sk = skv + 2 * buf * TILE;
-#pragma unroll
-        for (int i = 0; i < TILE / PF2_THREADS; ++i) {
-            const int idx = tid + i * PF2_THREADS;
-            const int r = idx / CH, ch = idx % CH;
-            const int64_t row = s_row[buf][r];
-            const int64_t off = (row < 0 ? 0 : row) * D + ch * 8;
-            cp_async_16(smem_addr(sk + swz<D>(r, ch)), k_cache + off, row >= 0);
-            cp_async_16(smem_addr(sk + TILE + swz<D>(r, ch)), v_cache + off, row >= 0);
-        }
+        load_kv_tile<D, PF2_THREADS>(sk, sk + TILE, s_row[buf], k_cache, v_cache, at);
     };
 
-    load_q_tile<D, PF2_ROWS, PF2_THREADS>(sq, q, t0, row0, n_new, hq, h);
-    const int n_tiles = (kv_end + PF_KEYS - 1) / PF_KEYS;
+    load_q_tile<D, PF2_ROWS, PF2_THREADS>(sq, q, p, hq, h, at);
+    const int n_tiles = (p.kv_end + PF_KEYS - 1) / PF_KEYS;
     stage_rows(0, 0);
     if (n_tiles > 1) stage_rows(1, PF_KEYS);
     __syncthreads();
@@ -271,7 +227,7 @@ __device__ __forceinline__ void prefill_tile_v2(float* __restrict__ out, const f
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    const int pos0 = cached + wrow0 + g;  // position of row g; row g + 8 is pos0 + 8
+    const int pos0 = p.cached + wrow0 + g;  // position of row g; row g + 8 is pos0 + 8
 
     for (int it = 0; it < n_tiles; ++it) {
         const int kb = it * PF_KEYS, buf = it & 1;
@@ -296,7 +252,7 @@ __device__ __forceinline__ void prefill_tile_v2(float* __restrict__ out, const f
     }
     cp_async_wait<0>();  // nothing may be in flight into shared memory at exit
 
-    store_rows<D>(out, o, l, wrow0, g, c, n_new, t0, hq, h, proj, proj_stride, gate_offset);
+    store_rows<D>(out, o, l, wrow0, g, c, p.n_new, p.t0, hq, h, proj, proj_stride, gate_offset);
 }
 
 // Blocks per SM: two at D <= 128 (96 KiB of tiles each at most; at D = 128 the

@@ -4,19 +4,18 @@
 // The same causal flash attention over the paged cache as version 2 of
 // attention_prefill.cu, with the same online softmax (attention_prefill.cuh)
 // and output rows; what changes is who multiplies. A block holds WGS
-// warpgroups of 64 queries; per tile of KEYS keys a warpgroup issues
-//   S = Q K^T: D / 16 wgmma.m64n{KEYS}k16, Q and K both read from shared
+// warpgroups of 64 queries; per tile of 64 keys a warpgroup issues
+//   S = Q K^T: D / 16 wgmma.m64n64k16, Q and K both read from shared
 //              memory by descriptor (no ldmatrix, no operand registers);
-//   O += P V:  KEYS / 16 wgmma.m64n{D}k16 with P straight from the softmax's
+//   O += P V:  4 wgmma.m64n{D}k16 with P straight from the softmax's
 //              registers (the S accumulator layout is the A register layout)
 //              and V read N-major from shared memory (no transpose).
 // mma.sync needed an ldmatrix per operand fragment, whose shared-memory
 // traffic and issue slots held version 2 at about 205-245 TFLOP/s on an H200
 // at head dim 128. The warpgroups run their softmax and products
 // independently, so one's exponentials overlap another's wgmma, and each
-// tile's P V runs on while the next tile's Q K^T is issued. With 64-key
-// tiles the output is bit-identical to version 2's on the benchmark shapes
-// (128-key tiles take each row's running max over 128 keys at a time).
+// tile's P V runs on while the next tile's Q K^T is issued. The output is
+// bit-identical to version 2's on the benchmark shapes.
 //
 // Tiles in shared memory are column blocks of 64 dims, each [rows][64] bf16
 // with 128-byte rows in wgmma's 128-byte swizzle (wgmma.cuh), so that Q and
@@ -33,13 +32,6 @@ __device__ __forceinline__ int wg_swz(int row, int ch) {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// S = Q K^T for one warpgroup over a tile of KEYS keys.
-template <int KEYS>
-__device__ __forceinline__ void wg_qk(float (&s)[KEYS / 2], uint64_t dq, uint64_t dk) {
-    if constexpr (KEYS == 64) wgmma_m64n64k16(s, dq, dk);
-    else wgmma_m64n128k16(s, dq, dk);
-}
-
 // O += P V for one warpgroup at head dim D.
 template <int D>
 __device__ __forceinline__ void wg_pv(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t db) {
@@ -48,11 +40,11 @@ __device__ __forceinline__ void wg_pv(float (&o)[D / 2], const uint32_t (&a)[4],
     else wgmma_m64n256k16_rs(o, a, db);
 }
 
-// WGS warpgroups of 64 queries per block, KEYS keys per K/V tile.
+// WGS warpgroups of 64 queries per block, PF_KEYS keys per K/V tile.
 // Grid (hq, S, ceil(max_new / (64 WGS))), block 128 WGS, dynamic shared
-// memory (64 WGS + 4 KEYS) D * 2 + 1024 bytes (ops/attention.rs): the Q tile
-// and two buffers of K and V.
-template <int D, int WGS, int KEYS>
+// memory (64 WGS + 4 PF_KEYS) D * 2 + 1024 bytes (ops/attention.rs): the Q
+// tile and two buffers of K and V.
+template <int D, int WGS>
 __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const float* __restrict__ q,
                                                 const __nv_bfloat16* __restrict__ k_cache,
                                                 const __nv_bfloat16* __restrict__ v_cache,
@@ -62,6 +54,7 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
                                                 int block_size, float scale_log2, const float* __restrict__ proj,
                                                 int proj_stride, int gate_offset) {
     static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
+    constexpr int KEYS = PF_KEYS;
     constexpr int CH = D / 8;
     constexpr int WG_ROWS = 64 * WGS, WG_THREADS = 128 * WGS;
     constexpr int TILE = KEYS * CH;  // 16-byte chunks of one K (or V) tile
@@ -72,55 +65,28 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
     uint4* skv = sq + WG_ROWS * CH;  // buffer b: K at skv + 2b * TILE, V right after it
     __shared__ int64_t s_row[2][KEYS];
 
-    const int qt = gridDim.z - 1 - blockIdx.z;
     const int h = blockIdx.x, s = blockIdx.y;
-    const int t0 = seq_start[s], n_new = seq_start[s + 1] - t0;
-    const int row0 = qt * WG_ROWS;
-    if (row0 >= n_new) return;
-    const int len = seq_len[s], cached = len - n_new;
-    const int kvh = h / (hq / hkv);
-    const int kv_end = cached + min(n_new, row0 + WG_ROWS);
-    const int* table = block_tables + table_offset[s];
+    PrefillRows p;
+    if (!prefill_rows<WG_ROWS>(p, gridDim.z - 1 - blockIdx.z, h, s, seq_start, seq_len, table_offset,
+                               block_tables, hq, hkv))
+        return;
     const int tid = threadIdx.x, wgr = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
     // Keys this warpgroup's real rows attend to: positions < wg_end (0: none).
-    const int wg_row0 = row0 + 64 * wgr;
-    const int wg_end = wg_row0 < n_new ? cached + min(n_new, wg_row0 + 64) : 0;
+    const int wg_row0 = p.row0 + 64 * wgr;
+    const int wg_end = wg_row0 < p.n_new ? p.cached + min(p.n_new, wg_row0 + 64) : 0;
     const int wrow0 = wg_row0 + 16 * warp;
 
-    auto stage_rows = [&](int buf, int kb) {
-        if (tid < KEYS) {
-            const int key = kb + tid;
-            s_row[buf][tid] = key < kv_end ? kv_row(table, key, block_size, hkv, kvh) : -1;
-        }
-    };
+    auto stage_rows = [&](int buf, int kb) { stage_key_rows(s_row[buf], p, kb, block_size, hkv); };
     auto load_tile = [&](int buf) {
         uint4* sk = skv + 2 * buf * TILE;
-#pragma unroll
-        for (int i = 0; i < (TILE + WG_THREADS - 1) / WG_THREADS; ++i) {
-            const int idx = tid + i * WG_THREADS;
-            if (TILE % WG_THREADS != 0 && idx >= TILE) break;
-            const int r = idx / CH, ch = idx % CH;
-            const int64_t row = s_row[buf][r];
-            const int64_t off = (row < 0 ? 0 : row) * D + ch * 8;
-            cp_async_16(smem_addr(sk + wg_swz<KEYS>(r, ch)), k_cache + off, row >= 0);
-            cp_async_16(smem_addr(sk + TILE + wg_swz<KEYS>(r, ch)), v_cache + off, row >= 0);
-        }
+        load_kv_tile<D, WG_THREADS>(sk, sk + TILE, s_row[buf], k_cache, v_cache,
+                                    [](int r, int ch) { return wg_swz<KEYS>(r, ch); });
     };
 
-    // Q as bf16 (rows past the chunk zero, never written out).
-    for (int idx = tid; idx < WG_ROWS * CH; idx += WG_THREADS) {
-        const int r = idx / CH, ch = idx % CH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row0 + r < n_new) {
-            const float4* src = reinterpret_cast<const float4*>(q + ((size_t)(t0 + row0 + r) * hq + h) * D + ch * 8);
-            const float4 x = src[0], y = src[1];
-            v = make_uint4(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w), pack_bf16(y.x, y.y), pack_bf16(y.z, y.w));
-        }
-        sq[wg_swz<WG_ROWS>(r, ch)] = v;
-    }
+    load_q_tile<D, WG_ROWS, WG_THREADS>(sq, q, p, hq, h, [](int r, int ch) { return wg_swz<WG_ROWS>(r, ch); });
     fence_proxy_async();  // the Q stores, for wgmma (made visible by the first barrier below)
-    const int n_tiles = (kv_end + KEYS - 1) / KEYS;
+    const int n_tiles = (p.kv_end + KEYS - 1) / KEYS;
     stage_rows(0, 0);
     if (n_tiles > 1) stage_rows(1, KEYS);
     __syncthreads();
@@ -132,7 +98,7 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
     for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     float(&o_flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    const int pos0 = cached + wrow0 + g;  // position of row g; row g + 8 is pos0 + 8
+    const int pos0 = p.cached + wrow0 + g;  // position of row g; row g + 8 is pos0 + 8
     // This warpgroup's 64 Q rows in each 64-dim column block.
     const uint32_t q_base = smem_addr(sq) + wgr * 64 * 128;
 
@@ -151,7 +117,7 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
             // K step ks: column block ks / 4, 32 bytes per step inside it.
             const uint32_t qa = q_base + (ks >> 2) * WG_ROWS * 128 + (ks & 3) * 32;
             const uint32_t ka = k_base + (ks >> 2) * KEYS * 128 + (ks & 3) * 32;
-            wg_qk<KEYS>(sc_flat, wgmma_desc(qa), wgmma_desc(ka));
+            wgmma_m64n64k16(sc_flat, wgmma_desc(qa), wgmma_desc(ka));
         }
         wgmma_commit();
     };
@@ -201,7 +167,7 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
         cp_async_commit();
         if (it + 2 < n_tiles) stage_rows(buf, kb + 2 * KEYS);
         if (!active) return;
-        online_softmax<D, KEYS, MASK>(sc, o, m, l, kb, pos0, c, scale_log2);
+        online_softmax<D, MASK>(sc, o, m, l, kb, pos0, c, scale_log2);
         pv(v_base);
     };
     // Tiles whose keys all precede the block's first query need no mask.
@@ -209,7 +175,7 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
     // keeps P V running into the next tile, ptxas serializes every wgmma
     // (C7515), which cost 13 % at head dim 256 (8K tokens: 2.01 against
     // 1.75 ms a layer).
-    const int unmasked = min(n_tiles, (cached + row0 + 1) / KEYS);
+    const int unmasked = min(n_tiles, (p.cached + p.row0 + 1) / KEYS);
     zero_scores();
     for (int it = 0; it < unmasked; ++it) step(it, std::false_type{});
     for (int it = unmasked; it < n_tiles; ++it) step(it, std::true_type{});
@@ -218,18 +184,18 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
     pin(a);
     cp_async_wait<0>();  // nothing may be in flight into shared memory at exit
 
-    store_rows<D>(out, o, l, wrow0, g, c, n_new, t0, hq, h, proj, proj_stride, gate_offset);
+    store_rows<D>(out, o, l, wrow0, g, c, p.n_new, p.t0, hq, h, proj, proj_stride, gate_offset);
 }
-#define WG_BODY(D, WGS, KEYS)                                                                                   \
-    prefill_tile_wg<D, WGS, KEYS>(out, q, k_cache, v_cache, seq_start, seq_len, table_offset, block_tables, hq, \
-                                  hkv, block_size, scale_log2, proj, proj_stride, gate_offset)
+#define WG_BODY(D, WGS)                                                                                    \
+    prefill_tile_wg<D, WGS>(out, q, k_cache, v_cache, seq_start, seq_len, table_offset, block_tables, hq, hkv, \
+                            block_size, scale_log2, proj, proj_stride, gate_offset)
 #else
-#define WG_BODY(D, WGS, KEYS) __trap()
+#define WG_BODY(D, WGS) __trap()
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // The arguments of attention_prefill_v2_d{D}; one block per SM (its shared
 // memory and registers).
-#define PREFILL_WG_KERNEL(NAME, D, WGS, KEYS)                                                                     \
+#define PREFILL_WG_KERNEL(NAME, D, WGS)                                                                     \
     KESTREL_EXTERN void __launch_bounds__(128 * WGS, 1) NAME(                                                    \
         float* __restrict__ out, const float* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,          \
         const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ seq_start,                             \
@@ -237,7 +203,7 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
         const int* __restrict__ block_tables, int hq, int hkv, int block_size, float scale_log2,                  \
         const float* __restrict__ proj, int proj_stride, int gate_offset) {                                       \
         pdl_begin();                                                                                              \
-        WG_BODY(D, WGS, KEYS);                                                                                    \
+        WG_BODY(D, WGS);                                                                                    \
     }
 
 // Block shapes chosen on an H200 (attn_prefill_bench, 8K and 32K tokens): at
@@ -246,7 +212,7 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
 // more than the 168 registers a thread has, and ptxas serializes them); at
 // 256 the O accumulators leave room for two warpgroups only. With 64-key
 // tiles the output is bit-identical to version 2's on the benchmark shapes.
-// ops/attention.rs mirrors the shapes (WG_SHAPES).
-PREFILL_WG_KERNEL(attention_prefill_wg_d64, 64, 3, 64)
-PREFILL_WG_KERNEL(attention_prefill_wg_d128, 128, 3, 64)
-PREFILL_WG_KERNEL(attention_prefill_wg_d256, 256, 2, 64)
+// ops/attention.rs mirrors the warpgroups (WG_WARPGROUPS).
+PREFILL_WG_KERNEL(attention_prefill_wg_d64, 64, 3)
+PREFILL_WG_KERNEL(attention_prefill_wg_d128, 128, 3)
+PREFILL_WG_KERNEL(attention_prefill_wg_d256, 256, 2)

@@ -173,13 +173,14 @@ __device__ __forceinline__ void conv_rows(float4 (&out)[8], const ConvIn& in, in
 }
 
 // The conv state after this step's n new tokens, for channels col + lane_col
-// .. + 3: the last kernel - 1 inputs of [old state ; new inputs]. Run by
-// gdn_chunk_state, after every block of gdn_chunk_prep has read the old state
-// (two value heads read the q and k channels of their key head).
-__device__ __forceinline__ void conv_state_update(const ConvIn& in, float* state, int start, int n, int col,
-                                                  int lane_col) {
+// .. + 3: the last kernel - 1 inputs of [old state ; new inputs], the inputs
+// x[start + i] rows ld floats apart. Run by gdn_chunk_state, after every
+// block of gdn_chunk_prep has read the old state (two value heads read the q
+// and k channels of their key head).
+__device__ __forceinline__ void conv_state_update(float* state, const float* x, int ld, int kernel, int start, int n,
+                                                  int col, int lane_col) {
     constexpr int KMAX = CONV_FUSED_MAX_KERNEL;
-    const int hist = in.kernel - 1;
+    const int hist = kernel - 1;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const int ch = col + lane_col + e;
@@ -189,7 +190,7 @@ __device__ __forceinline__ void conv_state_update(const ConvIn& in, float* state
         for (int j = 0; j < KMAX - 1; ++j) {
             if (j < hist) {
                 const int i = n - hist + j;
-                next[j] = i >= 0 ? in.x[(size_t)(start + i) * in.ld + ch] : st[hist + i];
+                next[j] = i >= 0 ? x[(size_t)(start + i) * ld + ch] : st[hist + i];
             }
         }
 #pragma unroll
@@ -646,13 +647,15 @@ KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
         // key head, v channels from every head.
         const int conv_dim = 2 * hk * DK + hv * DV, lane = threadIdx.x;
         float* st = conv_state + (size_t)seq_slot[s] * conv_dim * (conv_kernel - 1);
-        const ConvIn in{conv_x, conv_x_stride, nullptr, st, conv_kernel};
+        auto update = [&](int col) {
+            conv_state_update(st, conv_x, conv_x_stride, conv_kernel, start, n, col, 4 * lane);
+        };
         if (h % (hv / hk) == 0) {
             const int kh = h / (hv / hk);
-            conv_state_update(in, st, start, n, kh * DK, 4 * lane);
-            conv_state_update(in, st, start, n, hk * DK + kh * DK, 4 * lane);
+            update(kh * DK);
+            update(hk * DK + kh * DK);
         }
-        conv_state_update(in, st, start, n, 2 * hk * DK + h * DV, 4 * lane);
+        update(2 * hk * DK + h * DV);
     }
     const int base = chunk_base(seq_start, s);
     float* st = state + ((size_t)seq_slot[s] * hv + h) * DK * DV + col0;

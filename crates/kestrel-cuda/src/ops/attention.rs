@@ -47,46 +47,19 @@ const PREFILL_KEYS: usize = 64;
 /// Mirror `PF2_ROWS` / `PF2_THREADS` (version 2 of the prefill kernel).
 const PREFILL_V2_ROWS: usize = 128;
 const PREFILL_V2_THREADS: u32 = 256;
-/// Static shared memory of either prefill kernel (the staged cache rows).
+/// Static shared memory of every prefill kernel (the staged cache rows).
 const PREFILL_STATIC_SMEM: u32 = 2 * PREFILL_KEYS as u32 * 8;
 
-/// The block shape of the wgmma prefill kernel at one head dim: warpgroups
-/// of 64 queries, keys per K/V tile (`kernels/attention_prefill_sm90.cu`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WgShape {
-    pub warpgroups: usize,
-    pub keys: usize,
-}
+/// Warpgroups of 64 queries per block of the wgmma prefill kernel, per head
+/// dim of `FAST_HEAD_DIMS` (mirror the instantiations `attention_prefill_wg_d{D}`
+/// in `kernels/attention_prefill_sm90.cu`; its K/V tiles are `PREFILL_KEYS`).
+const WG_WARPGROUPS: [usize; 3] = [3, 3, 2];
 
-/// Mirror the instantiations `attention_prefill_wg_d{D}` per head dim of
-/// `FAST_HEAD_DIMS`.
-const WG_SHAPES: [WgShape; 3] = [
-    WgShape {
-        warpgroups: 3,
-        keys: 64,
-    },
-    WgShape {
-        warpgroups: 3,
-        keys: 64,
-    },
-    WgShape {
-        warpgroups: 2,
-        keys: 64,
-    },
-];
-
-impl WgShape {
-    fn rows(self) -> usize {
-        64 * self.warpgroups
-    }
-    fn threads(self) -> u32 {
-        128 * self.warpgroups as u32
-    }
-    /// Dynamic shared memory: the Q tile and two buffers of K and V tiles,
-    /// bf16, plus 1 KiB to align them to 1,024 bytes (the swizzle's period).
-    pub fn smem_bytes(self, d: usize) -> u32 {
-        ((self.rows() + 2 * 2 * self.keys) * d * 2 + 1024) as u32
-    }
+/// Dynamic shared memory of the wgmma prefill kernel: the Q tile and two
+/// buffers of K and V tiles, bf16, plus 1 KiB to align them to 1,024 bytes
+/// (the swizzle's period).
+pub fn prefill_wg_smem_bytes(warpgroups: usize, d: usize) -> u32 {
+    ((64 * warpgroups + 2 * 2 * PREFILL_KEYS) * d * 2 + 1024) as u32
 }
 
 /// Dynamic shared memory of the prefill kernel: Q, K and V tiles of bf16.
@@ -178,7 +151,7 @@ pub fn prefill_wg_kernels(
             .iter()
             .position(|&x| x == d)
             .expect("a fast head dim");
-        WG_SHAPES[i].smem_bytes(d)
+        prefill_wg_smem_bytes(WG_WARPGROUPS[i], d)
     };
     per_head_dim(m, "attention_prefill_wg", smem, |_| hopper)
 }
@@ -324,7 +297,6 @@ pub fn attention(
                 Arg::Ptr(ptr(w.k_norm.f32("k_norm"), s)),
                 Arg::Ptr(l.positions()),
                 Arg::Ptr(l.slot_mapping()),
-                Arg::I32(t as i32),
                 Arg::I32(hq as i32),
                 Arg::I32(hkv as i32),
                 Arg::I32(d as i32),
@@ -512,12 +484,12 @@ impl Attend<'_> {
             |rows: usize| (hq as u32, l.seqs as u32, l.max_new.div_ceil(rows) as u32);
         let (f, grid, threads, smem) = match (wg, v2) {
             (Some(f), _) => {
-                let shape = WG_SHAPES[dim_index];
+                let warpgroups = WG_WARPGROUPS[dim_index];
                 (
                     f,
-                    query_tiles_last(shape.rows()),
-                    shape.threads(),
-                    shape.smem_bytes(d),
+                    query_tiles_last(64 * warpgroups),
+                    128 * warpgroups as u32,
+                    prefill_wg_smem_bytes(warpgroups, d),
                 )
             }
             (None, Some(f)) => (
@@ -633,8 +605,8 @@ mod tests {
             }
             // The wgmma kernel (Hopper only), with its static rows of
             // 8 bytes a key for two tiles.
-            let shape = WG_SHAPES[FAST_HEAD_DIMS.iter().position(|&x| x == d).unwrap()];
-            let wg = shape.smem_bytes(d) + 2 * shape.keys as u32 * 8;
+            let warpgroups = WG_WARPGROUPS[FAST_HEAD_DIMS.iter().position(|&x| x == d).unwrap()];
+            let wg = prefill_wg_smem_bytes(warpgroups, d) + PREFILL_STATIC_SMEM;
             assert!(wg <= 227 * 1024, "{d}: {wg}");
         }
     }
