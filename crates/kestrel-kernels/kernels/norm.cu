@@ -31,6 +31,50 @@ KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, __nv_bfloat16* __r
     float* o = out + row * cols;
     __nv_bfloat16* ob = out_bf16 != nullptr ? out_bf16 + row * cols : nullptr;
     float ss = 0.f;
+    if (cols % 4 == 0 && cols <= ADD_NORM_REGS * (int)blockDim.x) {
+        // The same in 16-byte accesses (H200, 8K-token prefill rows of
+        // 2,048: 2.7 TB/s with 4-byte ones).
+        constexpr int V = ADD_NORM_REGS / 4;
+        const int quads = cols / 4;
+        float4 v[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const int q = threadIdx.x + j * blockDim.x;
+            if (q < quads) {
+                const float4 a = reinterpret_cast<const float4*>(rr)[q], b = reinterpret_cast<const float4*>(xr)[q];
+                v[j] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+            } else {
+                v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const int q = threadIdx.x + j * blockDim.x;
+            if (q < quads) reinterpret_cast<float4*>(rr)[q] = v[j];
+            ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        }
+        const float inv = rsqrtf(block_sum(ss, scratch) / cols + eps);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const int q = threadIdx.x + j * blockDim.x;
+            const float4 wq = q < quads ? reinterpret_cast<const float4*>(w)[q] : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[j] = make_float4(v[j].x * inv * wq.x, v[j].y * inv * wq.y, v[j].z * inv * wq.z, v[j].w * inv * wq.w);
+        }
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const int q = threadIdx.x + j * blockDim.x;
+            if (q < quads) reinterpret_cast<float4*>(o)[q] = v[j];
+        }
+        if (ob != nullptr) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                const int q = threadIdx.x + j * blockDim.x;
+                if (q < quads)
+                    reinterpret_cast<uint2*>(ob)[q] = make_uint2(pack_bf16(v[j].x, v[j].y), pack_bf16(v[j].z, v[j].w));
+            }
+        }
+        return;
+    }
     if (cols <= ADD_NORM_REGS * (int)blockDim.x) {
         float v[ADD_NORM_REGS];
 #pragma unroll
