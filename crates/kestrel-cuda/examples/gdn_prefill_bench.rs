@@ -115,6 +115,19 @@ fn main() {
         };
         let chunks = seqs * (t / seqs).div_ceil(64) * hv;
         let reps = 20;
+        // From zero states, a checksum of the output's bits, to compare
+        // kernel variants.
+        for slot in 0..slots as u32 {
+            gpu.zero_state(&mut cache, slot);
+        }
+        let out = gpu.gated_delta_net(&proj, &w, &spec, &mut cache, 0, &batch);
+        let checksum = gpu
+            .to_host(&out)
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+                (h ^ v.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
+            });
+        drop(out);
         for _ in 0..3 {
             drop(gpu.gated_delta_net(&proj, &w, &spec, &mut cache, 0, &batch));
         }
@@ -126,7 +139,7 @@ fn main() {
         gpu.synchronize().expect("timed calls");
         let secs = t0.elapsed().as_secs_f64() / reps as f64;
         println!(
-            "gdn prefill T={t} seqs={seqs:<2} {:>8.3} ms per layer {:>7.1} TFLOP/s (chunked products)",
+            "gdn prefill T={t} seqs={seqs:<2} {:>8.3} ms per layer {:>7.1} TFLOP/s (chunked products)  checksum {checksum:016x}",
             secs * 1e3,
             flops(chunks) / secs / 1e12
         );

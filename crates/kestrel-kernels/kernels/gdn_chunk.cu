@@ -122,8 +122,13 @@ struct ConvIn {
 };
 constexpr int CONV_FUSED_MAX_KERNEL = 4;  // mirrored in ops/gdn.rs
 
-__device__ __forceinline__ void conv_rows(float4 (&out)[8], const ConvIn& in, int start, int seq_row0, int i0,
-                                          int L, int col, int lane_col) {
+// HIST: the conv's history length kernel - 1 when known at compile time
+// (conv_rows dispatches Qwen3.5's 4 taps: fewer predicated instructions in
+// the prep, which issues an instruction every other cycle), or -1 to read it
+// from `in`.
+template <int HIST>
+__device__ __forceinline__ void conv_rows_n(float4 (&out)[8], const ConvIn& in, int start, int seq_row0, int i0,
+                                            int L, int col, int lane_col) {
     const float* x = in.x + col + lane_col;
     auto row = [&](int i) { return ld4(x + (size_t)(start + seq_row0 + i) * in.ld); };
     if (in.w == nullptr) {
@@ -132,7 +137,7 @@ __device__ __forceinline__ void conv_rows(float4 (&out)[8], const ConvIn& in, in
         return;
     }
     constexpr int KMAX = CONV_FUSED_MAX_KERNEL;
-    const int hist = in.kernel - 1;
+    const int hist = HIST >= 0 ? HIST : in.kernel - 1;
     // w_new[e]: the tap of the current input (a register: w[e][hist] with a
     // runtime index would put w in local memory).
     float w[4][KMAX - 1], w_new[4], window[4][KMAX - 1];
@@ -170,6 +175,12 @@ __device__ __forceinline__ void conv_rows(float4 (&out)[8], const ConvIn& in, in
         }
         out[u] = i0 + u < L ? make_float4(res[0], res[1], res[2], res[3]) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+}
+
+__device__ __forceinline__ void conv_rows(float4 (&out)[8], const ConvIn& in, int start, int seq_row0, int i0,
+                                          int L, int col, int lane_col) {
+    if (in.w != nullptr && in.kernel == 4) conv_rows_n<3>(out, in, start, seq_row0, i0, L, col, lane_col);
+    else conv_rows_n<-1>(out, in, start, seq_row0, i0, L, col, lane_col);
 }
 
 // The conv state after this step's n new tokens, for channels col + lane_col
