@@ -100,6 +100,7 @@ pub struct Kernels {
     pub moe_down_f16: CudaFunction,
     /// The device-routed prefill MoE (`kernels/moe_prefill.cu`, `ops::moe`).
     pub moe_split_x: CudaFunction,
+    pub moe_norm_split: CudaFunction,
     pub moe_router_gemm: CudaFunction,
     pub moe_gate_up_gemm: CudaFunction,
     pub moe_down_gemm: CudaFunction,
@@ -114,6 +115,8 @@ pub struct Kernels {
     /// The same with 128-row tiles (two warpgroups).
     pub moe_gate_up_gemm_sm90_m128: CudaFunction,
     pub moe_down_gemm_sm90_m128: CudaFunction,
+    /// The router GEMM on wgmma (64-row tiles, 128 logits wide).
+    pub moe_router_gemm_sm90: CudaFunction,
     /// The same with 128 x 256 tiles (twice the weight rows).
     pub moe_gate_up_gemm_sm90_m128_n256: CudaFunction,
     pub moe_down_gemm_sm90_m128_n256: CudaFunction,
@@ -220,6 +223,7 @@ impl Kernels {
             moe_gate_up_f16: f(&moe, "moe_gate_up_f16")?,
             moe_down_f16: f(&moe, "moe_down_f16")?,
             moe_split_x: f(&moe_prefill, "moe_split_x")?,
+            moe_norm_split: f(&moe_prefill, "moe_norm_split")?,
             moe_router_gemm: crate::ops::moe::prefill_gemm(&moe_prefill, "moe_router_gemm")?,
             moe_gate_up_gemm: crate::ops::moe::prefill_gemm(&moe_prefill, "moe_gate_up_gemm")?,
             moe_down_gemm: crate::ops::moe::prefill_gemm(&moe_prefill, "moe_down_gemm")?,
@@ -249,6 +253,12 @@ impl Kernels {
                 &moe_gemm_sm90,
                 "moe_down_gemm_sm90_m128",
                 128,
+                128,
+            )?,
+            moe_router_gemm_sm90: crate::ops::moe::prefill_gemm_sm90(
+                &moe_gemm_sm90,
+                "moe_router_gemm_sm90",
+                64,
                 128,
             )?,
             moe_gate_up_gemm_sm90_m128_n256: crate::ops::moe::prefill_gemm_sm90(

@@ -1,7 +1,7 @@
 // The prefill MoE's expert GEMMs on Hopper's warpgroup tensor-core
 // instructions (wgmma, sm_90a only): the same tiles, grid, shared-memory
 // layout and epilogues as the mma.sync kernels of moe_prefill.cu, which
-// other GPUs (and the router GEMM) keep using.
+// other GPUs keep using. The router GEMM (MG_ROUTER) has a wgmma form too.
 //
 // A block tile is BM x BN: BM = 64 rows for one warpgroup (128 threads),
 // or 128 rows for two that share each stage's weight tile (256 threads),
@@ -87,6 +87,14 @@ __device__ __forceinline__ void mgw_epilogue(void* __restrict__ out, int ldo, co
                 const float v1 = siluf_exact(acc[4 * j + 2 * hr + 1]) * acc[4 * (j + BN / 16) + 2 * hr + 1];
                 *reinterpret_cast<uint32_t*>(o + col) = pack_bf16(v0, v1);
             }
+        } else if (MODE == MG_ROUTER) {
+            float* o = static_cast<float*>(out) + p * ldo;  // ldo may be odd: scalar stores
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int col = nt * BN + 8 * j + 2 * c;
+                if (col < n) o[col] = acc[4 * j + 2 * hr];
+                if (col + 1 < n) o[col + 1] = acc[4 * j + 2 * hr + 1];
+            }
         } else {
             __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + p * ldo;
 #pragma unroll
@@ -104,7 +112,7 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
                                             int lda, const int* __restrict__ a_rows,
                                             const __nv_bfloat16* __restrict__ w, long long w_stride,
                                             const int* __restrict__ offsets, const int* __restrict__ tile_off,
-                                            int groups, int rows, int n, int k, int n_tiles) {
+                                            int groups, int rows, int n, int k, int k_period, int n_tiles) {
     extern __shared__ uint4 smem_raw[];
     // Stages on a 1024-byte boundary (the launch adds 1 KiB for this).
     const uint32_t raw = smem_addr(smem_raw);
@@ -149,7 +157,7 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
             b_ok[i] = col < n;
             wrow = b_ok[i] ? col : 0;
         }
-        b_src[i] = wg + (size_t)wrow * k;
+        b_src[i] = wg + (size_t)wrow * k_period;
     }
 
     auto load_stage = [&](int stage, int kt) {
@@ -158,12 +166,13 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
         const int kk = kt * MG_BK + ch * 8;
         const bool k_ok = kk < k;
         const int ka = k_ok ? kk : 0;
+        const int kb = MODE == MG_ROUTER ? ka % k_period : ka;
 #pragma unroll
         for (int i = 0; i < P::A_LOADS; ++i)
             cp_async_16(smem_addr(sa + mg_swz(r_lo + P::ROW_STEP * i, ch)), a_src[i] + ka, a_ok[i] && k_ok);
 #pragma unroll
         for (int i = 0; i < P::B_LOADS; ++i)
-            cp_async_16(smem_addr(sb + mg_swz(r_lo + P::ROW_STEP * i, ch)), b_src[i] + ka, b_ok[i] && k_ok);
+            cp_async_16(smem_addr(sb + mg_swz(r_lo + P::ROW_STEP * i, ch)), b_src[i] + kb, b_ok[i] && k_ok);
     };
 
     const int k_tiles = (k + MG_BK - 1) / MG_BK;
@@ -188,14 +197,31 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
         // This warpgroup's 64 A rows (8 KiB further for the second), all of B.
         const uint64_t da = wgmma_desc(smem_addr(sa + wgr * MG_A_CHUNKS)),
                        db = wgmma_desc(smem_addr(sa + P::A_CHUNKS));
-        pin(acc);
-        wgmma_fence();
+        if constexpr (MODE == MG_ROUTER) {
+            // This K tile alone, then an f32 add to the total (see MG_ROUTER
+            // in moe_prefill.cu); the other blocks on the SM fill the wait.
+            float part[P::ACC];
 #pragma unroll
-        for (int ks = 0; ks < MG_BK / 16; ++ks)  // 16 columns = 32 bytes = 2 descriptor units
-            wgmma_k16<BN>(acc, da + 2 * ks, db + 2 * ks);
-        wgmma_commit();
-        wgmma_wait<1>();
-        pin(acc);
+            for (int i = 0; i < P::ACC; ++i) part[i] = 0.f;
+            pin(part);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < MG_BK / 16; ++ks) wgmma_k16<BN>(part, da + 2 * ks, db + 2 * ks);
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin(part);
+#pragma unroll
+            for (int i = 0; i < P::ACC; ++i) acc[i] = __fadd_rn(acc[i], part[i]);
+        } else {
+            pin(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < MG_BK / 16; ++ks)  // 16 columns = 32 bytes = 2 descriptor units
+                wgmma_k16<BN>(acc, da + 2 * ks, db + 2 * ks);
+            wgmma_commit();
+            wgmma_wait<1>();
+            pin(acc);
+        }
         const int next = kt + P::STAGES - 1;
         if (next < k_tiles) load_stage(next % P::STAGES, next);
         cp_async_commit();
@@ -215,9 +241,13 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
 // exist but trap, and ops/moe never launches them there.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MGW_BODY(MODE, BM, BN) \
-    moe_gemm_wg<MODE, BM, BN>(out, ldo, a, lda, a_rows, w, w_stride, offsets, tile_off, groups, rows, n, k, n_tiles)
+    moe_gemm_wg<MODE, BM, BN>(out, ldo, a, lda, a_rows, w, w_stride, offsets, tile_off, groups, rows, n, k, k, n_tiles)
+#define MGW_ROUTER_BODY                                                                                       \
+    moe_gemm_wg<MG_ROUTER, 64, MG_BN>(out, ldo, a, lda, a_rows, w, w_stride, offsets, tile_off, groups, rows, n, k, \
+                                      k_period, n_tiles)
 #else
 #define MGW_BODY(MODE, BM, BN) __trap()
+#define MGW_ROUTER_BODY __trap()
 #endif
 #define MOE_GEMM_WG_KERNEL(NAME, MODE, BM, BN, MIN_BLOCKS)                                                       \
     KESTREL_EXTERN void __launch_bounds__(2 * BM, MIN_BLOCKS)                                                    \
@@ -238,3 +268,19 @@ MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90_m128, MG_GATE_UP, 128, 128, 2)
 MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90_m128, MG_DOWN, 128, 128, 2)
 MOE_GEMM_WG_KERNEL(moe_gate_up_gemm_sm90_m128_n256, MG_GATE_UP, 128, 256, 1)
 MOE_GEMM_WG_KERNEL(moe_down_gemm_sm90_m128_n256, MG_DOWN, 128, 256, 1)
+
+// The router logits (MG_ROUTER of moe_prefill.cu: f32 out, weight columns
+// k % k_period) on one warpgroup's 64-row tiles, with the mma.sync router's
+// arguments; w_extra must be null (the gate logit has its own kernel).
+// Launch: grid n_tiles * row tiles of 64, block 128, dynamic shared memory
+// Mgw<64>::SMEM_BYTES.
+KESTREL_EXTERN void __launch_bounds__(128, 2)
+    moe_router_gemm_sm90(void* __restrict__ out, int ldo, const __nv_bfloat16* __restrict__ a, int lda,
+                         const int* __restrict__ a_rows, const __nv_bfloat16* __restrict__ w, long long w_stride,
+                         const __nv_bfloat16* __restrict__ w_extra, const int* __restrict__ offsets,
+                         const int* __restrict__ tile_off, int groups, int rows, int n, int k, int k_period,
+                         int n_tiles) {
+    pdl_begin();
+    (void)w_extra;
+    MGW_ROUTER_BODY;
+}

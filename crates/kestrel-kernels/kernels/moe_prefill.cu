@@ -256,15 +256,8 @@ MOE_GEMM_KERNEL(moe_down_gemm, MG_DOWN)
 // is x to within 2^-27 relative, so products with bf16 weights summed over the
 // three parts give the f32 product. Eight values per thread; hidden % 8 == 0.
 // Grid ceil(T * H / 8 / 256), block 256.
-KESTREL_EXTERN void moe_split_x(__nv_bfloat16* __restrict__ xs, const float* __restrict__ x, int tokens,
-                                int hidden) { pdl_begin();
-    const int chunks = hidden >> 3;
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)tokens * chunks) return;
-    const int t = (int)(i / chunks), cidx = (int)(i % chunks);
-    const float4* src = reinterpret_cast<const float4*>(x + (size_t)t * hidden) + 2 * cidx;
-    const float4 v0 = src[0], v1 = src[1];
-    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+// The three parts of 8 values, stored as chunk cidx of token row `row` of xs.
+__device__ __forceinline__ void split_store(__nv_bfloat16* __restrict__ row, int hidden, int cidx, const float (&v)[8]) {
     uint32_t hi[4], mid[4], lo[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -284,11 +277,98 @@ KESTREL_EXTERN void moe_split_x(__nv_bfloat16* __restrict__ xs, const float* __r
         mid[j] = pack_bf16(m2[0], m2[1]);
         lo[j] = pack_bf16(l2[0], l2[1]);
     }
-    uint4* dst = reinterpret_cast<uint4*>(xs + (size_t)t * 3 * hidden) + cidx;
+    uint4* dst = reinterpret_cast<uint4*>(row) + cidx;
     const int part = hidden >> 3;  // chunks per part
     dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     dst[part] = make_uint4(mid[0], mid[1], mid[2], mid[3]);
     dst[2 * part] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+
+KESTREL_EXTERN void moe_split_x(__nv_bfloat16* __restrict__ xs, const float* __restrict__ x, int tokens,
+                                int hidden) { pdl_begin();
+    const int chunks = hidden >> 3;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)tokens * chunks) return;
+    const int t = (int)(i / chunks), cidx = (int)(i % chunks);
+    const float4* src = reinterpret_cast<const float4*>(x + (size_t)t * hidden) + 2 * cidx;
+    const float4 v0 = src[0], v1 = src[1];
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    split_store(xs + (size_t)t * 3 * hidden, hidden, cidx, v);
+}
+
+// The block's pre-norm with the split (and the shared-expert gate logit)
+// in one pass over each row, instead of add_rms_norm_f32 (f32 rows and their
+// bf16 copy out), moe_split_x and moe_gate_logit reading them back. Row t:
+//   residual[t] += delta[t] (delta null: the residual is the input as is),
+//   y = rms_norm(residual[t]) * norm_w (the arithmetic of add_rms_norm_f32),
+//   xs[t] = [hi | mid | lo] of y (moe_split_x), and with gate_w,
+//   logits[t * logits_ld + gate_col] = y . gate_w.
+// hidden % 8 == 0 and hidden <= 8 * NORM_SPLIT_CHUNKS * blockDim.x (ops/moe).
+// Grid T, block 256.
+constexpr int NORM_SPLIT_CHUNKS = 2;  // chunks of 8 values per thread; mirrored in ops/moe
+KESTREL_EXTERN void moe_norm_split(__nv_bfloat16* __restrict__ xs, float* __restrict__ residual,
+                                   const float* __restrict__ delta, const float* __restrict__ norm_w, float eps,
+                                   const uint16_t* __restrict__ gate_w, float* __restrict__ logits, int logits_ld,
+                                   int gate_col, int hidden) {
+    pdl_begin();
+    __shared__ float scratch[32];
+    const size_t t = blockIdx.x;
+    float4* rr = reinterpret_cast<float4*>(residual + t * hidden);
+    const float4* dr = delta != nullptr ? reinterpret_cast<const float4*>(delta + t * hidden) : nullptr;
+    const int chunks = hidden >> 3;
+    float v[NORM_SPLIT_CHUNKS][8];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_SPLIT_CHUNKS; ++j) {
+        const int c = threadIdx.x + j * blockDim.x;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        if (c < chunks) {
+            a = rr[2 * c];
+            b = rr[2 * c + 1];
+            if (dr != nullptr) {
+                const float4 da = dr[2 * c], db = dr[2 * c + 1];
+                a = make_float4(a.x + da.x, a.y + da.y, a.z + da.z, a.w + da.w);
+                b = make_float4(b.x + db.x, b.y + db.y, b.z + db.z, b.w + db.w);
+            }
+        }
+        const float r[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            v[j][e] = r[e];
+            ss += r[e] * r[e];
+        }
+        if (dr != nullptr && c < chunks) {
+            rr[2 * c] = a;
+            rr[2 * c + 1] = b;
+        }
+    }
+    const float inv = rsqrtf(block_sum(ss, scratch) / hidden + eps);
+    float gate = 0.f;
+    __nv_bfloat16* row = xs + t * 3 * hidden;
+#pragma unroll
+    for (int j = 0; j < NORM_SPLIT_CHUNKS; ++j) {
+        const int c = threadIdx.x + j * blockDim.x;
+        if (c >= chunks) continue;
+        const float4 w0 = reinterpret_cast<const float4*>(norm_w)[2 * c], w1 = reinterpret_cast<const float4*>(norm_w)[2 * c + 1];
+        const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        float y[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) y[e] = v[j][e] * inv * w[e];
+        split_store(row, hidden, c, y);
+        if (gate_w != nullptr) {
+            const uint4 g = reinterpret_cast<const uint4*>(gate_w)[c];
+            const uint32_t gw[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                gate = fmaf(y[2 * e], __uint_as_float(gw[e] << 16), gate);
+                gate = fmaf(y[2 * e + 1], __uint_as_float(gw[e] & 0xffff0000u), gate);
+            }
+        }
+    }
+    if (gate_w != nullptr) {
+        gate = block_sum(gate, scratch);
+        if (threadIdx.x == 0) logits[t * logits_ld + gate_col] = gate;
+    }
 }
 
 // ---- routing -----------------------------------------------------------------

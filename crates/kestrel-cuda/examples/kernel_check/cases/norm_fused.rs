@@ -90,7 +90,8 @@ pub fn norm_matmul(c: &mut Ctx) {
 /// A decode-sized MoE block after a residual add + norm (the router's
 /// product normalises; the experts read its rows), Qwen3.6-like with a gated
 /// shared expert and Qwen3-30B-like without one, at 1 and 2 tokens, then 8
-/// and 12 tokens (the norm kernels first, then the decode or prefill path).
+/// and 12 (40) tokens (the norm kernels first, then the decode or prefill
+/// path; from 9 tokens `moe_norm_split`), with and without a delta.
 pub fn norm_moe(c: &mut Ctx) {
     for (label, e, k, inter, h, shared, gated, tokens) in [
         (
@@ -103,7 +104,7 @@ pub fn norm_moe(c: &mut Ctx) {
             true,
             &[1usize, 2, 8, 12][..],
         ),
-        ("30B-like E32 k8", 32, 8, 192, 512, None, false, &[1, 8]),
+        ("30B-like E32 k8", 32, 8, 192, 512, None, false, &[1, 8, 40]),
     ] {
         let spec = MoeSpec {
             num_experts: e,
@@ -114,24 +115,30 @@ pub fn norm_moe(c: &mut Ctx) {
         };
         let w = random_weights(c, &spec, h, gated);
         let norm = c.data.vector(h, 1.0, 0.2);
-        for &t in tokens {
+        // The prefill sizes also without a delta (the first block's norm).
+        let runs = tokens
+            .iter()
+            .map(|&t| (t, true))
+            .chain(tokens.iter().filter(|&&t| t > 8).map(|&t| (t, false)));
+        for (t, with_delta) in runs {
             let r = c.data.randn(t * h, 1.0);
             let d = c.data.randn(t * h, 1.0);
+            let d = with_delta.then_some(&d[..]);
             fn run<B: Backend>(
                 b: &B,
                 spec: &MoeSpec,
                 (t, h): (usize, usize),
-                (r, d): (&[f32], &[f32]),
+                (r, d): (&[f32], Option<&[f32]>),
                 norm: &HostTensor,
                 w: &kestrel_core::MoeWeights<HostTensor>,
             ) -> Result<Outputs> {
                 let (norm, w) = (b.upload(norm)?, upload(b, w)?);
                 let mut residual = b.from_host(t, h, r);
-                let delta = b.from_host(t, h, d);
+                let delta = d.map(|d| b.from_host(t, h, d));
                 let y = b.norm_moe(
                     PreNorm {
                         residual: &mut residual,
-                        delta: Some(&delta),
+                        delta: delta.as_ref(),
                         weight: &norm,
                         eps: 1e-6,
                     },
@@ -140,9 +147,15 @@ pub fn norm_moe(c: &mut Ctx) {
                 );
                 Ok(vec![out(b, "out", &y), out(b, "residual", &residual)])
             }
-            let cpu = run(&c.cpu, &spec, (t, h), (&r, &d), &norm, &w);
-            let gpu = run(&c.gpu, &spec, (t, h), (&r, &d), &norm, &w);
-            c.record(&format!("norm_moe {label} H{h} T{t}"), TOL_MOE, cpu, gpu);
+            let cpu = run(&c.cpu, &spec, (t, h), (&r, d), &norm, &w);
+            let gpu = run(&c.gpu, &spec, (t, h), (&r, d), &norm, &w);
+            let delta = if with_delta { "" } else { " no delta" };
+            c.record(
+                &format!("norm_moe {label} H{h} T{t}{delta}"),
+                TOL_MOE,
+                cpu,
+                gpu,
+            );
         }
     }
 }

@@ -1,9 +1,9 @@
 //! The decode path (1..=8 tokens): routing and experts on the device in three
 //! (T <= 2) or four launches whose shapes depend only on T and the spec.
 
-use kestrel_core::{MoeSpec, MoeWeights, PreNorm};
+use kestrel_core::{MoeSpec, MoeWeights};
 
-use super::{SharedExpert, top_k};
+use super::{MoeInput, SharedExpert, top_k};
 use crate::device::{Arg, Gpu, blocks, ptr};
 use crate::ops::linear::{gemv, gemv_norm};
 use crate::tensor::{CudaTensor, CudaWeight, Half};
@@ -29,25 +29,15 @@ fn down_rows(tokens: usize) -> usize {
     8 * tokens.next_power_of_two().min(4)
 }
 
-/// What the decode path runs on: rows, or rows still to be normalised, which
-/// the router's product then computes (and keeps for the experts).
-pub(super) enum DecodeInput<'a> {
-    Rows(&'a CudaTensor),
-    Norm(PreNorm<'a, CudaTensor, CudaWeight>),
-}
-
 /// The decode path (see the [module docs](super)). Shapes are checked by the
 /// caller.
 pub(super) fn moe_decode(
     gpu: &Gpu,
-    input: DecodeInput<'_>,
+    input: MoeInput<'_>,
     w: &MoeWeights<CudaWeight>,
     spec: &MoeSpec,
 ) -> CudaTensor {
-    let (t, h) = match &input {
-        DecodeInput::Rows(x) => (x.rows, x.cols),
-        DecodeInput::Norm(pre) => (pre.residual.rows, pre.residual.cols),
-    };
+    let (t, h) = input.shape();
     let (ne, k, inter) = (spec.num_experts, spec.top_k, spec.intermediate);
     let s = &gpu.stream;
     let shared = SharedExpert::of(gpu, w, spec);
@@ -63,7 +53,7 @@ pub(super) fn moe_decode(
     // `_normed` keeps the rows the router's product normalised alive until
     // the experts, launched below, have read them.
     let (logits, x_ptr, _normed) = match input {
-        DecodeInput::Rows(x) => {
+        MoeInput::Rows(x) => {
             let logits = gpu.alloc::<f32>(t * ld);
             let x_ptr = ptr(&x.buf, s);
             gemv(
@@ -78,7 +68,7 @@ pub(super) fn moe_decode(
             );
             (logits, x_ptr, None)
         }
-        DecodeInput::Norm(pre) => {
+        MoeInput::Norm(pre) => {
             let (logits, x) = gemv_norm(gpu, pre, router, ld, gate.unwrap_or(0), true);
             let x = x.expect("gemv_norm keeps the rows when asked");
             (logits, ptr(&x.buf, s), Some(x))

@@ -48,9 +48,9 @@ use crate::ops::linear::norm_fits;
 use crate::ops::norm::pre_norm;
 use crate::precision::Precision;
 use crate::tensor::{CudaTensor, CudaWeight, Half};
-use decode::{DecodeInput, moe_decode};
+use decode::moe_decode;
 use host_routed::moe_host_routed;
-use prefill::moe_prefill;
+use prefill::{moe_prefill, norm_split_fits};
 
 pub use prefill::{prefill_gemm, prefill_gemm_sm90};
 
@@ -183,17 +183,43 @@ pub fn prefill_fits(tokens: usize, hidden: usize, spec: &MoeSpec) -> bool {
         && tokens * spec.top_k <= PREFILL_MAX_PAIRS
 }
 
+/// What a path runs on: rows, or rows still to be normalised, which the
+/// path's first kernel then normalises (decode: the router's product, which
+/// keeps the rows for the experts; prefill: `moe_norm_split`).
+enum MoeInput<'a> {
+    Rows(&'a CudaTensor),
+    Norm(PreNorm<'a, CudaTensor, CudaWeight>),
+}
+
+impl MoeInput<'_> {
+    /// Tokens and hidden size.
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            MoeInput::Rows(x) => (x.rows, x.cols),
+            MoeInput::Norm(pre) => (pre.residual.rows, pre.residual.cols),
+        }
+    }
+}
+
+/// Whether `moe` takes `t` tokens through the device-routed prefill path.
+fn takes_prefill(gpu: &Gpu, t: usize, h: usize, spec: &MoeSpec) -> bool {
+    !decode_fits(t, h, spec)
+        && !(gpu.precision == Precision::F32 && decode_fits(DECODE_MAX_TOKENS, h, spec))
+        && !gpu.moe_prefill_host
+        && prefill_fits(t, h, spec)
+}
+
 pub fn moe(gpu: &Gpu, x: &CudaTensor, w: &MoeWeights<CudaWeight>, spec: &MoeSpec) -> CudaTensor {
     let (t, h) = (x.rows, x.cols);
     w.check_shapes(h, spec, |x| x.numel());
     if decode_fits(t, h, spec) {
-        return moe_decode(gpu, DecodeInput::Rows(x), w, spec);
+        return moe_decode(gpu, MoeInput::Rows(x), w, spec);
     }
     if gpu.precision == Precision::F32 && decode_fits(DECODE_MAX_TOKENS, h, spec) {
         return moe_decode_chunked(gpu, x, w, spec);
     }
-    if !gpu.moe_prefill_host && prefill_fits(t, h, spec) {
-        return moe_prefill(gpu, x, w, spec);
+    if takes_prefill(gpu, t, h, spec) {
+        return moe_prefill(gpu, MoeInput::Rows(x), w, spec);
     }
     moe_host_routed(gpu, x, w, spec)
 }
@@ -210,7 +236,10 @@ pub fn norm_moe(
     let (t, h) = (pre.residual.rows, pre.residual.cols);
     w.check_shapes(h, spec, |x| x.numel());
     if decode_fits(t, h, spec) && norm_fits(gpu, t, h, w.router.matrix("router").1) {
-        return moe_decode(gpu, DecodeInput::Norm(pre), w, spec);
+        return moe_decode(gpu, MoeInput::Norm(pre), w, spec);
+    }
+    if gpu.norm_fusion && takes_prefill(gpu, t, h, spec) && norm_split_fits(h) {
+        return moe_prefill(gpu, MoeInput::Norm(pre), w, spec);
     }
     moe(gpu, &pre_norm(gpu, pre), w, spec)
 }
@@ -235,7 +264,7 @@ fn moe_decode_chunked(
             buf: gpu.alloc::<f32>(rows * h),
         };
         gpu.copy_dtod(ptr(&chunk.buf, s), ptr(&x.buf, s) + offset, bytes);
-        let y = moe_decode(gpu, DecodeInput::Rows(&chunk), w, spec);
+        let y = moe_decode(gpu, MoeInput::Rows(&chunk), w, spec);
         gpu.copy_dtod(ptr(&out, s) + offset, ptr(&y.buf, s), bytes);
     }
     CudaTensor {

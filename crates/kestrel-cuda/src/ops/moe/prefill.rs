@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaModule};
 use kestrel_core::{BackendError, MoeSpec, MoeWeights, Result};
 
-use super::{SharedExpert, THREADS, top_k};
+use super::{MoeInput, SharedExpert, THREADS, top_k};
 use crate::device::{Arg, Gpu, blocks, ptr};
 use crate::tensor::{CudaTensor, CudaWeight};
 
@@ -257,15 +257,24 @@ fn grouped_row_tiles(pairs: usize, groups: usize, tile_rows: usize) -> usize {
     (pairs + (tile_rows - 1) * groups.min(pairs)) / tile_rows
 }
 
+/// Chunks of 8 values per thread of `moe_norm_split` (`NORM_SPLIT_CHUNKS`
+/// in moe_prefill.cu), at 256 threads a row.
+const NORM_SPLIT_CHUNKS: usize = 2;
+
+/// Whether `moe_norm_split` takes rows of `h` values.
+pub(super) fn norm_split_fits(h: usize) -> bool {
+    h.is_multiple_of(8) && h <= 8 * NORM_SPLIT_CHUNKS * THREADS as usize
+}
+
 /// The device-routed prefill path (see the [module docs](super)). Shapes are
 /// checked by the caller ([`prefill_fits`](super::prefill_fits)).
 pub(super) fn moe_prefill(
     gpu: &Gpu,
-    x: &CudaTensor,
+    input: MoeInput<'_>,
     w: &MoeWeights<CudaWeight>,
     spec: &MoeSpec,
 ) -> CudaTensor {
-    let (t, h) = (x.rows, x.cols);
+    let (t, h) = input.shape();
     let (ne, k, inter) = (spec.num_experts, spec.top_k, spec.intermediate);
     let s = &gpu.stream;
     let shared = SharedExpert::of(gpu, w, spec);
@@ -273,62 +282,99 @@ pub(super) fn moe_prefill(
     let ld = ne + usize::from(gate.is_some());
     let pairs = t * k;
 
-    // x as [hi | mid | lo] bf16 per row; hi feeds the experts.
+    // x as [hi | mid | lo] bf16 per row (hi feeds the experts), and router
+    // logits [T, E] plus the gate logit as column E when there is one (its
+    // own kernel, or the norm's: as a 257th GEMM column it cost a whole tile).
     let xs = gpu.alloc::<u16>(t * 3 * h);
-    gpu.launch(
-        &gpu.k.moe_split_x,
-        (blocks(t * h / 8, THREADS as usize), 1, 1),
-        THREADS,
-        0,
-        &[
-            Arg::Ptr(ptr(&xs, s)),
-            Arg::Ptr(ptr(&x.buf, s)),
-            Arg::I32(t as i32),
-            Arg::I32(h as i32),
-        ],
-    );
     let xs_ptr = ptr(&xs, s);
-
-    // Router logits [T, E], plus the gate logit as column E when there is
-    // one (its own kernel: as a 257th GEMM column it cost a whole tile).
     let logits = gpu.alloc::<f32>(t * ld);
-    launch_gemm(
-        gpu,
-        &gpu.k.moe_router_gemm,
-        GEMM_COLS,
-        &Gemm {
-            out: ptr(&logits, s),
-            ldo: ld,
-            a: xs_ptr,
-            lda: 3 * h,
-            a_rows: 0,
-            w: ptr(w.router.bf16("router"), s),
-            w_stride: 0,
-            w_extra: 0,
-            groups: None,
-            rows: t,
-            row_tiles: t.div_ceil(GEMM_ROWS),
-            n: ne,
-            k: 3 * h,
-            k_period: h,
-        },
-    );
-    if let Some(gate_w) = gate {
+    match input {
+        MoeInput::Rows(x) => {
+            gpu.launch(
+                &gpu.k.moe_split_x,
+                (blocks(t * h / 8, THREADS as usize), 1, 1),
+                THREADS,
+                0,
+                &[
+                    Arg::Ptr(xs_ptr),
+                    Arg::Ptr(ptr(&x.buf, s)),
+                    Arg::I32(t as i32),
+                    Arg::I32(h as i32),
+                ],
+            );
+            if let Some(gate_w) = gate {
+                gpu.launch(
+                    &gpu.k.moe_gate_logit,
+                    (blocks(t, 8), 1, 1),
+                    256,
+                    0,
+                    &[
+                        Arg::Ptr(ptr(&logits, s)),
+                        Arg::I32(ld as i32),
+                        Arg::I32(ne as i32),
+                        Arg::Ptr(ptr(&x.buf, s)),
+                        Arg::Ptr(gate_w),
+                        Arg::I32(t as i32),
+                        Arg::I32(h as i32),
+                    ],
+                );
+            }
+        }
+        MoeInput::Norm(pre) => {
+            assert!(norm_split_fits(h), "moe_norm_split: rows of {h}");
+            // The residual changes in place: a bf16 copy of it would be stale.
+            pre.residual.bf16 = None;
+            gpu.launch(
+                &gpu.k.moe_norm_split,
+                (t as u32, 1, 1),
+                THREADS,
+                0,
+                &[
+                    Arg::Ptr(xs_ptr),
+                    Arg::Ptr(ptr(&pre.residual.buf, s)),
+                    Arg::Ptr(pre.delta.map_or(0, |d| ptr(&d.buf, s))),
+                    Arg::Ptr(ptr(pre.weight.f32("moe_norm_split"), s)),
+                    Arg::F32(pre.eps),
+                    Arg::Ptr(gate.unwrap_or(0)),
+                    Arg::Ptr(ptr(&logits, s)),
+                    Arg::I32(ld as i32),
+                    Arg::I32(ne as i32),
+                    Arg::I32(h as i32),
+                ],
+            );
+        }
+    }
+
+    let router = Gemm {
+        out: ptr(&logits, s),
+        ldo: ld,
+        a: xs_ptr,
+        lda: 3 * h,
+        a_rows: 0,
+        w: ptr(w.router.bf16("router"), s),
+        w_stride: 0,
+        w_extra: 0,
+        groups: None,
+        rows: t,
+        row_tiles: t.div_ceil(GEMM_ROWS),
+        n: ne,
+        k: 3 * h,
+        k_period: h,
+    };
+    if gpu.moe_gemm_wgmma {
+        // wgmma, one warpgroup per 64-row tile. H200, 8K-token Qwen3.6
+        // prefill (ncu): 105 -> 90 us a layer, where its ~0.6 GB of tile
+        // reads from L2 (the weights once per row tile and part) bound it.
+        let (n_tiles, grid) = router.grid(GEMM_COLS);
         gpu.launch(
-            &gpu.k.moe_gate_logit,
-            (blocks(t, 8), 1, 1),
-            256,
-            0,
-            &[
-                Arg::Ptr(ptr(&logits, s)),
-                Arg::I32(ld as i32),
-                Arg::I32(ne as i32),
-                Arg::Ptr(ptr(&x.buf, s)),
-                Arg::Ptr(gate_w),
-                Arg::I32(t as i32),
-                Arg::I32(h as i32),
-            ],
+            &gpu.k.moe_router_gemm_sm90,
+            (grid, 1, 1),
+            sm90_threads(GEMM_ROWS),
+            sm90_smem_bytes(GEMM_ROWS, GEMM_COLS),
+            &router.args(n_tiles, false),
         );
+    } else {
+        launch_gemm(gpu, &gpu.k.moe_router_gemm, GEMM_COLS, &router);
     }
 
     let (ids, weights) = top_k(gpu, &logits, ld, t, spec);
