@@ -58,7 +58,8 @@ pub fn moe(c: &mut Ctx) {
 /// 256 experts top-8, gated shared expert of 512) at 1,000 tokens (every
 /// expert tile partial), two shapes whose dimensions are multiples of 8 but
 /// not of 64 or 128 (row, K and N tails of the GEMM tiles), and a
-/// routing skewed onto one expert that also leaves experts unpicked. Each
+/// routing skewed onto one expert that also leaves experts unpicked, and a
+/// shape large enough for 128 x 256 tiles, with N and K tails. Each
 /// block runs twice and the two results must be bit-identical.
 ///
 /// Two experts whose logits differ by about the f32 rounding (~1e-6) at the
@@ -83,7 +84,7 @@ fn moe_prefill(c: &mut Ctx) {
         bool,
         bool,
     );
-    let configs: [(Config, &[usize]); 6] = [
+    let configs: [(Config, &[usize]); 7] = [
         (
             (
                 "3.6-like E64 k8 renorm shared+gate",
@@ -167,6 +168,24 @@ fn moe_prefill(c: &mut Ctx) {
                 true,
             ),
             &[700, 2000],
+        ),
+        (
+            // 128-row tiles, enough of them for the 128 x 256 gate_up tiles
+            // on an H200 (two blocks per SM; down keeps 128 x 128), routed
+            // and shared, with N and K tails: I and H not multiples of 128
+            // or 64.
+            (
+                "wide E16 k4 I1000 H264 shared Is2304+gate",
+                16,
+                4,
+                1000,
+                264,
+                true,
+                Some(2304),
+                true,
+                false,
+            ),
+            &[2048],
         ),
     ];
     for ((label, e, k, inter, h, renorm, shared, shared_gate, skewed), tokens) in configs {
