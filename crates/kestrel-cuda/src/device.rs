@@ -27,6 +27,8 @@ pub enum Arg {
     I32(i32),
     F32(f32),
     U64(u64),
+    /// A tensor map for TMA copies (`CUtensorMap`, 128 bytes), passed by value.
+    TensorMap([u64; 16]),
 }
 
 /// Abort an operation on a CUDA failure. The `Backend` operations are
@@ -83,6 +85,7 @@ pub struct Kernels {
     pub gdn_decode_g4: CudaFunction,
     pub gdn_chunk_prep: CudaFunction,
     pub gdn_chunk_state: CudaFunction,
+    pub gdn_chunk_state_wg: CudaFunction,
     pub dummy_fill_bf16: CudaFunction,
     pub dummy_fill_f32: CudaFunction,
     /// `gemv[m - 1]`: the decode matrix product for `m` rows (1..=8).
@@ -211,6 +214,7 @@ impl Kernels {
             gdn_decode_g4: f(&gdn_decode, "gdn_decode_g4")?,
             gdn_chunk_prep: f(&gdn_chunk, "gdn_chunk_prep")?,
             gdn_chunk_state: f(&gdn_chunk, "gdn_chunk_state")?,
+            gdn_chunk_state_wg: f(&gdn_chunk, "gdn_chunk_state_wg")?,
             dummy_fill_bf16: f(&dummy, "dummy_fill_bf16")?,
             dummy_fill_f32: f(&dummy, "dummy_fill_f32")?,
             gemv: per_row_count(&gemv, "gemv_m")?,
@@ -333,6 +337,11 @@ pub struct Gpu {
     /// on compute capability 9.0 unless `KESTREL_MOE_GEMM=mma` asks for the
     /// mma.sync kernels every GPU runs.
     pub moe_gemm_wgmma: bool,
+    /// Run the GDN chunked prefill's state pass on wgmma, its inputs loaded
+    /// by TMA, in its one-TF32-pass form (`gdn_chunk_state_wg`): on compute
+    /// capability 9.0 unless `KESTREL_GDN_STATE=mma` asks for the mma.sync
+    /// kernel (the same results; what other GPUs and 3xTF32 run).
+    pub gdn_state_wgmma: bool,
     /// Route prefill MoE blocks on the host with per-expert cuBLAS products
     /// (the older path) instead of the device-routed grouped GEMMs:
     /// `KESTREL_MOE_PREFILL=host`, read once here.
@@ -403,6 +412,8 @@ impl Gpu {
             capturing: Default::default(),
             pdl: std::env::var("KESTREL_CUDA_PDL").is_ok_and(|v| v == "1"),
             moe_gemm_wgmma: hopper && !std::env::var("KESTREL_MOE_GEMM").is_ok_and(|v| v == "mma"),
+            gdn_state_wgmma: hopper
+                && !std::env::var("KESTREL_GDN_STATE").is_ok_and(|v| v == "mma"),
             moe_prefill_host: std::env::var("KESTREL_MOE_PREFILL").is_ok_and(|v| v == "host"),
             norm_fusion: !std::env::var("KESTREL_NORM_FUSION").is_ok_and(|v| v == "off"),
             attn_decode_fused: !std::env::var("KESTREL_ATTN_DECODE").is_ok_and(|v| v == "unfused"),
@@ -515,7 +526,8 @@ impl Gpu {
             return;
         }
         // Each parameter pointer must address a value of the kernel's parameter type.
-        let mut values: Vec<u64> = args
+        // (A tensor map takes 128 bytes; the other values the first 8.)
+        let mut values: Vec<[u64; 16]> = args
             .iter()
             .map(|a| {
                 let mut v = [0u8; 8];
@@ -523,13 +535,16 @@ impl Gpu {
                     Arg::Ptr(p) | Arg::U64(p) => v.copy_from_slice(&p.to_ne_bytes()),
                     Arg::I32(i) => v[..4].copy_from_slice(&i.to_ne_bytes()),
                     Arg::F32(x) => v[..4].copy_from_slice(&x.to_ne_bytes()),
+                    Arg::TensorMap(m) => return m,
                 }
-                u64::from_ne_bytes(v)
+                let mut value = [0u64; 16];
+                value[0] = u64::from_ne_bytes(v);
+                value
             })
             .collect();
         let mut params: Vec<*mut c_void> = values
             .iter_mut()
-            .map(|v| v as *mut u64 as *mut c_void)
+            .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
         check(self.ctx.bind_to_thread(), "bind context");
         if !self.pdl || no_early_launch {

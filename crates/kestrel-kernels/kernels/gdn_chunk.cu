@@ -45,6 +45,7 @@
 // next chunk's record streams in behind the current chunk's products.
 #include "gdn.cuh"
 #include "tf32_mma.cuh"
+#include "wgmma.cuh"
 
 namespace {
 
@@ -63,7 +64,10 @@ constexpr int OFF_KT = OFF_Q + CH * DK;     // (k * exp(cum_last - cum))^T [DK][
 constexpr int OFF_I = OFF_KT + DK * CH;     // intra [CH][CH]
 constexpr int OFF_DECAY = OFF_I + CH * CH;  // exp(cum_last), then 3 zeros
 // Mirrored as CHUNK_FLOATS in ops/gdn.rs.
-constexpr int CHUNK_FLOATS = OFF_DECAY + 4;
+// Padded to whole rows of 128 floats: the state pass reads records by TMA
+// as rows of 128 (and 64) floats.
+constexpr int CHUNK_FLOATS = OFF_DECAY + 128;
+static_assert(CHUNK_FLOATS % 128 == 0 && OFF_KT % 128 == 0 && OFF_I % 64 == 0 && OFF_U % 128 == 0, "TMA rows");
 
 // Index of sequence s's first chunk among all chunks of the step.
 __device__ __forceinline__ int chunk_base(const int* seq_start, int s) {
@@ -632,6 +636,252 @@ __device__ __forceinline__ void state_pass(float* __restrict__ core, const float
         for (int hr = 0; hr < 2; ++hr)
             st2(st + (size_t)(r0 + g + 8 * hr) * DV + 8 * t + 2 * cq, make_float2(s[t][2 * hr], s[t][2 * hr + 1]));
 }
+
+// A CUDA tensor map (CUtensorMap, built on the host), passed by value as a
+// __grid_constant__ kernel parameter so that TMA copies can name it.
+struct alignas(128) TmaMap {
+    uint64_t opaque[16];
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// ---- the state pass on wgmma and TMA (one TF32 pass, Hopper) ---------------
+//
+// The same chunks and arithmetic as state_pass<1> (bit for bit on the H200
+// benchmark shapes), with
+// - the products as warpgroup instructions (wgmma m64n32k8 tf32) reading
+//   both operands from shared memory, in place of ldmatrix + mma.sync;
+// - each chunk's 120 KB of inputs as 15 TMA boxes of 8 KB issued by one
+//   thread, completing on an mbarrier per load group, in place of ~7,700
+//   16-byte cp.async copies from every thread.
+// Under ncu the mma.sync pass spent its stall samples issuing those copies
+// (their queue full), on ldmatrix -> mma dependencies and on the MIO queue;
+// either change alone was no faster (wgmma products with cp.async loads:
+// 1.35 -> 1.41 ms per 8K layer), together they take the layer (prep, state
+// and gated norm) from 1.29 to 1.11 ms. Every operand is K-major, as TF32
+// wgmma requires:
+//   V = U - W S and O = q S: A = W or q [CH][DK], B = S^T [TC][DK];
+//   O += intra V:            A = intra [CH][CH],  B = V^T [TC][CH];
+//   S = decay S + k^T V:     A = k^T [DK][CH],    B = V^T.
+// Tiles are stored in blocks of 32 floats of K (128-byte rows, the 128-byte
+// swizzle of wgmma.cuh, which is also TMA's), blocks R * 128 bytes apart for
+// an R-row tile. Warpgroup 0 computes V (and its epilogue) and S rows
+// 0..63, warpgroup 1 O and S rows 64..127.
+
+__device__ __forceinline__ void mbar_init1(uint64_t* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait_parity(uint64_t* bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n"
+            "}\n"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+    }
+}
+// TMA: the box at (column x, row y) of a 2-D tensor map to shared memory
+// (1,024-byte aligned: the map's 128-byte swizzle is the tiles' layout).
+__device__ __forceinline__ void tma_box(float* dst, const TmaMap* map, int x, int y, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];\n" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
+        : "memory");
+}
+// Boxes of both maps: 32 floats (128 bytes) by 64 rows.
+constexpr int BOX_BYTES = 32 * 64 * 4;
+
+// Float index of element (r, k) of an R-row K-major tile in that layout.
+template <int R>
+__device__ __forceinline__ int wg_tile(int r, int k) {
+    return (k >> 5) * (R * 32) + r * 32 + ((((k & 31) >> 2) ^ (r & 7)) << 2) + (k & 3);
+}
+
+// d (+)= A[64 x 8] B[8 x 32], tf32, both K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n32k8_tf32(float (&d)[16], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db));
+}
+
+// Shared memory of state_pass_wg, in floats from a 1,024-byte boundary
+// (within STATE_SMEM_BYTES with the alignment slack).
+constexpr int WG_W = 0;                // [CH][DK] tile
+constexpr int WG_Q = WG_W + CH * DK;   // [CH][DK] tile
+constexpr int WG_KT = WG_Q + CH * DK;  // [DK][CH] tile
+constexpr int WG_I = WG_KT + DK * CH;  // [CH][CH] tile
+constexpr int WG_ST = WG_I + CH * CH;  // [TC][DK] tile
+constexpr int WG_VT = WG_ST + TC * DK; // [TC][CH] tile
+constexpr int WG_U = WG_VT + TC * CH;  // [CH][TC] tile
+static_assert((WG_U + CH * TC) * 4 + 1024 <= STATE_SMEM_BYTES, "fits the state pass's shared memory");
+static_assert(WG_Q % 256 == 0 && WG_KT % 256 == 0 && WG_I % 256 == 0 && WG_ST % 256 == 0 && WG_VT % 256 == 0 &&
+                  WG_U % 256 == 0,
+              "tiles on 1,024-byte boundaries");
+
+// Accumulator element e (< 16) of this thread in an m64n32 tile: row (of
+// the warpgroup's 64) and column.
+__device__ __forceinline__ int acc_row(int e) { return 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2) + 8 * ((e >> 1) & 1); }
+__device__ __forceinline__ int acc_col(int e) { return 8 * (e >> 2) + 2 * (threadIdx.x & 3) + (e & 1); }
+
+__device__ __forceinline__ void state_pass_wg(float* __restrict__ core, const float* __restrict__ scratch,
+                                              float* __restrict__ st, float* smem_raw, int start, int n, int base,
+                                              int col0, int h, int hv, const TmaMap* rows128,
+                                              const TmaMap* rows64) {
+    const uint32_t raw = smem_addr(smem_raw);
+    float* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw) / 4;
+    float* W = smem + WG_W;
+    float* Q = smem + WG_Q;
+    float* KT = smem + WG_KT;
+    float* I = smem + WG_I;
+    float* ST = smem + WG_ST;
+    float* VT = smem + WG_VT;
+    float* U = smem + WG_U;
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int chunks = (n + CH - 1) / CH;
+    auto record = [&](int c) { return scratch + ((size_t)(base + c) * hv + h) * CHUNK_FLOATS; };
+    // The chunk's inputs by TMA, 8 KB boxes issued by one thread: G1 (W, q
+    // and U, 9 boxes) and G2 (k^T and intra, 6), each completing on its
+    // mbarrier. The scratch is seen as rows of 128 floats (W, q, U) and of
+    // 64 (k^T, intra); CHUNK_FLOATS keeps records on whole rows.
+    __shared__ __align__(8) uint64_t bar[2];
+    if (tid == 0) {
+        mbar_init1(&bar[0]);
+        mbar_init1(&bar[1]);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    auto record_index = [&](int c) { return (base + c) * hv + h; };
+    auto load_g1 = [&](int c) {
+        if (tid != 0) return;
+        const int row = record_index(c) * (CHUNK_FLOATS / 128);
+        mbar_expect(&bar[0], 9 * BOX_BYTES);
+#pragma unroll
+        for (int b = 0; b < DK / 32; ++b) {
+            tma_box(W + b * CH * 32, rows128, 32 * b, row + OFF_W / 128, &bar[0]);
+            tma_box(Q + b * CH * 32, rows128, 32 * b, row + OFF_Q / 128, &bar[0]);
+        }
+        tma_box(U, rows128, col0, row + OFF_U / 128, &bar[0]);
+    };
+    auto load_g2 = [&](int c) {
+        if (tid != 0) return;
+        const int row = record_index(c) * (CHUNK_FLOATS / 64);
+        mbar_expect(&bar[1], 6 * BOX_BYTES);
+#pragma unroll
+        for (int b = 0; b < CH / 32; ++b) {
+            tma_box(KT + b * DK * 32, rows64, 32 * b, row + OFF_KT / 64, &bar[1]);
+            tma_box(KT + b * DK * 32 + 64 * 32, rows64, 32 * b, row + OFF_KT / 64 + 64, &bar[1]);
+            tma_box(I + b * CH * 32, rows64, 32 * b, row + OFF_I / 64, &bar[1]);
+        }
+    };
+
+    // This warpgroup's 64 rows of S (rows 64 wg + acc_row(e), columns acc_col(e)).
+    float s[16];
+    auto store_st = [&]() {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) ST[wg_tile<TC>(acc_col(e), 64 * wg + acc_row(e))] = tf32_operand<1>(s[e]);
+    };
+#pragma unroll
+    for (int e = 0; e < 16; ++e) s[e] = st[(size_t)(64 * wg + acc_row(e)) * DV + acc_col(e)];
+    store_st();
+    load_g1(0);
+    load_g2(0);
+
+    const uint32_t w_or_q = smem_addr(wg == 0 ? W : Q), st_addr = smem_addr(ST), vt_addr = smem_addr(VT),
+                   i_addr = smem_addr(I), kt_addr = smem_addr(KT) + wg * 64 * 128;
+    float decay_next = record(0)[OFF_DECAY];
+    for (int c = 0; c < chunks; ++c) {
+        const bool more = c + 1 < chunks;
+        const float decay = decay_next;
+        if (more) decay_next = record(c + 1)[OFF_DECAY];
+        mbar_wait_parity(&bar[0], c & 1);  // G1(c) has landed
+        fence_proxy_async();                 // S^T (plain stores) is visible to wgmma
+        __syncthreads();
+
+        // Phase 1: warpgroup 0 W S, warpgroup 1 q S (K = DK in 16 steps of 8).
+        float acc[16];
+#pragma unroll
+        for (int e = 0; e < 16; ++e) acc[e] = 0.f;
+        pin(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < DK / 8; ++ks) {
+            const uint32_t off = (ks & 3) * 32;
+            wgmma_m64n32k8_tf32(acc, wgmma_desc(w_or_q + (ks >> 2) * (CH * 128) + off),
+                                wgmma_desc(st_addr + (ks >> 2) * (TC * 128) + off));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(acc);
+        if (wg == 0) {
+            // V = U - W S, stored as V^T.
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+                const int i = acc_row(e), col = acc_col(e);
+                VT[wg_tile<TC>(col, i)] = tf32_operand<1>(U[wg_tile<CH>(i, col)] - acc[e]);
+            }
+            fence_proxy_async();
+        }
+        __syncthreads();  // V is complete; W, q and U are free
+        if (more) load_g1(c + 1);
+        mbar_wait_parity(&bar[1], c & 1);  // G2(c) has landed
+
+        // Phase 2: warpgroup 1 O += intra V; both S = decay S + k^T V (K = CH in 8 steps).
+#pragma unroll
+        for (int e = 0; e < 16; ++e) s[e] *= decay;
+        pin(s);
+        wgmma_fence();
+        // (Warpgroup 0 computes intra V too, into its spent V sums: a
+        // product in a branch would serialize every wgmma of the pass.)
+#pragma unroll
+        for (int ks = 0; ks < CH / 8; ++ks) {
+            const uint32_t off = (ks & 3) * 32;
+            wgmma_m64n32k8_tf32(acc, wgmma_desc(i_addr + (ks >> 2) * (CH * 128) + off),
+                                wgmma_desc(vt_addr + (ks >> 2) * (TC * 128) + off));
+        }
+#pragma unroll
+        for (int ks = 0; ks < CH / 8; ++ks) {
+            const uint32_t off = (ks & 3) * 32;
+            wgmma_m64n32k8_tf32(s, wgmma_desc(kt_addr + (ks >> 2) * (DK * 128) + off),
+                                wgmma_desc(vt_addr + (ks >> 2) * (TC * 128) + off));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(s);
+        pin(acc);
+        store_st();  // phase 1 of both warpgroups is past (barrier above)
+        if (wg == 1) {
+            const int L = min(CH, n - c * CH);
+#pragma unroll
+            for (int e = 0; e < 16; e += 2) {
+                const int i = acc_row(e);
+                if (i < L)
+                    st2(core + (size_t)(start + c * CH + i) * hv * DV + h * DV + col0 + acc_col(e),
+                        make_float2(acc[e], acc[e + 1]));
+            }
+        }
+        fence_proxy_async();
+        __syncthreads();  // k^T, intra and V^T are free; S^T is written
+        if (more) load_g2(c + 1);
+    }
+#pragma unroll
+    for (int e = 0; e < 16; e += 2)
+        st2(st + (size_t)(64 * wg + acc_row(e)) * DV + acc_col(e), make_float2(s[e], s[e + 1]));
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }  // namespace
 
 // Per (column tile, value head, sequence): the chunks in order, carrying the
@@ -641,14 +891,19 @@ __device__ __forceinline__ void state_pass(float* __restrict__ core, const float
 // One block per SM (its shared memory), so the bounds let it take up to 255
 // registers: with the product loops fully unrolled it uses ~194 (H200, 8K
 // tokens: 3xTF32 2.09 -> 2.02 ms per layer, one TF32 pass unchanged at 1.51).
-KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
-    gdn_chunk_state(float* __restrict__ core, const float* __restrict__ scratch, float* __restrict__ state,
-                    const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hv, int tc,
-                    const float* __restrict__ conv_x, int conv_x_stride, float* __restrict__ conv_state,
-                    int conv_kernel, int hk) {
-    pdl_begin();
-    extern __shared__ float4 smem4[];
-    float* smem = reinterpret_cast<float*>(smem4);
+// gdn_chunk_state_wg (the same arguments plus two tensor maps over the
+// scratch, as rows of 128 and of 64 floats with boxes of 32 x 64; one TF32
+// pass only): state_pass_wg, on sm_90a; it traps elsewhere, where
+// ops/gdn.rs never launches it.
+template <bool WG>
+__device__ __forceinline__ void chunk_state(float* __restrict__ core, const float* __restrict__ scratch,
+                                            float* __restrict__ state, const int* __restrict__ seq_start,
+                                            const int* __restrict__ seq_slot, int hv, int tc,
+                                            const float* __restrict__ conv_x, int conv_x_stride,
+                                            float* __restrict__ conv_state, int conv_kernel, int hk,
+                                            const TmaMap* rows128, const TmaMap* rows64) {
+    extern __shared__ float4 state_smem[];
+    float* smem = reinterpret_cast<float*>(state_smem);
     const int col0 = blockIdx.x * TC, h = blockIdx.y, s = blockIdx.z;
     const int start = seq_start[s], n = seq_start[s + 1] - start;
     if (n == 0) return;
@@ -670,6 +925,35 @@ KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
     }
     const int base = chunk_base(seq_start, s);
     float* st = state + ((size_t)seq_slot[s] * hv + h) * DK * DV + col0;
-    if (tc == 2) state_pass<1>(core, scratch, st, smem, start, n, base, col0, h, hv);
-    else state_pass<3>(core, scratch, st, smem, start, n, base, col0, h, hv);
+    if constexpr (WG) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        state_pass_wg(core, scratch, st, smem, start, n, base, col0, h, hv, rows128, rows64);
+#else
+        __trap();
+#endif
+    } else {
+        if (tc == 2) state_pass<1>(core, scratch, st, smem, start, n, base, col0, h, hv);
+        else state_pass<3>(core, scratch, st, smem, start, n, base, col0, h, hv);
+    }
+}
+
+KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
+    gdn_chunk_state(float* __restrict__ core, const float* __restrict__ scratch, float* __restrict__ state,
+                    const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hv, int tc,
+                    const float* __restrict__ conv_x, int conv_x_stride, float* __restrict__ conv_state,
+                    int conv_kernel, int hk) {
+    pdl_begin();
+    chunk_state<false>(core, scratch, state, seq_start, seq_slot, hv, tc, conv_x, conv_x_stride, conv_state,
+                       conv_kernel, hk, nullptr, nullptr);
+}
+
+KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
+    gdn_chunk_state_wg(float* __restrict__ core, const float* __restrict__ scratch, float* __restrict__ state,
+                       const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hv, int tc,
+                       const float* __restrict__ conv_x, int conv_x_stride, float* __restrict__ conv_state,
+                       int conv_kernel, int hk, const __grid_constant__ TmaMap rows128,
+                       const __grid_constant__ TmaMap rows64) {
+    pdl_begin();
+    chunk_state<true>(core, scratch, state, seq_start, seq_slot, hv, tc, conv_x, conv_x_stride, conv_state,
+                      conv_kernel, hk, &rows128, &rows64);
 }
