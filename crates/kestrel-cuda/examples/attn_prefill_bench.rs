@@ -190,12 +190,7 @@ fn run_case(gpu: &CudaBackend, kernel: &str, c: &Case) {
     // Warm-up (module loading, allocator pools), whose output is checksummed.
     let out = gpu.attention(&proj, &w, &spec, &mut cache, 0, &batch);
     gpu.synchronize().expect("warm-up");
-    let checksum = gpu
-        .to_host(&out)
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
-            (h ^ v.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
-        });
+    let checksum = bench_args::checksum(&gpu.to_host(&out));
     drop(out);
 
     let mut ms: Vec<f64> = (0..RUNS)

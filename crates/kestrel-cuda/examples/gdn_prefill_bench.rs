@@ -121,12 +121,7 @@ fn main() {
             gpu.zero_state(&mut cache, slot);
         }
         let out = gpu.gated_delta_net(&proj, &w, &spec, &mut cache, 0, &batch);
-        let checksum = gpu
-            .to_host(&out)
-            .iter()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
-                (h ^ v.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
-            });
+        let checksum = bench_args::checksum(&gpu.to_host(&out));
         drop(out);
         for _ in 0..3 {
             drop(gpu.gated_delta_net(&proj, &w, &spec, &mut cache, 0, &batch));

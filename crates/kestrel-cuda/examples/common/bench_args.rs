@@ -1,6 +1,6 @@
 //! Command-line handling shared by the micro-benchmarks: `--device N`, named
 //! switches that select an older code path through its environment variable,
-//! and opening the CUDA backend.
+//! opening the CUDA backend, and a checksum of an output's bits.
 
 use kestrel_cuda::CudaBackend;
 
@@ -70,4 +70,13 @@ pub fn open(device: usize) -> Option<CudaBackend> {
             None
         }
     }
+}
+
+/// FNV-1a over the bits of `values`: equal checksums mean bit-identical
+/// outputs, to compare kernel variants.
+#[allow(dead_code)] // not every benchmark prints one
+pub fn checksum(values: &[f32]) -> u64 {
+    values.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+        (h ^ v.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
