@@ -718,6 +718,18 @@ __device__ __forceinline__ void wgmma_m64n32k8_tf32(float (&d)[16], uint64_t da,
         : "l"(da), "l"(db));
 }
 
+// d += A B over K in steps of 8: A and B K-major tiles at shared addresses
+// a and b, their 32-float column blocks a_block and b_block bytes apart.
+template <int K>
+__device__ __forceinline__ void wgmma_tf32_tiles(float (&d)[16], uint32_t a, uint32_t a_block, uint32_t b,
+                                                 uint32_t b_block) {
+#pragma unroll
+    for (int ks = 0; ks < K / 8; ++ks) {
+        const uint32_t off = (ks & 3) * 32;  // 8 floats = 32 bytes along the row
+        wgmma_m64n32k8_tf32(d, wgmma_desc(a + (ks >> 2) * a_block + off), wgmma_desc(b + (ks >> 2) * b_block + off));
+    }
+}
+
 // Shared memory of state_pass_wg, in floats from a 1,024-byte boundary
 // (within STATE_SMEM_BYTES with the alignment slack).
 constexpr int WG_W = 0;                // [CH][DK] tile
@@ -752,7 +764,8 @@ __device__ __forceinline__ void state_pass_wg(float* __restrict__ core, const fl
     float* U = smem + WG_U;
     const int tid = threadIdx.x, wg = tid >> 7;
     const int chunks = (n + CH - 1) / CH;
-    auto record = [&](int c) { return scratch + ((size_t)(base + c) * hv + h) * CHUNK_FLOATS; };
+    auto record_index = [&](int c) { return (base + c) * hv + h; };
+    auto record = [&](int c) { return scratch + (size_t)record_index(c) * CHUNK_FLOATS; };
     // The chunk's inputs by TMA, 8 KB boxes issued by one thread: G1 (W, q
     // and U, 9 boxes) and G2 (k^T and intra, 6), each completing on its
     // mbarrier. The scratch is seen as rows of 128 floats (W, q, U) and of
@@ -764,7 +777,6 @@ __device__ __forceinline__ void state_pass_wg(float* __restrict__ core, const fl
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    auto record_index = [&](int c) { return (base + c) * hv + h; };
     auto load_g1 = [&](int c) {
         if (tid != 0) return;
         const int row = record_index(c) * (CHUNK_FLOATS / 128);
@@ -817,12 +829,7 @@ __device__ __forceinline__ void state_pass_wg(float* __restrict__ core, const fl
         for (int e = 0; e < 16; ++e) acc[e] = 0.f;
         pin(acc);
         wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < DK / 8; ++ks) {
-            const uint32_t off = (ks & 3) * 32;
-            wgmma_m64n32k8_tf32(acc, wgmma_desc(w_or_q + (ks >> 2) * (CH * 128) + off),
-                                wgmma_desc(st_addr + (ks >> 2) * (TC * 128) + off));
-        }
+        wgmma_tf32_tiles<DK>(acc, w_or_q, CH * 128, st_addr, TC * 128);
         wgmma_commit();
         wgmma_wait<0>();
         pin(acc);
@@ -846,18 +853,8 @@ __device__ __forceinline__ void state_pass_wg(float* __restrict__ core, const fl
         wgmma_fence();
         // (Warpgroup 0 computes intra V too, into its spent V sums: a
         // product in a branch would serialize every wgmma of the pass.)
-#pragma unroll
-        for (int ks = 0; ks < CH / 8; ++ks) {
-            const uint32_t off = (ks & 3) * 32;
-            wgmma_m64n32k8_tf32(acc, wgmma_desc(i_addr + (ks >> 2) * (CH * 128) + off),
-                                wgmma_desc(vt_addr + (ks >> 2) * (TC * 128) + off));
-        }
-#pragma unroll
-        for (int ks = 0; ks < CH / 8; ++ks) {
-            const uint32_t off = (ks & 3) * 32;
-            wgmma_m64n32k8_tf32(s, wgmma_desc(kt_addr + (ks >> 2) * (DK * 128) + off),
-                                wgmma_desc(vt_addr + (ks >> 2) * (TC * 128) + off));
-        }
+        wgmma_tf32_tiles<CH>(acc, i_addr, CH * 128, vt_addr, TC * 128);
+        wgmma_tf32_tiles<CH>(s, kt_addr, DK * 128, vt_addr, TC * 128);
         wgmma_commit();
         wgmma_wait<0>();
         pin(s);

@@ -363,8 +363,9 @@ pub(super) fn moe_prefill(
     };
     if gpu.moe_gemm_wgmma {
         // wgmma, one warpgroup per 64-row tile. H200, 8K-token Qwen3.6
-        // prefill (ncu): 105 -> 90 us a layer, where its ~0.6 GB of tile
-        // reads from L2 (the weights once per row tile and part) bound it.
+        // prefill (ncu): 105 -> 90 us a layer. It reads ~0.6 GB of tiles
+        // from L2 a layer (the weights once per row tile and part), a likely
+        // bound that was not profiled.
         let (n_tiles, grid) = router.grid(GEMM_COLS);
         gpu.launch(
             &gpu.k.moe_router_gemm_sm90,
