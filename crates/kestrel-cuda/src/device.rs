@@ -123,7 +123,8 @@ pub struct Kernels {
     /// The same with 128 x 256 tiles (twice the weight rows).
     pub moe_gate_up_gemm_sm90_m128_n256: CudaFunction,
     pub moe_down_gemm_sm90_m128_n256: CudaFunction,
-    pub argmax_rows: CudaFunction,
+    pub argmax_parts: CudaFunction,
+    pub argmax_merge: CudaFunction,
     pub top_candidates: CudaFunction,
 }
 
@@ -277,7 +278,8 @@ impl Kernels {
                 128,
                 256,
             )?,
-            argmax_rows: f(&sample, "argmax_rows")?,
+            argmax_parts: f(&sample, "argmax_parts")?,
+            argmax_merge: f(&sample, "argmax_merge")?,
             top_candidates: f(&sample, "top_candidates")?,
         })
     }

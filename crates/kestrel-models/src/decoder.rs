@@ -198,8 +198,8 @@ impl<B: Backend> Decoder<B> {
     ) -> B::Tensor {
         let key = self.decode_key(batch, rows);
         b.run_step(ids, batch, cache, key, &mut |cache| {
-            let hidden = self.forward_layers(b, ids, batch, cache);
-            self.logits(b, &hidden, rows)
+            let (residual, out) = self.forward_layers_unadded(b, ids, batch, cache);
+            self.logits_of_sum(b, residual, out, rows)
         })
     }
 
@@ -223,16 +223,29 @@ impl<B: Backend> Decoder<B> {
         batch: &ForwardBatch,
         cache: &mut B::Cache,
     ) -> B::Tensor {
+        let (mut residual, out) = self.forward_layers_unadded(b, ids, batch, cache);
+        if let Some(out) = out {
+            b.add_assign(&mut residual, &out);
+        }
+        residual
+    }
+
+    /// The layers' residual stream and the last layer's output, not yet
+    /// added (the hidden states are their sum).
+    fn forward_layers_unadded(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut B::Cache,
+    ) -> (B::Tensor, Option<B::Tensor>) {
         let eps = self.config.rms_norm_eps;
         let mut residual = b.embedding(&self.embed, ids);
         let mut out: Option<B::Tensor> = None;
         for layer in &self.layers {
             out = Some(layer.forward(b, &mut residual, out.as_ref(), eps, cache, batch));
         }
-        if let Some(out) = out {
-            b.add_assign(&mut residual, &out);
-        }
-        residual
+        (residual, out)
     }
 
     /// Logits of the selected rows of `hidden` (pre-final-norm states).
@@ -240,6 +253,35 @@ impl<B: Backend> Decoder<B> {
         let x = b.gather_rows(hidden, rows);
         let x = b.rms_norm(&x, &self.final_norm, self.config.rms_norm_eps);
         b.matmul(&x, self.lm_head())
+    }
+
+    /// [`Self::logits`] of the hidden states `residual + out`, with the sum
+    /// and the final norm inside the lm_head's product (`norm_matmul`: on
+    /// CUDA one kernel at decode sizes, in place of an add, a norm and the
+    /// product). Rows are gathered first where they are not all of them.
+    fn logits_of_sum(
+        &self,
+        b: &B,
+        residual: B::Tensor,
+        out: Option<B::Tensor>,
+        rows: &[usize],
+    ) -> B::Tensor {
+        let all = rows.iter().copied().eq(0..b.dims(&residual).0);
+        let (mut residual, out) = if all {
+            (residual, out)
+        } else {
+            let gathered = out.map(|o| b.gather_rows(&o, rows));
+            (b.gather_rows(&residual, rows), gathered)
+        };
+        b.norm_matmul(
+            PreNorm {
+                residual: &mut residual,
+                delta: out.as_ref(),
+                weight: &self.final_norm,
+                eps: self.config.rms_norm_eps,
+            },
+            self.lm_head(),
+        )
     }
 }
 

@@ -11,31 +11,57 @@ use kestrel_core::{CandidateRequest, RowCandidates};
 use crate::device::{Arg, Gpu, ptr};
 use crate::tensor::CudaTensor;
 
-/// Threads per row: a 250k vocabulary is 62k float4 loads, ~60 per thread.
+/// Threads per `top_candidates` row: a 250k vocabulary is 62k float4 loads,
+/// ~60 per thread.
 const THREADS: u32 = 1024;
+
+/// Threads of an `argmax_parts` block and the columns each block scans: one
+/// round of four 16-byte loads per thread.
+const ARGMAX_THREADS: u32 = 256;
+const ARGMAX_SPAN: usize = 16 * ARGMAX_THREADS as usize;
 
 /// The column of each row's largest logit among its first `cols`, on the
 /// device (one `i32` per row): ties go to the lowest index and NaN never wins
 /// (a row of NaN gives 0). `cols` below the row length keeps a vocabulary's
-/// padded tail out. Only a kernel launch: safe to record in a CUDA graph.
+/// padded tail out. Each row is split over blocks of [`ARGMAX_SPAN`]
+/// columns, whose bests a second kernel merges. Only kernel launches: safe
+/// to record in a CUDA graph.
 pub fn argmax_rows(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> CudaSlice<i32> {
     assert!(
         (1..=logits.cols).contains(&cols) && logits.cols <= i32::MAX as usize,
         "argmax over {cols} of {} columns",
         logits.cols
     );
-    let out = gpu.alloc::<i32>(logits.rows);
+    let rows = logits.rows;
+    let parts = cols.div_ceil(ARGMAX_SPAN);
+    let part_v = gpu.alloc::<f32>(rows * parts);
+    let part_i = gpu.alloc::<i32>(rows * parts);
+    let out = gpu.alloc::<i32>(rows);
     let s = &gpu.stream;
     gpu.launch(
-        &gpu.k.argmax_rows,
-        (logits.rows as u32, 1, 1),
-        THREADS,
+        &gpu.k.argmax_parts,
+        (rows as u32, parts as u32, 1),
+        ARGMAX_THREADS,
         0,
         &[
-            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&part_v, s)),
+            Arg::Ptr(ptr(&part_i, s)),
             Arg::Ptr(ptr(&logits.buf, s)),
             Arg::I32(cols as i32),
             Arg::I32(logits.cols as i32),
+            Arg::I32(ARGMAX_SPAN as i32),
+        ],
+    );
+    gpu.launch(
+        &gpu.k.argmax_merge,
+        (rows as u32, 1, 1),
+        32,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&part_v, s)),
+            Arg::Ptr(ptr(&part_i, s)),
+            Arg::I32(parts as i32),
         ],
     );
     out
