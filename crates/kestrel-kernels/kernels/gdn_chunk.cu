@@ -114,7 +114,8 @@ static_assert(PREP_SMEM_BYTES == 84992, "ops/gdn.rs mirrors this");
 // conv_w == nullptr, x is the conv output itself ([T, ld]); otherwise x is
 // the conv's input (the in_proj output, rows ld floats apart) and the causal
 // conv + SiLU is computed here with the arithmetic of gdn_conv_body
-// (gdn.cu), so that the two paths agree bit for bit: inputs before the
+// (gdn.cu), so that the two paths agree bit for bit (under the serving
+// precision the SiLU is the fast one, see conv_rows_n): inputs before the
 // sequence's first new token come from conv_state (oldest first), which only
 // rows i0 < kernel - 1 of chunk 0 read. Conv kernels of at most 4 taps.
 struct ConvIn {
@@ -130,7 +131,11 @@ constexpr int CONV_FUSED_MAX_KERNEL = 4;  // mirrored in ops/gdn.rs
 // (conv_rows dispatches Qwen3.5's 4 taps: fewer predicated instructions in
 // the prep, which issues an instruction every other cycle), or -1 to read it
 // from `in`.
-template <int HIST>
+// FAST: SiLU with the hardware exp and an approximate division (a few ulp;
+// the serving precision, tc 2), in place of siluf_exact. The conv + SiLU is
+// about a fifth of this issue-bound kernel's instructions, and the exact
+// exp and IEEE division were most of those.
+template <int HIST, bool FAST>
 __device__ __forceinline__ void conv_rows_n(float4 (&out)[8], const ConvIn& in, int start, int seq_row0, int i0,
                                             int L, int col, int lane_col) {
     const float* x = in.x + col + lane_col;
@@ -172,7 +177,7 @@ __device__ __forceinline__ void conv_rows_n(float4 (&out)[8], const ConvIn& in, 
             for (int j = 0; j < KMAX - 1; ++j)
                 if (j < hist) acc += w[e][j] * window[e][j];
             acc += w_new[e] * xe;
-            res[e] = siluf_exact(acc);
+            res[e] = FAST ? __fdividef(acc, 1.f + __expf(-acc)) : siluf_exact(acc);
 #pragma unroll
             for (int j = 0; j < KMAX - 1; ++j)
                 if (j < hist) window[e][j] = j + 1 < hist ? window[e][j + 1] : xe;
@@ -181,10 +186,11 @@ __device__ __forceinline__ void conv_rows_n(float4 (&out)[8], const ConvIn& in, 
     }
 }
 
+template <bool FAST>
 __device__ __forceinline__ void conv_rows(float4 (&out)[8], const ConvIn& in, int start, int seq_row0, int i0,
                                           int L, int col, int lane_col) {
-    if (in.w != nullptr && in.kernel == 4) conv_rows_n<3>(out, in, start, seq_row0, i0, L, col, lane_col);
-    else conv_rows_n<-1>(out, in, start, seq_row0, i0, L, col, lane_col);
+    if (in.w != nullptr && in.kernel == 4) conv_rows_n<3, FAST>(out, in, start, seq_row0, i0, L, col, lane_col);
+    else conv_rows_n<-1, FAST>(out, in, start, seq_row0, i0, L, col, lane_col);
 }
 
 // The conv state after this step's n new tokens, for channels col + lane_col
@@ -222,13 +228,14 @@ __device__ __forceinline__ void conv_state_update(float* state, const float* x, 
 // operands stored rounded to tf32).
 // Grid (max chunks of a sequence, Hv, S), block 256, dynamic shared memory
 // PREP_SMEM_BYTES: q, k [CH][QS] and A [CH][AS].
-KESTREL_EXTERN void __launch_bounds__(PREP_THREADS, 2)
-    gdn_chunk_prep(float* __restrict__ scratch, const float* __restrict__ x, int x_stride,
+template <bool FAST>
+__device__ __forceinline__ void prep_body(float* __restrict__ scratch, const float* __restrict__ x, int x_stride,
                    const __nv_bfloat16* __restrict__ conv_w, const float* __restrict__ conv_state, int conv_kernel,
                    const float* __restrict__ proj, int proj_stride, int b_offset, int a_offset,
                    const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                    const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hk, int hv,
-                   float q_scale, int tc) { pdl_begin();
+                   float q_scale, int tc) {
+
     extern __shared__ float4 smem4[];
     float* qS = reinterpret_cast<float*>(smem4);  // [CH][QS], normalised and scaled
     float* kS = qS + CH * QS;                     // [CH][QS], normalised
@@ -258,7 +265,7 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS, 2)
     for (int which = 0; which < 2; ++which) {
         const int col = which * hk * DK + kh * DK;
         float4 v[8];
-        conv_rows(v, in, start, c * CH, 8 * warp, L, col, 4 * lane);
+        conv_rows<FAST>(v, in, start, c * CH, 8 * warp, L, col, 4 * lane);
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             const int i = 8 * warp + u;
@@ -365,7 +372,7 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS, 2)
     {
         const int col = 2 * hk * DK + h * DV;
         float4 v[8];
-        conv_rows(v, in, start, c * CH, 8 * warp, L, col, 4 * lane);
+        conv_rows<FAST>(v, in, start, c * CH, 8 * warp, L, col, 4 * lane);
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             const int i = 8 * warp + u;
@@ -441,6 +448,22 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS, 2)
         st4(rec + OFF_W + idx, make_float4(operand(w.x), operand(w.y), operand(w.z), operand(w.w)));
     }
     if (tid < 4) rec[OFF_DECAY + tid] = tid == 0 ? expf(cum[CH - 1]) : 0.f;
+}
+
+// The serving precision (tc 2) with the fast SiLU, the reference precision
+// with the exact one: one body each.
+KESTREL_EXTERN void __launch_bounds__(PREP_THREADS, 2)
+    gdn_chunk_prep(float* __restrict__ scratch, const float* __restrict__ x, int x_stride,
+                   const __nv_bfloat16* __restrict__ conv_w, const float* __restrict__ conv_state, int conv_kernel,
+                   const float* __restrict__ proj, int proj_stride, int b_offset, int a_offset,
+                   const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                   const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hk, int hv,
+                   float q_scale, int tc) {
+    pdl_begin();
+    if (tc == 2) prep_body<true>(scratch, x, x_stride, conv_w, conv_state, conv_kernel, proj, proj_stride, b_offset,
+                      a_offset, a_log, dt_bias, seq_start, seq_slot, hk, hv, q_scale, tc);
+    else prep_body<false>(scratch, x, x_stride, conv_w, conv_state, conv_kernel, proj, proj_stride, b_offset,
+              a_offset, a_log, dt_bias, seq_start, seq_slot, hk, hv, q_scale, tc);
 }
 
 namespace {
