@@ -228,13 +228,14 @@ __device__ __forceinline__ void conv_state_update(float* state, const float* x, 
 // operands stored rounded to tf32).
 // Grid (max chunks of a sequence, Hv, S), block 256, dynamic shared memory
 // PREP_SMEM_BYTES: q, k [CH][QS] and A [CH][AS].
-template <bool FAST>
+template <int TC>
 __device__ __forceinline__ void prep_body(float* __restrict__ scratch, const float* __restrict__ x, int x_stride,
-                   const __nv_bfloat16* __restrict__ conv_w, const float* __restrict__ conv_state, int conv_kernel,
-                   const float* __restrict__ proj, int proj_stride, int b_offset, int a_offset,
-                   const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                   const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hk, int hv,
-                   float q_scale, int tc) {
+                                          const __nv_bfloat16* __restrict__ conv_w,
+                                          const float* __restrict__ conv_state, int conv_kernel,
+                                          const float* __restrict__ proj, int proj_stride, int b_offset, int a_offset,
+                                          const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                                          const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hk,
+                                          int hv, float q_scale) {
 
     extern __shared__ float4 smem4[];
     float* qS = reinterpret_cast<float*>(smem4);  // [CH][QS], normalised and scaled
@@ -250,7 +251,7 @@ __device__ __forceinline__ void prep_body(float* __restrict__ scratch, const flo
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int kh = h / (hv / hk);
     const int conv_dim = 2 * hk * DK + hv * DV;
-    const bool round = tc == 2;
+    constexpr bool round = TC == 2;
     auto operand = [&](float x) { return round ? tf32_operand<1>(x) : x; };
     float* rec = scratch + ((size_t)(chunk_base(seq_start, s) + c) * hv + h) * CHUNK_FLOATS;
     // The conv state before this step (chunk 0 reads it; gdn_chunk_state,
@@ -265,7 +266,7 @@ __device__ __forceinline__ void prep_body(float* __restrict__ scratch, const flo
     for (int which = 0; which < 2; ++which) {
         const int col = which * hk * DK + kh * DK;
         float4 v[8];
-        conv_rows<FAST>(v, in, start, c * CH, 8 * warp, L, col, 4 * lane);
+        conv_rows<TC == 2>(v, in, start, c * CH, 8 * warp, L, col, 4 * lane);
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             const int i = 8 * warp + u;
@@ -323,7 +324,7 @@ __device__ __forceinline__ void prep_body(float* __restrict__ scratch, const flo
                 if (n0 > m0 + 15) continue;  // warp-uniform
                 // B operand: element (d, j) of k^T is kS[j][d].
                 const Tf32B fb = tf32_frag_b(kS + n0 * QS + k0, 1, QS);
-                if (tc == 2) {
+                if constexpr (TC == 2) {
                     mma_tf32x<1>(ak[t], fk, fb);
                     mma_tf32x<1>(aq[t], fq, fb);
                 } else {
@@ -372,7 +373,7 @@ __device__ __forceinline__ void prep_body(float* __restrict__ scratch, const flo
     {
         const int col = 2 * hk * DK + h * DV;
         float4 v[8];
-        conv_rows<FAST>(v, in, start, c * CH, 8 * warp, L, col, 4 * lane);
+        conv_rows<TC == 2>(v, in, start, c * CH, 8 * warp, L, col, 4 * lane);
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             const int i = 8 * warp + u;
@@ -404,7 +405,7 @@ __device__ __forceinline__ void prep_body(float* __restrict__ scratch, const flo
 #pragma unroll
                 for (int t = 0; t < 4; ++t) {
                     const Tf32B fb = tf32_frag_b(X + k0 * QS + n0 + 8 * t, QS, 1);
-                    if (tc == 2) mma_tf32x<1>(acc[t], fa, fb);
+                    if constexpr (TC == 2) mma_tf32x<1>(acc[t], fa, fb);
                     else mma_tf32x<3>(acc[t], fa, fb);
                 }
             }
@@ -450,8 +451,8 @@ __device__ __forceinline__ void prep_body(float* __restrict__ scratch, const flo
     if (tid < 4) rec[OFF_DECAY + tid] = tid == 0 ? expf(cum[CH - 1]) : 0.f;
 }
 
-// The serving precision (tc 2) with the fast SiLU, the reference precision
-// with the exact one: one body each.
+// One body per arithmetic (tc 2: one TF32 pass and the fast SiLU; tc 1:
+// 3xTF32 and the exact SiLU).
 KESTREL_EXTERN void __launch_bounds__(PREP_THREADS, 2)
     gdn_chunk_prep(float* __restrict__ scratch, const float* __restrict__ x, int x_stride,
                    const __nv_bfloat16* __restrict__ conv_w, const float* __restrict__ conv_state, int conv_kernel,
@@ -460,10 +461,10 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS, 2)
                    const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hk, int hv,
                    float q_scale, int tc) {
     pdl_begin();
-    if (tc == 2) prep_body<true>(scratch, x, x_stride, conv_w, conv_state, conv_kernel, proj, proj_stride, b_offset,
-                      a_offset, a_log, dt_bias, seq_start, seq_slot, hk, hv, q_scale, tc);
-    else prep_body<false>(scratch, x, x_stride, conv_w, conv_state, conv_kernel, proj, proj_stride, b_offset,
-              a_offset, a_log, dt_bias, seq_start, seq_slot, hk, hv, q_scale, tc);
+    if (tc == 2) prep_body<2>(scratch, x, x_stride, conv_w, conv_state, conv_kernel, proj, proj_stride, b_offset,
+                              a_offset, a_log, dt_bias, seq_start, seq_slot, hk, hv, q_scale);
+    else prep_body<1>(scratch, x, x_stride, conv_w, conv_state, conv_kernel, proj, proj_stride, b_offset, a_offset,
+                      a_log, dt_bias, seq_start, seq_slot, hk, hv, q_scale);
 }
 
 namespace {

@@ -11,6 +11,16 @@ __device__ __forceinline__ bool argmax_before(float v, int i, float bv, int bi) 
     return v > bv || (v == bv && i < bi);
 }
 
+// The warp's best (value, index) into lane 0's (bv, bi), by a fixed tree.
+__device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_down_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_down_sync(0xffffffffu, bi, o);
+        if (argmax_before(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+}
+
 // (best_v, best_i)[r * gridDim.y + p] = the largest (value, index) of row r
 // among columns [p * span, min(cols, (p + 1) * span)) of logits[r * stride +
 // c], ties to the lowest index, NaN never winning (ARGMAX_NONE where nothing
@@ -56,12 +66,7 @@ KESTREL_EXTERN void argmax_parts(float* __restrict__ part_v, int* __restrict__ p
     }
     for (int c = scalar_from + threadIdx.x; c < c_end; c += blockDim.x)
         if (argmax_before(row[c], c, bv, bi)) bv = row[c], bi = c;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_down_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_down_sync(0xffffffffu, bi, o);
-        if (argmax_before(ov, oi, bv, bi)) bv = ov, bi = oi;
-    }
+    warp_argmax(bv, bi);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
         best_v[warp] = bv;
@@ -87,12 +92,7 @@ KESTREL_EXTERN void argmax_merge(int* __restrict__ out, const float* __restrict_
         const int i = part_i[blockIdx.x * parts + p];
         if (argmax_before(v, i, bv, bi)) bv = v, bi = i;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_down_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_down_sync(0xffffffffu, bi, o);
-        if (argmax_before(ov, oi, bv, bi)) bv = ov, bi = oi;
-    }
+    warp_argmax(bv, bi);
     if (threadIdx.x == 0) out[blockIdx.x] = bi == ARGMAX_NONE ? 0 : bi;
 }
 
