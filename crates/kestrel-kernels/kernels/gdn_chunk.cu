@@ -236,7 +236,6 @@ __device__ __forceinline__ void prep_body(float* __restrict__ scratch, const flo
                                           const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                                           const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hk,
                                           int hv, float q_scale) {
-
     extern __shared__ float4 smem4[];
     float* qS = reinterpret_cast<float*>(smem4);  // [CH][QS], normalised and scaled
     float* kS = qS + CH * QS;                     // [CH][QS], normalised
