@@ -54,7 +54,8 @@ pub fn moe(c: &mut Ctx) {
 /// Prefill-sized MoE blocks (more than 8 tokens), which route on the device
 /// and run the experts as grouped tensor-core GEMMs: Qwen3.6- and Qwen3-30B-
 /// like layouts scaled down at 9..2000 tokens (partial tiles, experts with
-/// one token and with many), the full Qwen3.6 expert shape (H 2048, I 512,
+/// one token and with many), a Qwen3-Next-like 512 experts top-10 (the
+/// prefill top-k's widest form), the full Qwen3.6 expert shape (H 2048, I 512,
 /// 256 experts top-8, gated shared expert of 512) at 1,000 tokens (every
 /// expert tile partial), two shapes whose dimensions are multiples of 8 but
 /// not of 64 or 128 (row, K and N tails of the GEMM tiles), and a
@@ -84,7 +85,7 @@ fn moe_prefill(c: &mut Ctx) {
         bool,
         bool,
     );
-    let configs: [(Config, &[usize]); 7] = [
+    let configs: [(Config, &[usize]); 8] = [
         (
             (
                 "3.6-like E64 k8 renorm shared+gate",
@@ -112,6 +113,21 @@ fn moe_prefill(c: &mut Ctx) {
                 false,
             ),
             &[9, 100, 700, 2000],
+        ),
+        (
+            // More than 256 experts: the prefill top-k's widest form (16 slots a lane).
+            (
+                "Next-like E512 k10 I64 H128 renorm shared Is64+gate",
+                512,
+                10,
+                64,
+                128,
+                true,
+                Some(64),
+                true,
+                false,
+            ),
+            &[200],
         ),
         (
             (
