@@ -358,6 +358,9 @@ pub struct Gpu {
     /// bf16 (serving) or f32 (reference) arithmetic; caches take the KV
     /// element type of the precision they were created under.
     pub precision: Precision,
+    /// The dense bf16 products through cuBLASLt instead of `cublasGemmEx`
+    /// (`KESTREL_DENSE_GEMM=lt`; `blas_lt.rs`).
+    pub blas_lt: Option<crate::blas_lt::BlasLt>,
 }
 
 impl Gpu {
@@ -403,6 +406,15 @@ impl Gpu {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .unwrap_or(1)
             .max(1) as usize;
+        let blas_lt = if std::env::var("KESTREL_DENSE_GEMM").is_ok_and(|v| v == "lt") {
+            Some(crate::blas_lt::BlasLt::new(&stream).ok_or_else(|| {
+                BackendError::Unavailable(
+                    "KESTREL_DENSE_GEMM=lt: cuBLASLt could not be loaded or set up".into(),
+                )
+            })?)
+        } else {
+            None
+        };
         Ok(Gpu {
             sm_count,
             ctx,
@@ -420,6 +432,7 @@ impl Gpu {
             norm_fusion: !std::env::var("KESTREL_NORM_FUSION").is_ok_and(|v| v == "off"),
             attn_decode_fused: !std::env::var("KESTREL_ATTN_DECODE").is_ok_and(|v| v == "unfused"),
             precision,
+            blas_lt,
         })
     }
 

@@ -20,6 +20,7 @@
 //! with clear panics, and a CUDA failure inside an operation (a lost device)
 //! panics too. Construction and uploads return errors.
 
+mod blas_lt;
 mod cache;
 mod device;
 mod graph;

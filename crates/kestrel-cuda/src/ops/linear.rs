@@ -9,6 +9,8 @@
 //! whose length is not a multiple of 8 still go through cuBLAS in bf16.
 //! The bf16 activations come from the producing kernel when it wrote them
 //! ([`CudaTensor::bf16`]: the norms do in prefill), else from a conversion pass.
+//! `KESTREL_DENSE_GEMM=lt` sends the cuBLAS products through cuBLASLt instead
+//! (`blas_lt.rs`; measured level with `cublasGemmEx` on an H200).
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -47,8 +49,14 @@ pub fn gemm_bf16(gpu: &Gpu, x: u64, rows: usize, k: usize, w: u64, n: usize, out
     if rows == 0 || n == 0 {
         return;
     }
-    let (alpha, beta) = (1.0f32, 0.0f32);
     check(gpu.ctx.bind_to_thread(), "bind context");
+    if let Some(blas_lt) = &gpu.blas_lt {
+        if let Err(e) = blas_lt.gemm(&gpu.stream, x, rows, k, w, n, out) {
+            panic!("{e}");
+        }
+        return;
+    }
+    let (alpha, beta) = (1.0f32, 0.0f32);
     check(
         unsafe {
             gemm_ex(
