@@ -279,6 +279,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
         None
     }
 
+    /// Whether [`Backend::gated_delta_net`] honours
+    /// [`crate::SeqChunk::state_checkpoints`] (speculative decoding on hybrid
+    /// models needs it; the engine refuses to speculate there otherwise).
+    fn supports_state_checkpoints(&self) -> bool {
+        false
+    }
+
     fn new_cache(&self, spec: &CacheSpec) -> Result<Self::Cache>;
     /// Reset a sequence's recurrent and conv state to zero in every GDN layer.
     fn zero_state(&self, cache: &mut Self::Cache, slot: u32);

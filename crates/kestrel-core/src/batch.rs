@@ -17,9 +17,33 @@ pub struct SeqChunk {
     /// Recurrent / conv state slot for linear-attention layers. The engine
     /// zeroes it before a sequence's first chunk (or restores a snapshot).
     pub state_slot: u32,
+    /// Speculative verification of a hybrid model: after the `i`-th new
+    /// token, the recurrent and conv state is also written to slot
+    /// `state_checkpoints[i]` (at most `num_tokens` entries; empty for plain
+    /// chunks). The live slot still advances over every new token; when only
+    /// a prefix of the drafts is accepted the engine copies the checkpoint of
+    /// the last accepted token back. Only backends whose
+    /// [`crate::Backend::supports_state_checkpoints`] is true take them.
+    pub state_checkpoints: Vec<u32>,
 }
 
 impl SeqChunk {
+    /// A chunk without state checkpoints.
+    pub fn new(
+        num_tokens: usize,
+        cached_len: usize,
+        block_table: Vec<u32>,
+        state_slot: u32,
+    ) -> Self {
+        Self {
+            num_tokens,
+            cached_len,
+            block_table,
+            state_slot,
+            state_checkpoints: Vec::new(),
+        }
+    }
+
     pub fn total_len(&self) -> usize {
         self.cached_len + self.num_tokens
     }

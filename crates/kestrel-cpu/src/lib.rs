@@ -61,6 +61,10 @@ impl Backend for CpuBackend {
         (t.rows, t.cols)
     }
 
+    fn supports_state_checkpoints(&self) -> bool {
+        true
+    }
+
     fn new_cache(&self, spec: &CacheSpec) -> Result<CpuCache> {
         CpuCache::new(spec)
     }

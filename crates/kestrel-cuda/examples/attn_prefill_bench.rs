@@ -184,6 +184,7 @@ fn run_case(gpu: &CudaBackend, kernel: &str, c: &Case) {
             cached_len: 0,
             block_table: (0..pages as u32).collect(),
             state_slot: 0,
+            state_checkpoints: Vec::new(),
         }],
     };
 

@@ -110,6 +110,7 @@ fn main() {
                     cached_len: 0,
                     block_table: vec![],
                     state_slot: i as u32,
+                    state_checkpoints: Vec::new(),
                 })
                 .collect(),
         };

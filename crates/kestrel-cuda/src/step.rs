@@ -246,12 +246,14 @@ mod tests {
                     cached_len: 2,
                     block_table: vec![7, 9],
                     state_slot: 4,
+                    state_checkpoints: Vec::new(),
                 },
                 SeqChunk {
                     num_tokens: 1,
                     cached_len: 0,
                     block_table: vec![5],
                     state_slot: 1,
+                    state_checkpoints: Vec::new(),
                 },
             ],
         };

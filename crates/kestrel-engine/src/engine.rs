@@ -14,6 +14,7 @@ use crate::client::{Command, EngineHandle, Shared};
 use crate::handle::{EngineConfig, EngineEvent};
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
+use crate::spec::{Proposer, SpeculativeConfig};
 use crate::step;
 
 /// Starts engines; see [`Engine::spawn`].
@@ -25,6 +26,27 @@ pub struct Engine;
 /// batching, preemption and the prefix cache.
 pub type LogitsObserver = Box<dyn FnMut(&str, &[f32]) + Send>;
 
+/// What an engine runs with besides its limits.
+pub struct EngineOptions {
+    /// Speculative decoding; `None` decodes one token a step.
+    pub speculative: Option<SpeculativeConfig>,
+    /// See [`LogitsObserver`] (tests and debugging).
+    pub observer: Option<LogitsObserver>,
+    /// Sample from the backend's best candidates where they decide the
+    /// token; `false` copies every sampled row (tests compare the two).
+    pub use_candidates: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            speculative: None,
+            observer: None,
+            use_candidates: true,
+        }
+    }
+}
+
 impl Engine {
     /// Starts the engine loop on its own thread; returns once the caches are
     /// allocated (or with the reason they could not be).
@@ -33,7 +55,7 @@ impl Engine {
         model: Model<B>,
         config: EngineConfig,
     ) -> Result<EngineHandle> {
-        Self::spawn_inner(backend, model, config, None, true)
+        Self::spawn_with_options(backend, model, config, EngineOptions::default())
     }
 
     /// [`Engine::spawn`] that copies every sampled row to the host instead of
@@ -44,7 +66,11 @@ impl Engine {
         model: Model<B>,
         config: EngineConfig,
     ) -> Result<EngineHandle> {
-        Self::spawn_inner(backend, model, config, None, false)
+        let options = EngineOptions {
+            use_candidates: false,
+            ..EngineOptions::default()
+        };
+        Self::spawn_with_options(backend, model, config, options)
     }
 
     /// [`Engine::spawn`] with a [`LogitsObserver`] (for tests and debugging).
@@ -55,19 +81,43 @@ impl Engine {
         config: EngineConfig,
         observer: LogitsObserver,
     ) -> Result<EngineHandle> {
-        Self::spawn_inner(backend, model, config, Some(observer), true)
+        let options = EngineOptions {
+            observer: Some(observer),
+            ..EngineOptions::default()
+        };
+        Self::spawn_with_options(backend, model, config, options)
     }
 
-    fn spawn_inner<B: Backend>(
+    /// [`Engine::spawn`] with speculative decoding, an observer, or
+    /// full-row sampling.
+    pub fn spawn_with_options<B: Backend>(
         backend: B,
         model: Model<B>,
         config: EngineConfig,
-        observer: Option<LogitsObserver>,
-        use_candidates: bool,
+        options: EngineOptions,
     ) -> Result<EngineHandle> {
+        let EngineOptions {
+            speculative,
+            observer,
+            use_candidates,
+        } = options;
         let model_config = model.config();
         let hybrid = model_config.arch.is_hybrid();
         check_config(&config, hybrid)?;
+        let proposer = match &speculative {
+            None => None,
+            Some(spec) => {
+                if hybrid && !backend.supports_state_checkpoints() {
+                    bail!(
+                        "speculative decoding on a hybrid model needs state checkpoints, which \
+                         the {} backend does not support yet",
+                        backend.name()
+                    );
+                }
+                Some(Proposer::new(spec).map_err(anyhow::Error::msg)?)
+            }
+        };
+        let vocab_size = model_config.vocab_size;
         let shared = Arc::new(Shared::new(
             config.clone(),
             model_config.vocab_size,
@@ -116,6 +166,8 @@ impl Engine {
                     shutting_down: false,
                     observer,
                     use_candidates,
+                    proposer,
+                    vocab_size,
                 };
                 engine.run();
             })
@@ -171,8 +223,11 @@ struct EngineLoop<B: Backend> {
     shutting_down: bool,
     observer: Option<LogitsObserver>,
     /// Sample from the backend's best candidates where they decide the token
-    /// (see `step::row_sources`); off only in tests.
+    /// (see `choose`); off only in tests.
     use_candidates: bool,
+    proposer: Option<Proposer>,
+    /// Drafts at or beyond this id are dropped (they could not be embedded).
+    vocab_size: usize,
 }
 
 impl<B: Backend> EngineLoop<B> {
@@ -280,6 +335,7 @@ impl<B: Backend> EngineLoop<B> {
         if self.scheduler.is_idle() {
             return Ok(());
         }
+        self.propose_drafts();
         let plan = self.scheduler.schedule()?;
         if plan.chunks.is_empty() {
             if self.scheduler.running.is_empty()
@@ -302,6 +358,28 @@ impl<B: Backend> EngineLoop<B> {
             self.observer.as_mut(),
             self.use_candidates,
         )
+    }
+
+    /// Ask the proposer for the drafts of every decoding sequence; the
+    /// scheduler fits what it can into the step.
+    fn propose_drafts(&mut self) {
+        let Some(proposer) = self.proposer.as_mut() else {
+            return;
+        };
+        let vocab = self.vocab_size;
+        for seq in self.scheduler.running_mut() {
+            seq.drafts.clear();
+            if !seq.is_decoding() {
+                continue;
+            }
+            // k drafts emit up to k + 1 tokens.
+            let limit = seq.tokens_left().saturating_sub(1);
+            let mut drafts = proposer.propose(seq, limit);
+            if let Some(bad) = drafts.iter().position(|&t| t as usize >= vocab) {
+                drafts.truncate(bad);
+            }
+            seq.drafts = drafts;
+        }
     }
 
     fn publish(&self) {

@@ -67,7 +67,9 @@ pub struct Usage {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
-    /// Newly generated token ids (one per step without speculation).
+    /// Newly generated token ids, in order (one per step without
+    /// speculation; a speculative step emits its accepted drafts and the
+    /// token after them at once).
     Tokens(Vec<u32>),
     Finished {
         reason: FinishReason,
@@ -115,4 +117,11 @@ pub struct EngineStats {
     pub requests_finished_abort: u64,
     pub requests_failed: u64,
     pub engine_steps_total: u64,
+    /// Speculative decoding, with vLLM's metric names: sequence-steps that
+    /// carried drafts, draft tokens verified, drafts accepted, and drafts
+    /// accepted at each draft position (index 0 = the first draft).
+    pub spec_decode_num_drafts_total: u64,
+    pub spec_decode_num_draft_tokens_total: u64,
+    pub spec_decode_num_accepted_tokens_total: u64,
+    pub spec_decode_num_accepted_tokens_per_pos_total: Vec<u64>,
 }

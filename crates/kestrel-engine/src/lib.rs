@@ -5,16 +5,19 @@
 //! * [`Engine::spawn`] starts the engine loop on its own thread and returns an
 //!   [`EngineHandle`]; [`EngineHandle::submit`] returns a [`RequestStream`].
 //! * [`cache`]: KV pages, state slots and the prefix cache (plain bookkeeping).
+//! * [`spec`]: speculative decoding (proposers; verification lives in the step).
 
 pub mod cache;
+mod choose;
 mod client;
 mod engine;
 pub mod handle;
 pub mod prefill;
 mod scheduler;
 mod sequence;
+pub mod spec;
 mod step;
 
 pub use client::{EngineHandle, RequestStream};
-pub use engine::{Engine, LogitsObserver};
+pub use engine::{Engine, EngineOptions, LogitsObserver};
 pub use handle::{EngineConfig, EngineEvent, EngineStats, GenerateRequest, SubmitError, Usage};

@@ -32,12 +32,15 @@ pub(crate) enum StateOp {
     Copy { src: u32, dst: u32 },
 }
 
-/// Positions `start..end` of sequence `id` are computed in this step.
+/// Positions `start..end` of sequence `id` are computed in this step; the
+/// last `drafts` of them are speculative (the sequence's draft tokens,
+/// beyond its known tokens).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ScheduledChunk {
     pub id: SeqId,
     pub start: usize,
     pub end: usize,
+    pub drafts: usize,
 }
 
 #[derive(Debug, Default)]
@@ -46,8 +49,15 @@ pub(crate) struct StepPlan {
     pub state_ops: Vec<StateOp>,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Counters {
+    /// Speculative decoding (vLLM's `spec_decode_*` counters): steps of a
+    /// sequence that carried drafts, their drafts, the accepted ones, and
+    /// the accepted ones by draft position.
+    pub spec_drafts: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    pub spec_accepted_per_position: Vec<u64>,
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
     pub preemptions: u64,
@@ -73,6 +83,21 @@ pub(crate) struct Scheduler {
     /// Refuse new admissions (shutdown in progress).
     pub stopping: bool,
     shared: Arc<Shared>,
+}
+
+impl Counters {
+    /// A sequence's step verified `drafts` drafts and kept the first `accepted`.
+    pub fn record_drafts(&mut self, drafts: usize, accepted: usize) {
+        self.spec_drafts += 1;
+        self.spec_draft_tokens += drafts as u64;
+        self.spec_accepted_tokens += accepted as u64;
+        if self.spec_accepted_per_position.len() < drafts {
+            self.spec_accepted_per_position.resize(drafts, 0);
+        }
+        for n in &mut self.spec_accepted_per_position[..accepted] {
+            *n += 1;
+        }
+    }
 }
 
 impl Scheduler {
@@ -113,6 +138,27 @@ impl Scheduler {
 
     pub fn running_seq(&self, id: SeqId) -> Option<&Sequence> {
         self.running.iter().find(|s| s.id == id)
+    }
+
+    /// A speculative step of `id` verified `drafts` drafts and kept
+    /// `accepted`: give its checkpoint slots back and count them.
+    pub fn end_speculation(
+        &mut self,
+        id: SeqId,
+        drafts: usize,
+        accepted: usize,
+    ) -> Result<(), CacheError> {
+        if let Some(i) = self.running_index(id) {
+            self.running[i]
+                .cache
+                .release_checkpoint_slots(&mut self.slots)?;
+        }
+        self.counters.record_drafts(drafts, accepted);
+        Ok(())
+    }
+
+    pub fn running_mut(&mut self) -> impl Iterator<Item = &mut Sequence> {
+        self.running.iter_mut()
     }
 
     pub fn running_seq_mut(&mut self, id: SeqId) -> Option<&mut Sequence> {
@@ -273,6 +319,7 @@ impl Scheduler {
     /// Preempt running sequence `index` by recompute.
     fn preempt(&mut self, index: usize) -> Result<(), CacheError> {
         let mut seq = self.running.remove(index);
+        seq.drafts.clear();
         self.retire(&mut seq)?;
         seq.cache = SequenceCache::new();
         self.counters.preemptions += 1;
@@ -309,7 +356,12 @@ impl Scheduler {
                     continue; // whole chunks only; it fits in a later step
                 }
                 if self.make_room(id, end, &mut plan, &mut budget)? {
-                    plan.chunks.push(ScheduledChunk { id, start, end });
+                    plan.chunks.push(ScheduledChunk {
+                        id,
+                        start,
+                        end,
+                        drafts: 0,
+                    });
                     budget -= end - start;
                 }
             }
@@ -319,7 +371,50 @@ impl Scheduler {
             && budget > 0
             && self.admit_next(&mut plan, &mut budget)?
         {}
+        self.attach_drafts(&mut plan, &mut budget)?;
         Ok(plan)
+    }
+
+    /// Extend the decode chunks of sequences that carry drafts with as many
+    /// of them as the leftover token budget, free pages and (hybrid models)
+    /// free state slots for checkpoints allow. Drafts only ever use what is
+    /// left: they never evict cached pages, preempt, or delay a prefill.
+    fn attach_drafts(&mut self, plan: &mut StepPlan, budget: &mut usize) -> Result<(), CacheError> {
+        let block_size = self.config.block_size;
+        for chunk in &mut plan.chunks {
+            let Some(index) = self.running_index(chunk.id) else {
+                continue;
+            };
+            let seq = &mut self.running[index];
+            if seq.drafts.is_empty() {
+                continue;
+            }
+            let decoding = chunk.end == seq.tokens.len() && chunk.start + 1 == chunk.end;
+            let mut k = if decoding {
+                seq.drafts.len().min(*budget)
+            } else {
+                0
+            };
+            if self.hybrid {
+                k = k.min(self.slots.num_free());
+            }
+            let free_positions =
+                (seq.cache.block_table().len() + self.blocks.num_free()) * block_size;
+            k = k.min(free_positions.saturating_sub(chunk.end));
+            seq.drafts.truncate(k);
+            if k == 0 {
+                continue;
+            }
+            seq.cache
+                .ensure_capacity(chunk.end + k, block_size, &mut self.blocks)?;
+            if self.hybrid {
+                seq.cache.attach_checkpoint_slots(k, &mut self.slots)?;
+            }
+            chunk.end += k;
+            chunk.drafts = k;
+            *budget -= k;
+        }
+        Ok(())
     }
 
     /// Grow running sequence `id` to hold `end` positions, evicting cached
@@ -431,6 +526,7 @@ impl Scheduler {
             id: seq.id,
             start,
             end,
+            drafts: 0,
         });
         *budget -= end - start;
         self.running.push(seq);
@@ -471,6 +567,10 @@ impl Scheduler {
             requests_finished_abort: c.finished_abort,
             requests_failed: c.failed,
             engine_steps_total: c.steps,
+            spec_decode_num_drafts_total: c.spec_drafts,
+            spec_decode_num_draft_tokens_total: c.spec_draft_tokens,
+            spec_decode_num_accepted_tokens_total: c.spec_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos_total: c.spec_accepted_per_position.clone(),
         }
     }
 }

@@ -25,6 +25,9 @@ pub(crate) struct Sequence {
     pub cache: SequenceCache,
     /// Prompt tokens served from the prefix cache at first admission.
     pub cached_tokens: Option<usize>,
+    /// Draft tokens proposed for the next step (speculative decoding); the
+    /// scheduler may shorten them, the step consumes them.
+    pub drafts: Vec<u32>,
 }
 
 impl Sequence {
@@ -51,6 +54,7 @@ impl Sequence {
             events,
             cache: SequenceCache::new(),
             cached_tokens: None,
+            drafts: Vec::new(),
         })
     }
 
@@ -66,6 +70,12 @@ impl Sequence {
     /// Whether the next chunk is a single decode token.
     pub fn is_decoding(&self) -> bool {
         self.num_generated() > 0 && self.num_computed() + 1 == self.tokens.len()
+    }
+
+    /// Tokens the sequence may still generate before a length finish.
+    pub fn tokens_left(&self) -> usize {
+        self.stop
+            .tokens_left(self.num_generated(), self.tokens.len())
     }
 
     pub fn usage(&self) -> Usage {

@@ -1,12 +1,15 @@
 //! Running one planned step: restore states, one forward pass over every
-//! scheduled chunk, sample where a chunk reaches the end of its sequence,
-//! snapshot and cache what was computed, finish what stopped.
+//! scheduled chunk, sample where a chunk reaches the end of its sequence
+//! (verifying its drafts on a speculative step, see [`crate::spec`]),
+//! commit the state, snapshot and cache what was computed, finish what
+//! stopped.
 
 use anyhow::{Context, Result};
-use kestrel_core::{Backend, CandidateRequest, ForwardBatch, RowCandidates, SeqChunk};
+use kestrel_core::{Backend, CandidateRequest, ForwardBatch, SeqChunk};
 use kestrel_models::Model;
 use kestrel_sampling::{DEFAULT_MAX_CANDIDATES, Finish};
 
+use crate::choose::{RowSource, StepLogits};
 use crate::client::SeqId;
 use crate::engine::LogitsObserver;
 use crate::handle::EngineEvent;
@@ -18,20 +21,12 @@ enum Outcome {
     Failed(SeqId, String),
 }
 
-/// Where a sampled row's token comes from.
-enum RowSource {
-    /// Picked on the device (plain greedy).
-    Argmax(u32),
-    /// The device's best candidates, or its draw over a row no filter cuts
-    /// (row `row` of the logits); the whole row is fetched only if they
-    /// cannot decide.
-    Candidates {
-        row: usize,
-        request: CandidateRequest,
-        found: RowCandidates,
-    },
-    /// The whole row, copied to the host.
-    Logits(Vec<f32>),
+/// The logits rows of one chunk: the last `1 + drafts` of its rows when it
+/// reaches the end of its sequence's known tokens (a verify chunk has one
+/// per draft plus the bonus row), none otherwise.
+struct ChunkRows {
+    first: usize,
+    count: usize,
 }
 
 pub(crate) fn execute<B: Backend>(
@@ -56,92 +51,157 @@ pub(crate) fn execute<B: Backend>(
     let block_size = sched.config.block_size;
     let mut ids = Vec::with_capacity(plan.chunks.iter().map(|c| c.end - c.start).sum());
     let mut batch = ForwardBatch::default();
+    let mut chunk_rows = Vec::with_capacity(plan.chunks.len());
+    let mut logit_rows = Vec::new();
+    // Rows whose token is the raw argmax can be picked on the device, which
+    // saves copying a vocabulary-sized row per sequence to the host.
+    let mut all_plain_argmax = observer.is_none();
     for chunk in &plan.chunks {
         let seq = sched
             .running_seq(chunk.id)
             .context("a scheduled sequence is not running")?;
-        ids.extend_from_slice(&seq.tokens[chunk.start..chunk.end]);
+        let known_end = chunk.end - chunk.drafts;
+        ids.extend_from_slice(&seq.tokens[chunk.start..known_end]);
+        ids.extend_from_slice(&seq.drafts[..chunk.drafts]);
         batch.seqs.push(SeqChunk {
             num_tokens: chunk.end - chunk.start,
             cached_len: chunk.start,
             block_table: seq.cache.block_table()[..chunk.end.div_ceil(block_size)].to_vec(),
             state_slot: seq.cache.state_slot().unwrap_or(0),
+            state_checkpoints: seq.cache.checkpoint_slots().to_vec(),
         });
-    }
-    // Logits only for chunks that end at their sequence's last known token.
-    let last_rows = batch.last_token_rows();
-    let mut sampled_rows = Vec::new();
-    let mut sampling = Vec::with_capacity(plan.chunks.len());
-    // Rows whose token is the raw argmax can be picked on the device, which
-    // saves copying a vocabulary-sized row per sequence to the host.
-    let mut all_plain_argmax = observer.is_none();
-    for (chunk, &row) in plan.chunks.iter().zip(&last_rows) {
-        let seq = sched.running_seq(chunk.id).context("sequence vanished")?;
-        let samples = chunk.end == seq.tokens.len();
-        if samples {
-            sampled_rows.push(row);
+        // Logits only for chunks that end at their sequence's last known token.
+        let rows = (known_end == seq.tokens.len()).then(|| {
+            let first = ids.len() - 1 - chunk.drafts;
+            logit_rows.extend(first..ids.len());
             all_plain_argmax &= seq.sampler.is_plain_argmax(&seq.tokens);
-        }
-        sampling.push(samples);
+            ChunkRows {
+                first,
+                count: 1 + chunk.drafts,
+            }
+        });
+        chunk_rows.push(rows);
     }
+    // Indices into `logit_rows` of each chunk's rows.
+    let mut next_logit_row = 0;
+    let chunk_rows: Vec<Option<ChunkRows>> = chunk_rows
+        .into_iter()
+        .map(|r| {
+            r.map(|r| {
+                let first = next_logit_row;
+                next_logit_row += r.count;
+                ChunkRows {
+                    first,
+                    count: r.count,
+                }
+            })
+        })
+        .collect();
+
     // One step either way; ending in logits lets decode steps be replayed.
-    let mut logits = None;
-    let mut sources = Vec::new().into_iter();
-    if sampled_rows.is_empty() {
+    let out = if logit_rows.is_empty() {
         model.decoder.forward(backend, &ids, &batch, cache);
+        None
     } else {
-        let out = model
-            .decoder
-            .step_logits(backend, &ids, &batch, cache, &sampled_rows);
-        let candidates = use_candidates && observer.is_none();
-        sources =
-            row_sources(backend, &out, sched, &plan, all_plain_argmax, candidates)?.into_iter();
-        logits = Some((sampled_vocab(backend, &out, sched), out));
-    }
+        Some(
+            model
+                .decoder
+                .step_logits(backend, &ids, &batch, cache, &logit_rows),
+        )
+    };
+    let step_logits = out
+        .as_ref()
+        .map(|out| StepLogits::new(backend, out, sched.config.sampled_vocab));
+    let mut sources: Vec<Option<RowSource>> = match &step_logits {
+        None => Vec::new(),
+        Some(logits) => {
+            let requests = if all_plain_argmax {
+                Vec::new()
+            } else {
+                // An observer sees whole rows, so it turns candidates off.
+                let candidates = use_candidates && observer.is_none();
+                candidate_requests(sched, &plan, &chunk_rows, logits, candidates)?
+            };
+            logits
+                .sources(requests, all_plain_argmax)?
+                .into_iter()
+                .map(Some)
+                .collect()
+        }
+    };
 
     let mut outcomes = Vec::new();
-    for (chunk, samples) in plan.chunks.iter().zip(sampling) {
+    for (chunk, rows) in plan.chunks.iter().zip(&chunk_rows) {
         let seq = sched
             .running_seq_mut(chunk.id)
             .context("sequence vanished")?;
-        seq.cache.set_num_tokens(chunk.end, block_size)?;
-        if samples {
-            let sampled = match sources.next().context("missing sampled row")? {
-                RowSource::Argmax(token) => Ok(token),
-                RowSource::Logits(mut row) => {
-                    if let Some(observe) = observer.as_mut() {
-                        observe(&seq.request_id, &row);
-                    }
-                    seq.sampler.sample(&mut row, &seq.tokens)
+        let known_end = chunk.end - chunk.drafts;
+        let Some(rows) = rows else {
+            seq.cache.set_num_tokens(chunk.end, block_size)?;
+            cache_progress(backend, cache, sched, chunk.id, chunk.start, chunk.end)?;
+            continue;
+        };
+        let logits = step_logits.as_ref().context("logits vanished")?;
+        // Sample row by row; a draft is kept while the token sampled for
+        // its position equals it.
+        let mut emitted = Vec::with_capacity(rows.count);
+        let mut accepted = 0;
+        for i in 0..rows.count {
+            let source = sources[rows.first + i]
+                .take()
+                .context("missing sampled row")?;
+            let mut observe = |row: &[f32]| {
+                if let Some(observe) = observer.as_mut() {
+                    observe(&seq.request_id, row);
                 }
-                RowSource::Candidates {
-                    row,
-                    request,
-                    found,
-                } => match seq.sampler.sample_candidates(&request, &found) {
-                    Some(sampled) => sampled,
-                    None => {
-                        let (vocab, out) = logits.as_ref().context("logits vanished")?;
-                        let mut row = host_rows(backend, out, &[row], *vocab).remove(0);
-                        seq.sampler.sample(&mut row, &seq.tokens)
-                    }
-                },
             };
-            match sampled {
+            match logits.choose(source, &mut seq.sampler, &seq.tokens, &mut observe)? {
                 Ok(token) => {
                     seq.tokens.push(token);
-                    seq.emit(EngineEvent::Tokens(vec![token]));
+                    emitted.push(token);
+                    let matched = i < chunk.drafts && seq.drafts[i] == token;
+                    accepted += usize::from(matched);
                     if let Some(finish) =
                         seq.stop.check(token, seq.num_generated(), seq.tokens.len())
                     {
                         outcomes.push(Outcome::Finished(chunk.id, finish));
+                        break;
                     }
-                    sched.counters.generation_tokens += 1;
+                    if !matched {
+                        break;
+                    }
                 }
-                Err(e) => outcomes.push(Outcome::Failed(chunk.id, format!("sampling failed: {e}"))),
+                Err(e) => {
+                    outcomes.push(Outcome::Failed(chunk.id, format!("sampling failed: {e}")));
+                    break;
+                }
             }
         }
-        cache_progress(backend, cache, sched, chunk.id, chunk.start, chunk.end)?;
+        // Computed and valid: the known tokens and the accepted drafts.
+        let committed = known_end + emitted.len().saturating_sub(1);
+        seq.cache.set_num_tokens(committed, block_size)?;
+        if chunk.drafts > 0 {
+            // The live state went through every draft; the last accepted
+            // token's checkpoint is the state to keep.
+            let last = committed - chunk.start - 1;
+            if let (Some(&checkpoint), Some(live)) = (
+                seq.cache.checkpoint_slots().get(last),
+                seq.cache.state_slot(),
+            ) && last < chunk.drafts
+            {
+                backend.copy_state(cache, checkpoint, live);
+            }
+        }
+        seq.drafts.clear();
+        if chunk.drafts > 0 {
+            sched.end_speculation(chunk.id, chunk.drafts, accepted)?;
+        }
+        if !emitted.is_empty() {
+            sched.counters.generation_tokens += emitted.len() as u64;
+            let seq = sched.running_seq(chunk.id).context("sequence vanished")?;
+            seq.emit(EngineEvent::Tokens(emitted));
+        }
+        cache_progress(backend, cache, sched, chunk.id, chunk.start, committed)?;
     }
 
     for outcome in outcomes {
@@ -153,94 +213,35 @@ pub(crate) fn execute<B: Backend>(
     Ok(())
 }
 
-/// Ids that may be sampled: the tokenizer's vocabulary within the logits' width.
-fn sampled_vocab<B: Backend>(backend: &B, out: &B::Tensor, sched: &Scheduler) -> usize {
-    let vocab = backend.dims(out).1;
-    sched.config.sampled_vocab.map_or(vocab, |v| v.min(vocab))
-}
-
-/// Decide, for every sampled row in order, where its token comes from, and
-/// do the device work and copies that needs: the device argmax when every row
-/// is plain greedy; else, with `candidates`, the device's best candidates (or
-/// draw) for the rows a sampler can finish on them, and one copy of the
-/// other rows.
-fn row_sources<B: Backend>(
-    backend: &B,
-    out: &B::Tensor,
+/// The device-candidate request of every logits row, in order: one for the
+/// single row of a plain step whose sampler can finish on candidates, none
+/// for a speculative step's rows (each is sampled only if the rows before it
+/// matched their drafts, so none may draw from the RNG ahead of time).
+fn candidate_requests<B: Backend>(
     sched: &mut Scheduler,
     plan: &StepPlan,
-    all_plain_argmax: bool,
-    candidates: bool,
-) -> Result<Vec<RowSource>> {
-    let sampled_vocab = sampled_vocab(backend, out, sched);
-    if all_plain_argmax {
-        let ids = backend.argmax_rows(out, sampled_vocab);
-        return Ok(ids.into_iter().map(RowSource::Argmax).collect());
-    }
-    // Per sampled row: its candidate request, or None for a full-row copy.
+    chunk_rows: &[Option<ChunkRows>],
+    logits: &StepLogits<'_, B>,
+    use_candidates: bool,
+) -> Result<Vec<Option<CandidateRequest>>> {
     let mut requests = Vec::new();
-    for chunk in &plan.chunks {
+    for (chunk, rows) in plan.chunks.iter().zip(chunk_rows) {
+        let Some(rows) = rows else { continue };
+        if rows.count > 1 || !use_candidates {
+            requests.extend((0..rows.count).map(|_| None));
+            continue;
+        }
         let seq = sched
             .running_seq_mut(chunk.id)
             .context("sequence vanished")?;
-        if chunk.end != seq.tokens.len() {
-            continue;
-        }
-        let row = requests.len();
-        requests.push(if candidates {
-            seq.sampler
-                .candidate_request(&seq.tokens, row, sampled_vocab, DEFAULT_MAX_CANDIDATES)
-        } else {
-            None
-        });
+        requests.push(seq.sampler.candidate_request(
+            &seq.tokens,
+            rows.first,
+            logits.sampled_vocab,
+            DEFAULT_MAX_CANDIDATES,
+        ));
     }
-    let asked: Vec<CandidateRequest> = requests.iter().flatten().cloned().collect();
-    let mut found = backend.top_candidates(out, &asked).into_iter();
-    let full: Vec<usize> = (0..requests.len())
-        .filter(|&r| requests[r].is_none())
-        .collect();
-    let mut copied = host_rows(backend, out, &full, sampled_vocab).into_iter();
-    requests
-        .into_iter()
-        .enumerate()
-        .map(|(row, request)| {
-            Ok(match request {
-                Some(request) => RowSource::Candidates {
-                    row,
-                    request,
-                    found: found.next().context("missing candidates")?,
-                },
-                None => RowSource::Logits(copied.next().context("missing logits row")?),
-            })
-        })
-        .collect()
-}
-
-/// Rows `rows` of the logits, copied to the host in one transfer, with the
-/// padded ids (no token behind them) at `-inf` so they are never sampled.
-fn host_rows<B: Backend>(
-    backend: &B,
-    out: &B::Tensor,
-    rows: &[usize],
-    sampled_vocab: usize,
-) -> Vec<Vec<f32>> {
-    if rows.is_empty() {
-        return Vec::new();
-    }
-    let (num_rows, vocab) = backend.dims(out);
-    let values = if rows.len() == num_rows {
-        backend.to_host(out)
-    } else {
-        backend.to_host(&backend.gather_rows(out, rows))
-    };
-    values
-        .chunks_exact(vocab)
-        .map(|row| {
-            let mut row = row.to_vec();
-            row[sampled_vocab..].fill(f32::NEG_INFINITY);
-            row
-        })
-        .collect()
+    Ok(requests)
 }
 
 /// Offer what a prefill chunk computed to the prefix cache: on hybrid models

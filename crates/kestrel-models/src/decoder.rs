@@ -303,6 +303,7 @@ mod tests {
                     cached_len: 3,
                     block_table: vec![i as u32],
                     state_slot: i as u32,
+                    state_checkpoints: Vec::new(),
                 })
                 .collect(),
         }

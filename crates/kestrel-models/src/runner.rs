@@ -71,6 +71,7 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
                 cached_len: self.len,
                 block_table: self.block_table[..pages].to_vec(),
                 state_slot: 0,
+                state_checkpoints: Vec::new(),
             }],
         }
     }
@@ -164,6 +165,7 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
                 cached_len: 0,
                 block_table: self.block_table[..n.div_ceil(self.block_size)].to_vec(),
                 state_slot: 0,
+                state_checkpoints: Vec::new(),
             }],
         };
         let cache = self

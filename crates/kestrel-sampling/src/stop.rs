@@ -69,6 +69,19 @@ impl StopConditions {
         self
     }
 
+    /// How many more tokens may still be generated before a `Length` finish
+    /// (max_tokens or the context length), given `num_generated` so far and
+    /// a sequence of `seq_len` tokens. Speculative decoding drafts no further.
+    pub fn tokens_left(&self, num_generated: usize, seq_len: usize) -> usize {
+        let by_tokens = self
+            .max_tokens
+            .map_or(usize::MAX, |m| m.saturating_sub(num_generated));
+        let by_len = self
+            .max_seq_len
+            .map_or(usize::MAX, |m| m.saturating_sub(seq_len));
+        by_tokens.min(by_len)
+    }
+
     /// Ids that end generation: stop token ids, plus EOS unless ignored.
     /// These are the ids masked while fewer than `min_tokens` were generated.
     pub fn stopping_ids(&self) -> Vec<u32> {

@@ -54,6 +54,20 @@ impl HeadInputs<'_> {
         self.g.is_empty()
     }
 
+    /// The inputs of token `t` alone.
+    pub fn token(&self, t: usize) -> HeadInputs<'_> {
+        let (dk, dv) = (self.dk, self.dv);
+        HeadInputs {
+            q: &self.q[t * dk..(t + 1) * dk],
+            k: &self.k[t * dk..(t + 1) * dk],
+            v: &self.v[t * dv..(t + 1) * dv],
+            g: &self.g[t..t + 1],
+            beta: &self.beta[t..t + 1],
+            dk,
+            dv,
+        }
+    }
+
     fn check(&self, state: &[f32], out: &[f32]) {
         let n = self.len();
         assert_eq!(self.beta.len(), n, "beta length");
@@ -134,17 +148,56 @@ fn validate(
     );
     let mut seen = vec![false; slots];
     for (i, s) in batch.seqs.iter().enumerate() {
-        let slot = s.state_slot as usize;
+        for &slot in std::iter::once(&s.state_slot).chain(&s.state_checkpoints) {
+            let slot = slot as usize;
+            assert!(
+                slot < slots,
+                "sequence {i}: state slot {slot} out of range ({slots} slots)"
+            );
+            assert!(
+                !seen[slot],
+                "state slot {slot} is used twice in one batch (live slots and checkpoints must be distinct)"
+            );
+            seen[slot] = true;
+        }
         assert!(
-            slot < slots,
-            "sequence {i}: state slot {slot} out of range ({slots} slots)"
+            s.state_checkpoints.len() <= s.num_tokens,
+            "sequence {i}: {} state checkpoints for {} new tokens",
+            s.state_checkpoints.len(),
+            s.num_tokens
         );
         assert!(
-            !seen[slot],
-            "two sequences of one batch share state slot {slot}"
+            s.state_checkpoints.is_empty() || s.num_tokens < CHUNKED_MIN_TOKENS,
+            "sequence {i}: state checkpoints need the token-by-token form (fewer than {CHUNKED_MIN_TOKENS} new tokens)"
         );
-        seen[slot] = true;
     }
+}
+
+/// The conv window after each of the first `count` new tokens: the last
+/// `hist` rows of `[state ; inputs[..=i]]` (plain copies, so a checkpoint is
+/// exactly what running the tokens one step at a time leaves behind).
+fn conv_windows(
+    state: &[f32],
+    rows: &Rows,
+    channels: usize,
+    hist: usize,
+    count: usize,
+) -> Vec<Vec<f32>> {
+    let row = |r: usize| -> &[f32] {
+        if r < hist {
+            &state[r * channels..(r + 1) * channels]
+        } else {
+            let t = r - hist;
+            &rows.data[t * rows.stride..t * rows.stride + channels]
+        }
+    };
+    (0..count)
+        .map(|i| {
+            (i + 1..i + 1 + hist)
+                .flat_map(|r| row(r).iter().copied())
+                .collect()
+        })
+        .collect()
 }
 
 /// Runs one GDN layer over `proj [T, spec.proj_width()]`; returns `[T, Hv*Dv]`.
@@ -182,6 +235,17 @@ pub fn gated_delta_net(
             stride: proj_cols,
             count: n,
         };
+        let windows = conv_windows(
+            &state.conv[slot * conv_slot..(slot + 1) * conv_slot],
+            &rows,
+            conv_dim,
+            kernel - 1,
+            s.state_checkpoints.len(),
+        );
+        for (&ckpt, window) in s.state_checkpoints.iter().zip(windows) {
+            let c = ckpt as usize;
+            state.conv[c * conv_slot..(c + 1) * conv_slot].copy_from_slice(&window);
+        }
         causal_conv_silu(
             rows,
             &weight_t,
@@ -247,28 +311,47 @@ pub fn gated_delta_net(
             let st = heads_state[slot * hv + h]
                 .take()
                 .expect("slots are validated distinct");
-            work.push((seq_start, n, h, st, seg));
+            let checkpoints: Vec<&mut [f32]> = s
+                .state_checkpoints
+                .iter()
+                .map(|&c| {
+                    heads_state[c as usize * hv + h]
+                        .take()
+                        .expect("slots are validated distinct")
+                })
+                .collect();
+            work.push((seq_start, n, h, st, seg, checkpoints));
         }
         seq_start += n;
     }
     let group = hv / hk;
-    work.into_par_iter().for_each(|(t0, n, h, st, seg)| {
-        let kh = h / group;
-        let inputs = HeadInputs {
-            q: &q[(kh * t_total + t0) * dk..(kh * t_total + t0 + n) * dk],
-            k: &k[(kh * t_total + t0) * dk..(kh * t_total + t0 + n) * dk],
-            v: &v[(h * t_total + t0) * dv..(h * t_total + t0 + n) * dv],
-            g: &g[h * t_total + t0..h * t_total + t0 + n],
-            beta: &beta[h * t_total + t0..h * t_total + t0 + n],
-            dk,
-            dv,
-        };
-        if n >= CHUNKED_MIN_TOKENS {
-            chunked(&inputs, st, seg)
-        } else {
-            recurrent(&inputs, st, seg)
-        }
-    });
+    work.into_par_iter()
+        .for_each(|(t0, n, h, st, seg, mut checkpoints)| {
+            let kh = h / group;
+            let inputs = HeadInputs {
+                q: &q[(kh * t_total + t0) * dk..(kh * t_total + t0 + n) * dk],
+                k: &k[(kh * t_total + t0) * dk..(kh * t_total + t0 + n) * dk],
+                v: &v[(h * t_total + t0) * dv..(h * t_total + t0 + n) * dv],
+                g: &g[h * t_total + t0..h * t_total + t0 + n],
+                beta: &beta[h * t_total + t0..h * t_total + t0 + n],
+                dk,
+                dv,
+            };
+            if !checkpoints.is_empty() {
+                // One token at a time (the same arithmetic as `recurrent` over
+                // the run), keeping the state after each checkpointed token.
+                for (i, out) in seg.chunks_exact_mut(dv).enumerate() {
+                    recurrent(&inputs.token(i), st, out);
+                    if let Some(ckpt) = checkpoints.get_mut(i) {
+                        ckpt.copy_from_slice(st);
+                    }
+                }
+            } else if n >= CHUNKED_MIN_TOKENS {
+                chunked(&inputs, st, seg)
+            } else {
+                recurrent(&inputs, st, seg)
+            }
+        });
 
     // 4. Gated RMSNorm per (token, head): w * (o * rsqrt(mean(o^2) + eps)) * silu(z).
     let width = hv * dv;

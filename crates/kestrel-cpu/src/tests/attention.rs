@@ -69,6 +69,7 @@ fn run_in_chunks(
                 cached_len: done,
                 block_table: table.to_vec(),
                 state_slot: 0,
+                state_checkpoints: Vec::new(),
             }],
         };
         let x = be.from_host(n, width, &proj[done * width..(done + n) * width]);
@@ -158,6 +159,7 @@ fn batch_of_two_sequences_equals_each_alone() {
             cached_len: 0,
             block_table: a_table.clone(),
             state_slot: 0,
+            state_checkpoints: Vec::new(),
         }],
     };
     be.attention(
@@ -175,12 +177,14 @@ fn batch_of_two_sequences_equals_each_alone() {
                 cached_len: a_pre,
                 block_table: a_table,
                 state_slot: 0,
+                state_checkpoints: Vec::new(),
             },
             SeqChunk {
                 num_tokens: b_new,
                 cached_len: 0,
                 block_table: b_table,
                 state_slot: 1,
+                state_checkpoints: Vec::new(),
             },
         ],
     };

@@ -119,6 +119,7 @@ fn run(
                 cached_len: 0,
                 block_table: vec![],
                 state_slot: slot,
+                state_checkpoints: Vec::new(),
             })
             .collect(),
     };
@@ -225,4 +226,84 @@ fn batch_of_two_equals_each_alone_and_state_slots_work() {
     let fresh = run(&be, &mut cache(&s, 3), &w, &s, 0, &[(3, 0)], &next);
     assert_eq!(run(&be, &mut c2, &w, &s, 0, &[(3, 1)], &next), fresh);
     assert_ne!(from_1, fresh, "the carried state matters");
+}
+
+#[test]
+fn state_checkpoints_hold_the_state_after_each_token_bit_for_bit() {
+    let be = CpuBackend;
+    let s = spec();
+    let mut rng = Rng::new(34);
+    let w = weights(&mut rng, &s);
+    let width = s.proj_width();
+    let prefix = rng.vec(20 * width);
+    let verify = rng.vec(4 * width);
+    // Reference: the prefix, then the four tokens one decode step at a time,
+    // snapshotting the state after each into slots 1..=4.
+    let mut want = cache(&s, 8);
+    run(&be, &mut want, &w, &s, 0, &[(20, 0)], &prefix);
+    let mut want_out = Vec::new();
+    for t in 0..4 {
+        want_out.extend(run(
+            &be,
+            &mut want,
+            &w,
+            &s,
+            0,
+            &[(1, 0)],
+            &verify[t * width..(t + 1) * width],
+        ));
+        be.copy_state(&mut want, 0, 1 + t as u32);
+    }
+    // One verify call over the four tokens with checkpoints 5, 6, 7.
+    let mut got = cache(&s, 8);
+    run(&be, &mut got, &w, &s, 0, &[(20, 0)], &prefix);
+    let batch = ForwardBatch {
+        seqs: vec![SeqChunk {
+            state_checkpoints: vec![5, 6, 7],
+            ..SeqChunk::new(4, 20, vec![], 0)
+        }],
+    };
+    let x = be.from_host(4, width, &verify);
+    let got_out = be.to_host(&be.gated_delta_net(&x, &w, &s, &mut got, 0, &batch));
+    assert_eq!(got_out, want_out, "outputs equal decode steps bit for bit");
+    let (cl, rl) = (got.conv_slot_len(), got.recurrent_slot_len());
+    for (ckpt, reference) in [(5usize, 1usize), (6, 2), (7, 3), (0, 4)] {
+        let layer = (&got.gdn[0], &want.gdn[0]);
+        assert_eq!(
+            layer.0.recurrent[ckpt * rl..(ckpt + 1) * rl],
+            layer.1.recurrent[reference * rl..(reference + 1) * rl],
+            "recurrent state in slot {ckpt}"
+        );
+        assert_eq!(
+            layer.0.conv[ckpt * cl..(ckpt + 1) * cl],
+            layer.1.conv[reference * cl..(reference + 1) * cl],
+            "conv window in slot {ckpt}"
+        );
+    }
+    // Resuming from a checkpoint continues exactly like the reference.
+    let next = rng.vec(2 * width);
+    be.copy_state(&mut got, 6, 0);
+    be.copy_state(&mut want, 2, 0);
+    assert_eq!(
+        run(&be, &mut got, &w, &s, 0, &[(2, 0)], &next),
+        run(&be, &mut want, &w, &s, 0, &[(2, 0)], &next)
+    );
+}
+
+#[test]
+#[should_panic(expected = "used twice")]
+fn a_checkpoint_may_not_alias_a_live_slot() {
+    let be = CpuBackend;
+    let s = spec();
+    let mut rng = Rng::new(35);
+    let w = weights(&mut rng, &s);
+    let mut c = cache(&s, 4);
+    let batch = ForwardBatch {
+        seqs: vec![SeqChunk {
+            state_checkpoints: vec![1, 0],
+            ..SeqChunk::new(3, 0, vec![], 0)
+        }],
+    };
+    let x = be.from_host(3, s.proj_width(), &rng.vec(3 * s.proj_width()));
+    be.gated_delta_net(&x, &w, &s, &mut c, 0, &batch);
 }

@@ -11,6 +11,9 @@ pub struct SequenceCache {
     block_table: Vec<u32>,
     num_tokens: usize,
     state_slot: Option<u32>,
+    /// Slots holding the state after each verified token during a
+    /// speculative step (hybrid models); held for that step only.
+    checkpoint_slots: Vec<u32>,
 }
 
 impl SequenceCache {
@@ -25,6 +28,7 @@ impl SequenceCache {
             block_table: blocks,
             num_tokens,
             state_slot: None,
+            checkpoint_slots: Vec::new(),
         }
     }
 
@@ -95,6 +99,40 @@ impl SequenceCache {
         Ok(slot)
     }
 
+    pub fn checkpoint_slots(&self) -> &[u32] {
+        &self.checkpoint_slots
+    }
+
+    /// Take `n` checkpoint slots for a speculative step, all or nothing.
+    pub fn attach_checkpoint_slots(
+        &mut self,
+        n: usize,
+        slots: &mut StateSlots,
+    ) -> Result<(), CacheError> {
+        if n > slots.num_free() {
+            return Err(CacheError::Invalid(format!(
+                "{n} checkpoint slots asked, {} free",
+                slots.num_free()
+            )));
+        }
+        for _ in 0..n {
+            let slot = slots.allocate()?;
+            self.checkpoint_slots.push(slot);
+        }
+        Ok(())
+    }
+
+    /// Give the checkpoint slots back (the step is over).
+    pub fn release_checkpoint_slots(&mut self, slots: &mut StateSlots) -> Result<(), CacheError> {
+        let mut first_error = None;
+        for slot in self.checkpoint_slots.drain(..) {
+            if let Err(e) = slots.free(slot) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// Give back every page reference and the slot; the sequence is empty
     /// afterwards (finished, aborted, or preempted for recompute). All
     /// references are dropped even if one fails; the first error is returned.
@@ -112,6 +150,9 @@ impl SequenceCache {
         if let Some(slot) = self.state_slot.take()
             && let Err(e) = slots.free(slot)
         {
+            first_error.get_or_insert(e);
+        }
+        if let Err(e) = self.release_checkpoint_slots(slots) {
             first_error.get_or_insert(e);
         }
         self.num_tokens = 0;

@@ -17,6 +17,7 @@ pub(super) fn attention_steps(block_size: usize, pages: &[u32]) -> Vec<ForwardBa
         cached_len: cached,
         block_table: table[..(cached + n).div_ceil(block_size)].to_vec(),
         state_slot: slot,
+        state_checkpoints: Vec::new(),
     };
     vec![
         ForwardBatch {
@@ -88,6 +89,7 @@ fn attention_prefill_long(c: &mut Ctx, shape: &AttnShape) {
         cached_len: cached,
         block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
         state_slot: 0,
+        state_checkpoints: Vec::new(),
     };
     let steps = vec![
         ForwardBatch {
@@ -117,6 +119,7 @@ fn attention_decode(c: &mut Ctx, shape: &AttnShape) {
         cached_len: cached,
         block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
         state_slot: 0,
+        state_checkpoints: Vec::new(),
     };
     let prefill = (0..8)
         .filter(|&i| lens[i] > 1)
@@ -150,6 +153,7 @@ fn attention_prefill(c: &mut Ctx, shape: &AttnShape) {
         cached_len: cached,
         block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
         state_slot: 0,
+        state_checkpoints: Vec::new(),
     };
     let steps = vec![
         ForwardBatch {

@@ -287,6 +287,7 @@ fn batch(seqs: &[(usize, u32)]) -> ForwardBatch {
                 cached_len: 0,
                 block_table: vec![],
                 state_slot: slot,
+                state_checkpoints: Vec::new(),
             })
             .collect(),
     }

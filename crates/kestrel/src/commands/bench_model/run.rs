@@ -150,6 +150,7 @@ fn prefill_sequence<B: Backend>(
                 cached_len: done,
                 block_table: pages[..(done + n).div_ceil(BLOCK_SIZE)].to_vec(),
                 state_slot: slot,
+                state_checkpoints: Vec::new(),
             }],
         };
         let chunk = &ids[done..done + n];
@@ -260,6 +261,7 @@ fn decode<B: Backend>(
                     cached_len: len,
                     block_table: t[..(len + 1).div_ceil(BLOCK_SIZE)].to_vec(),
                     state_slot: s as u32,
+                    state_checkpoints: Vec::new(),
                 })
                 .collect(),
         };

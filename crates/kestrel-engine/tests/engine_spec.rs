@@ -1,0 +1,370 @@
+//! Speculative decoding never changes the output: every scenario runs with
+//! speculation off and then on with one proposer after another (drafts all
+//! right, all wrong, none, k alternating 0/3/1, random, n-gram lookup), and
+//! the tokens, finish reasons, usage and every sampled logits row must be
+//! bit-identical. Scenarios cover prefix-cache hits on and one token past a
+//! block boundary, forced preemption, the context limit, stop tokens inside
+//! an accepted run, mixed batches and seeded sampling.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use kestrel_cpu::CpuBackend;
+use kestrel_engine::spec::{DraftSource, NgramConfig, SpeculativeConfig, SpeculativeMethod};
+use kestrel_engine::{Engine, EngineConfig, EngineOptions, EngineStats, GenerateRequest};
+use kestrel_sampling::{FinishReason, SamplingParams};
+
+/// The reference continuation of every request, from a run without speculation.
+type Reference = Arc<HashMap<String, Vec<u32>>>;
+
+#[derive(Clone, Copy, Debug)]
+enum Drafts {
+    AllRight,
+    AllWrong,
+    Zero,
+    Alternating,
+    Random,
+}
+
+/// Drafts derived from the reference continuation.
+struct Adversary {
+    kind: Drafts,
+    reference: Reference,
+    vocab: u32,
+    calls: Mutex<(u64, HashMap<String, usize>)>,
+}
+
+impl DraftSource for Adversary {
+    fn drafts(&self, id: &str, tokens: &[u32], prompt_len: usize, max: usize) -> Vec<u32> {
+        let Some(want) = self.reference.get(id) else {
+            return Vec::new();
+        };
+        let generated = tokens.len() - prompt_len;
+        let right: Vec<u32> = want.iter().skip(generated).take(max).copied().collect();
+        let mut calls = self.calls.lock().unwrap();
+        let (rng, per_request) = &mut *calls;
+        let call = per_request.entry(id.to_string()).or_default();
+        *call += 1;
+        match self.kind {
+            Drafts::AllRight => right,
+            Drafts::AllWrong => right.iter().map(|t| (t + 1) % self.vocab).collect(),
+            Drafts::Zero => Vec::new(),
+            Drafts::Alternating => right.into_iter().take([0, 3, 1][*call % 3]).collect(),
+            Drafts::Random => {
+                let mut next = || {
+                    *rng ^= *rng << 13;
+                    *rng ^= *rng >> 7;
+                    *rng ^= *rng << 17;
+                    *rng
+                };
+                let k = (next() % 5) as usize;
+                (0..k.min(max))
+                    .map(|i| {
+                        let good = right.get(i).copied().unwrap_or(7);
+                        if next() % 3 == 0 {
+                            (good + 5) % self.vocab
+                        } else {
+                            good
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+fn adversary(kind: Drafts, reference: &Reference, vocab: u32) -> SpeculativeMethod {
+    SpeculativeMethod::External(Arc::new(Adversary {
+        kind,
+        reference: Arc::clone(reference),
+        vocab,
+        calls: Mutex::new((0x2545_F491_4F6C_DD1D, HashMap::new())),
+    }))
+}
+
+/// How the requests of a scenario are submitted.
+#[derive(Clone, Copy)]
+enum Arrival {
+    Together,
+    Staggered,
+    OneByOne,
+}
+
+struct Scenario {
+    name: &'static str,
+    config: EngineConfig,
+    requests: Vec<GenerateRequest>,
+    arrival: Arrival,
+}
+
+struct Run {
+    outputs: Vec<Output>,
+    logits: LogitsByRequest,
+    stats: EngineStats,
+}
+
+fn run(model: TestModel, s: &Scenario, method: Option<SpeculativeMethod>, k: usize) -> Run {
+    let recorder = Recorder::default();
+    let options = EngineOptions {
+        speculative: method.map(|method| SpeculativeConfig {
+            method,
+            num_speculative_tokens: k,
+        }),
+        observer: Some(recorder.observer()),
+        ..EngineOptions::default()
+    };
+    let engine =
+        Engine::spawn_with_options(CpuBackend::new(), model.load(), s.config.clone(), options)
+            .expect("engine starts");
+    let outputs = match s.arrival {
+        Arrival::Together => run_together(&engine, &s.requests),
+        Arrival::Staggered => run_staggered(&engine, &s.requests),
+        Arrival::OneByOne => s
+            .requests
+            .iter()
+            .map(|r| run_one(&engine, r.clone()))
+            .collect(),
+    };
+    let stats = wait_idle(&engine);
+    Run {
+        outputs,
+        logits: recorder.take(),
+        stats,
+    }
+}
+
+fn check_all_proposers(model: TestModel, s: &Scenario) {
+    let off = run(model, s, None, 0);
+    let reference: Reference = Arc::new(
+        s.requests
+            .iter()
+            .zip(&off.outputs)
+            .map(|(r, o)| (r.request_id.clone(), o.tokens.clone()))
+            .collect(),
+    );
+    let vocab = model.vocab();
+    let mut methods: Vec<(String, SpeculativeMethod, usize)> = [
+        Drafts::AllRight,
+        Drafts::AllWrong,
+        Drafts::Zero,
+        Drafts::Alternating,
+        Drafts::Random,
+    ]
+    .into_iter()
+    .map(|d| (format!("{d:?}"), adversary(d, &reference, vocab), 4))
+    .collect();
+    methods.push((
+        "ngram".into(),
+        SpeculativeMethod::Ngram(NgramConfig::new(1, 3, 4).unwrap()),
+        4,
+    ));
+    for (name, method, k) in methods {
+        let on = run(model, s, Some(method), k);
+        let what = format!("{model:?} / {} / {name}", s.name);
+        assert_eq!(on.outputs, off.outputs, "{what}: outputs");
+        assert_same_logits(&on.logits, &off.logits, &what);
+        let st = &on.stats;
+        if name == "AllRight" {
+            assert!(
+                st.spec_decode_num_draft_tokens_total > 0,
+                "{what}: drafts were verified"
+            );
+            assert_eq!(
+                st.spec_decode_num_accepted_tokens_total, st.spec_decode_num_draft_tokens_total,
+                "{what}: right drafts are all accepted"
+            );
+            assert!(
+                st.engine_steps_total < off.stats.engine_steps_total,
+                "{what}: accepted drafts save steps ({} vs {})",
+                st.engine_steps_total,
+                off.stats.engine_steps_total
+            );
+        }
+        if name == "AllWrong" {
+            assert_eq!(st.spec_decode_num_accepted_tokens_total, 0, "{what}");
+            assert!(st.spec_decode_num_draft_tokens_total > 0, "{what}");
+        }
+        if name == "Zero" {
+            assert_eq!(st.spec_decode_num_drafts_total, 0, "{what}");
+        }
+        assert_eq!(
+            st.generation_tokens_total, off.stats.generation_tokens_total,
+            "{what}: generation tokens counted once"
+        );
+    }
+}
+
+fn requests(vocab: u32, lens: &[usize], params: SamplingParams) -> Vec<GenerateRequest> {
+    lens.iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            named(
+                &format!("r{i}"),
+                &prompt(40 + i as u64, n, vocab),
+                params.clone(),
+            )
+        })
+        .collect()
+}
+
+fn scenarios(model: TestModel) -> Vec<Scenario> {
+    let vocab = model.vocab();
+    let base = prompt(7, 80, vocab);
+    let shared = |cut: usize, tail_seed: u64, id: &str| {
+        let mut p = base[..cut].to_vec();
+        p.extend(prompt(tail_seed, 9, vocab));
+        named(id, &p, greedy(14))
+    };
+    let near_limit = {
+        let mut c = config();
+        c.max_model_len = 96;
+        c
+    };
+    let preempting = {
+        let mut c = config();
+        c.force_preempt_at = Some(2);
+        c
+    };
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: Some(11),
+        max_tokens: Some(20),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    vec![
+        Scenario {
+            name: "staggered",
+            config: config(),
+            requests: requests(vocab, &[5, 37, 150], greedy(24)),
+            arrival: Arrival::Staggered,
+        },
+        Scenario {
+            name: "prefix hits on and past a block boundary",
+            config: config(),
+            requests: vec![
+                named("a", &base, greedy(12)),
+                shared(64, 1, "on-boundary"),
+                shared(65, 2, "past-boundary"),
+                named("again", &base, greedy(12)),
+            ],
+            arrival: Arrival::OneByOne,
+        },
+        Scenario {
+            name: "forced preemption",
+            config: preempting,
+            requests: requests(vocab, &[20, 33, 18], greedy(26)),
+            arrival: Arrival::Together,
+        },
+        Scenario {
+            name: "context limit",
+            config: near_limit,
+            // Each request may grow exactly to the context length.
+            requests: [70usize, 90]
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    named(
+                        &format!("r{i}"),
+                        &prompt(50 + i as u64, n, vocab),
+                        greedy(96 - n),
+                    )
+                })
+                .collect(),
+            arrival: Arrival::Together,
+        },
+        Scenario {
+            name: "mixed batch",
+            config: config(),
+            requests: requests(vocab, &[3, 120, 9, 64], greedy(20)),
+            arrival: Arrival::Staggered,
+        },
+        Scenario {
+            name: "seeded sampling",
+            config: config(),
+            requests: requests(vocab, &[12, 30], sampled),
+            arrival: Arrival::Together,
+        },
+    ]
+}
+
+/// The context-limit scenario's requests finish by length at 96 tokens.
+fn check_context_limit(model: TestModel) {
+    let s = &scenarios(model)[3];
+    let off = run(model, s, None, 0);
+    for o in &off.outputs {
+        assert_eq!(o.reason, FinishReason::Length);
+        assert_eq!(o.usage.prompt_tokens + o.usage.completion_tokens, 96);
+    }
+}
+
+/// A stop token the reference emits mid-run ends the request there, with
+/// speculation as without, even when it sits inside an accepted draft run.
+fn check_stop_token_inside_accepted_run(model: TestModel) {
+    let vocab = model.vocab();
+    let p = prompt(99, 21, vocab);
+    let probe = Scenario {
+        name: "stop probe",
+        config: config(),
+        requests: vec![named("s", &p, greedy(30))],
+        arrival: Arrival::OneByOne,
+    };
+    let full = run(model, &probe, None, 0).outputs.remove(0).tokens;
+    let stop = full[9];
+    let first = full.iter().position(|&t| t == stop).unwrap();
+    let mut params = greedy(30);
+    params.stop_token_ids = vec![stop];
+    let s = Scenario {
+        name: "stop token inside an accepted run",
+        config: config(),
+        requests: vec![named("s", &p, params)],
+        arrival: Arrival::OneByOne,
+    };
+    let off = run(model, &s, None, 0);
+    assert_eq!(off.outputs[0].reason, FinishReason::Stop);
+    assert_eq!(off.outputs[0].tokens, full[..=first]);
+    check_all_proposers(model, &s);
+}
+
+fn check_model(model: TestModel) {
+    for s in scenarios(model) {
+        check_all_proposers(model, &s);
+    }
+    check_context_limit(model);
+    check_stop_token_inside_accepted_run(model);
+}
+
+#[test]
+fn speculation_is_lossless_on_the_attention_only_moe() {
+    check_model(TestModel::Moe);
+}
+
+#[test]
+fn speculation_is_lossless_on_the_hybrid_golden_model() {
+    check_model(TestModel::HybridGolden);
+}
+
+#[test]
+fn speculation_is_lossless_on_the_bundled_model() {
+    check_model(TestModel::Bundled);
+}
+
+#[test]
+fn zero_speculative_tokens_is_refused() {
+    let options = EngineOptions {
+        speculative: Some(SpeculativeConfig {
+            method: SpeculativeMethod::Ngram(NgramConfig::new(1, 2, 2).unwrap()),
+            num_speculative_tokens: 0,
+        }),
+        ..EngineOptions::default()
+    };
+    let err =
+        Engine::spawn_with_options(CpuBackend::new(), TestModel::Moe.load(), config(), options)
+            .err()
+            .expect("refused");
+    assert!(err.to_string().contains("num_speculative_tokens"), "{err}");
+}
