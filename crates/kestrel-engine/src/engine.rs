@@ -14,7 +14,7 @@ use crate::client::{Command, EngineHandle, Shared};
 use crate::handle::{EngineConfig, EngineEvent};
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
-use crate::spec::{Proposer, SpeculativeConfig};
+use crate::spec::{self, Proposer, SpeculativeConfig};
 use crate::step;
 
 /// Starts engines; see [`Engine::spawn`].
@@ -104,19 +104,16 @@ impl Engine {
         let model_config = model.config();
         let hybrid = model_config.arch.is_hybrid();
         check_config(&config, hybrid)?;
-        let proposer = match &speculative {
-            None => None,
-            Some(spec) => {
-                if hybrid && !backend.supports_state_checkpoints() {
-                    bail!(
-                        "speculative decoding on a hybrid model needs state checkpoints, which \
-                         the {} backend does not support yet",
-                        backend.name()
-                    );
-                }
-                Some(Proposer::new(spec).map_err(anyhow::Error::msg)?)
+        if let Some(spec) = &speculative {
+            if hybrid && !backend.supports_state_checkpoints() {
+                bail!(
+                    "speculative decoding on a hybrid model needs state checkpoints, which the \
+                     {} backend does not support yet",
+                    backend.name()
+                );
             }
-        };
+            spec::check(spec, model.mtp.is_some()).map_err(anyhow::Error::msg)?;
+        }
         let vocab_size = model_config.vocab_size;
         let shared = Arc::new(Shared::new(
             config.clone(),
@@ -149,6 +146,18 @@ impl Engine {
                         let _ = ready_tx.send(Err(anyhow::anyhow!(
                             "cannot allocate the engine's caches: {e}"
                         )));
+                        return;
+                    }
+                };
+                let proposer = match speculative
+                    .as_ref()
+                    .map(|spec| Proposer::new(spec, &backend, &model, &config))
+                    .transpose()
+                {
+                    Ok(proposer) => proposer,
+                    Err(e) => {
+                        thread_shared.alive.store(false, Ordering::Release);
+                        let _ = ready_tx.send(Err(e.context("cannot start speculative decoding")));
                         return;
                     }
                 };
@@ -225,7 +234,7 @@ struct EngineLoop<B: Backend> {
     /// Sample from the backend's best candidates where they decide the token
     /// (see `choose`); off only in tests.
     use_candidates: bool,
-    proposer: Option<Proposer>,
+    proposer: Option<Proposer<B>>,
     /// Drafts at or beyond this id are dropped (they could not be embedded).
     vocab_size: usize,
 }
@@ -357,6 +366,7 @@ impl<B: Backend> EngineLoop<B> {
             plan,
             self.observer.as_mut(),
             self.use_candidates,
+            self.proposer.as_mut().and_then(Proposer::hidden_reader),
         )
     }
 

@@ -14,6 +14,7 @@ use crate::client::SeqId;
 use crate::engine::LogitsObserver;
 use crate::handle::EngineEvent;
 use crate::scheduler::{Scheduler, StateOp, StepPlan};
+use crate::spec::mtp::{CommittedRows, MtpDrafter};
 
 /// What happened to a sequence in this step, applied after all sampling.
 enum Outcome {
@@ -37,6 +38,7 @@ pub(crate) fn execute<B: Backend>(
     plan: StepPlan,
     mut observer: Option<&mut LogitsObserver>,
     use_candidates: bool,
+    drafter: Option<&mut MtpDrafter<B>>,
 ) -> Result<()> {
     if plan.chunks.is_empty() {
         return Ok(());
@@ -99,15 +101,32 @@ pub(crate) fn execute<B: Backend>(
         .collect();
 
     // One step either way; ending in logits lets decode steps be replayed.
-    let out = if logit_rows.is_empty() {
-        model.decoder.forward(backend, &ids, &batch, cache);
-        None
-    } else {
-        Some(
-            model
-                .decoder
-                .step_logits(backend, &ids, &batch, cache, &logit_rows),
-        )
+    // A drafter that reads the hidden states gets them too.
+    let wants_hidden = drafter.is_some();
+    let (out, hidden) = match (logit_rows.is_empty(), wants_hidden) {
+        (true, false) => {
+            model.decoder.forward(backend, &ids, &batch, cache);
+            (None, None)
+        }
+        (true, true) => (
+            None,
+            Some(model.decoder.forward(backend, &ids, &batch, cache)),
+        ),
+        (false, false) => (
+            Some(
+                model
+                    .decoder
+                    .step_logits(backend, &ids, &batch, cache, &logit_rows),
+            ),
+            None,
+        ),
+        (false, true) => {
+            let (logits, hidden) =
+                model
+                    .decoder
+                    .step_logits_and_hidden(backend, &ids, &batch, cache, &logit_rows);
+            (Some(logits), Some(hidden))
+        }
     };
     let step_logits = out
         .as_ref()
@@ -131,6 +150,7 @@ pub(crate) fn execute<B: Backend>(
     };
 
     let mut outcomes = Vec::new();
+    let mut committed_ends = Vec::with_capacity(plan.chunks.len());
     for (chunk, rows) in plan.chunks.iter().zip(&chunk_rows) {
         let seq = sched
             .running_seq_mut(chunk.id)
@@ -138,6 +158,7 @@ pub(crate) fn execute<B: Backend>(
         let known_end = chunk.end - chunk.drafts;
         let Some(rows) = rows else {
             seq.cache.set_num_tokens(chunk.end, block_size)?;
+            committed_ends.push(chunk.end);
             cache_progress(backend, cache, sched, chunk.id, chunk.start, chunk.end)?;
             continue;
         };
@@ -201,7 +222,37 @@ pub(crate) fn execute<B: Backend>(
             let seq = sched.running_seq(chunk.id).context("sequence vanished")?;
             seq.emit(EngineEvent::Tokens(emitted));
         }
+        committed_ends.push(committed);
         cache_progress(backend, cache, sched, chunk.id, chunk.start, committed)?;
+    }
+
+    if let (Some(drafter), Some(hidden)) = (drafter, hidden.as_ref()) {
+        let ended: Vec<SeqId> = outcomes
+            .iter()
+            .map(|o| match o {
+                Outcome::Finished(id, _) | Outcome::Failed(id, _) => *id,
+            })
+            .collect();
+        let mut first_row = 0;
+        let mut rows = Vec::with_capacity(plan.chunks.len());
+        for (chunk, &committed) in plan.chunks.iter().zip(&committed_ends) {
+            let row = first_row;
+            first_row += chunk.end - chunk.start;
+            if ended.contains(&chunk.id) {
+                continue;
+            }
+            let seq = sched.running_seq(chunk.id).context("sequence vanished")?;
+            rows.push(CommittedRows {
+                id: chunk.id,
+                first_row: row,
+                start: chunk.start,
+                committed,
+                tokens: &seq.tokens,
+                block_table: seq.cache.block_table(),
+                decodes_next: committed + 1 == seq.tokens.len(),
+            });
+        }
+        drafter.after_step(backend, model, hidden, &rows)?;
     }
 
     for outcome in outcomes {

@@ -161,6 +161,9 @@ fn check_all_proposers(model: TestModel, s: &Scenario) {
         SpeculativeMethod::Ngram(NgramConfig::new(1, 3, 4).unwrap()),
         4,
     ));
+    if model.has_mtp_head() {
+        methods.push(("mtp".into(), SpeculativeMethod::Mtp, 3));
+    }
     for (name, method, k) in methods {
         let on = run(model, s, Some(method), k);
         let what = format!("{model:?} / {} / {name}", s.name);
@@ -351,6 +354,40 @@ fn speculation_is_lossless_on_the_hybrid_golden_model() {
 #[test]
 fn speculation_is_lossless_on_the_bundled_model() {
     check_model(TestModel::Bundled);
+}
+
+#[test]
+fn mtp_at_every_depth_is_lossless() {
+    for model in [TestModel::HybridGolden, TestModel::Bundled] {
+        let s = &scenarios(model)[0];
+        let off = run(model, s, None, 0);
+        for k in [1, 2, 4] {
+            let on = run(model, s, Some(SpeculativeMethod::Mtp), k);
+            let what = format!("{model:?} / MTP k = {k}");
+            assert_eq!(on.outputs, off.outputs, "{what}");
+            assert_same_logits(&on.logits, &off.logits, &what);
+            assert!(
+                on.stats.spec_decode_num_draft_tokens_total > 0,
+                "{what}: drafted"
+            );
+        }
+    }
+}
+
+#[test]
+fn mtp_is_refused_without_an_mtp_head() {
+    let options = EngineOptions {
+        speculative: Some(SpeculativeConfig {
+            method: SpeculativeMethod::Mtp,
+            num_speculative_tokens: 2,
+        }),
+        ..EngineOptions::default()
+    };
+    let err =
+        Engine::spawn_with_options(CpuBackend::new(), TestModel::Moe.load(), config(), options)
+            .err()
+            .expect("refused");
+    assert!(err.to_string().contains("MTP head"), "{err}");
 }
 
 #[test]

@@ -203,6 +203,32 @@ impl<B: Backend> Decoder<B> {
         })
     }
 
+    /// [`Self::step_logits`] (the same logits, bit for bit) that also
+    /// returns the hidden states of every row before the final norm, for a
+    /// drafter that reads them (the MTP head). Not keyed for replay: the
+    /// recording of a step returns one tensor.
+    pub fn step_logits_and_hidden(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut B::Cache,
+        rows: &[usize],
+    ) -> (B::Tensor, B::Tensor) {
+        let mut hidden = None;
+        let logits = b.run_step(ids, batch, cache, None, &mut |cache| {
+            let (residual, out) = self.forward_layers_unadded(b, ids, batch, cache);
+            let all: Vec<usize> = (0..b.dims(&residual).0).collect();
+            let mut sum = b.gather_rows(&residual, &all);
+            if let Some(out) = &out {
+                b.add_assign(&mut sum, out);
+            }
+            hidden = Some(sum);
+            self.logits_of_sum(b, residual, out, rows)
+        });
+        (logits, hidden.expect("an unkeyed step runs its closure"))
+    }
+
     /// The replay key of a decode step: this model, the number of sequences
     /// and which rows get logits. Prefill chunks are not keyed (their shapes
     /// vary too much for recordings to pay off).

@@ -37,6 +37,8 @@ pub struct ServerConfig {
     pub dummy_weights: bool,
     /// Cap on the context length (vLLM `--max-model-len`); `None`: the model's.
     pub max_model_len: Option<usize>,
+    /// Speculative decoding (vLLM `--speculative-config`); `None`: off.
+    pub speculative: Option<kestrel_engine::spec::SpeculativeConfig>,
 }
 
 impl ServerConfig {
@@ -58,6 +60,7 @@ impl ServerConfig {
             sse_ping_interval: Duration::from_secs(15),
             show_progress: false,
             dummy_weights: false,
+            speculative: None,
             max_model_len: None,
         }
     }

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_api::SamplingDefaults;
 use kestrel_core::Backend;
-use kestrel_engine::{Engine, EngineConfig};
+use kestrel_engine::{Engine, EngineConfig, EngineOptions};
 use kestrel_models::Model;
 use kestrel_text::{ChatTemplate, Tokenizer};
 use serde_json::Value;
@@ -106,7 +106,19 @@ fn load<B: Backend>(
         max_model_len,
         (engine_config.num_blocks * engine_config.block_size) as f64 / max_model_len as f64
     );
-    let engine = Engine::spawn(backend, model, engine_config).context("cannot start the engine")?;
+    if let Some(spec) = &config.speculative {
+        tracing::info!(
+            "speculative decoding: {:?}, up to {} drafts a step",
+            spec.method,
+            spec.num_speculative_tokens
+        );
+    }
+    let options = EngineOptions {
+        speculative: config.speculative.clone(),
+        ..EngineOptions::default()
+    };
+    let engine = Engine::spawn_with_options(backend, model, engine_config, options)
+        .context("cannot start the engine")?;
     Ok(LoadedModel {
         engine,
         tokenizer,
@@ -129,11 +141,15 @@ pub fn engine_config(config: &ServerConfig, max_model_len: usize) -> EngineConfi
     });
     // Running sequences each need a slot; as many again keep prefix-cache
     // snapshots of hybrid models' recurrent state.
-    let num_state_slots = if config.enable_prefix_cache {
+    let mut num_state_slots = if config.enable_prefix_cache {
         config.max_num_seqs * 2
     } else {
         config.max_num_seqs
     };
+    // Speculating sequences hold a checkpoint slot per draft for the step.
+    if let Some(spec) = &config.speculative {
+        num_state_slots += config.max_num_seqs * spec.num_speculative_tokens;
+    }
     EngineConfig {
         max_num_seqs: config.max_num_seqs,
         max_queued_requests: config.max_queued_requests,

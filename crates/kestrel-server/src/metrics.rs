@@ -215,6 +215,36 @@ impl ServerMetrics {
             "Prefix-cache hits, in tokens.",
             stats.prefix_cache_hits_total,
         );
+        counter(
+            &mut out,
+            "vllm:spec_decode_num_drafts_total",
+            "Speculative steps of a sequence that carried drafts.",
+            stats.spec_decode_num_drafts_total,
+        );
+        counter(
+            &mut out,
+            "vllm:spec_decode_num_draft_tokens_total",
+            "Draft tokens verified.",
+            stats.spec_decode_num_draft_tokens_total,
+        );
+        counter(
+            &mut out,
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "Draft tokens accepted.",
+            stats.spec_decode_num_accepted_tokens_total,
+        );
+        let name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Draft tokens accepted, by draft position.\n# TYPE {name} counter"
+        );
+        for (position, v) in stats
+            .spec_decode_num_accepted_tokens_per_pos_total
+            .iter()
+            .enumerate()
+        {
+            let _ = writeln!(out, "{name}{{{labels},position=\"{position}\"}} {v}");
+        }
 
         let finished = *self.finished.lock().unwrap_or_else(|p| p.into_inner());
         let name = "vllm:request_success_total";

@@ -23,19 +23,28 @@
 //! the last accepted token. Verify chunks start after the prompt, so nothing
 //! speculative is offered to the prefix cache.
 
+pub(crate) mod mtp;
 pub mod ngram;
 
 use std::sync::Arc;
 
+use kestrel_core::Backend;
+use kestrel_models::Model;
+
 pub use ngram::NgramConfig;
 
+use crate::handle::EngineConfig;
 use crate::sequence::Sequence;
+use mtp::MtpDrafter;
 
 /// How drafts are made.
 #[derive(Clone)]
 pub enum SpeculativeMethod {
     /// Prompt lookup (vLLM's `ngram`).
     Ngram(NgramConfig),
+    /// The model's multi-token-prediction head, chained (vLLM's
+    /// `qwen3_next_mtp`).
+    Mtp,
     /// Drafts from outside the engine: adversarial drafts in tests, the
     /// replayed continuation of `bench-model`.
     External(Arc<dyn DraftSource>),
@@ -45,6 +54,7 @@ impl std::fmt::Debug for SpeculativeMethod {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SpeculativeMethod::Ngram(c) => write!(f, "Ngram({c:?})"),
+            SpeculativeMethod::Mtp => write!(f, "Mtp"),
             SpeculativeMethod::External(_) => write!(f, "External"),
         }
     }
@@ -66,20 +76,48 @@ pub trait DraftSource: Send + Sync {
     fn drafts(&self, request_id: &str, tokens: &[u32], prompt_len: usize, max: usize) -> Vec<u32>;
 }
 
-/// The engine's proposer, built once from the configuration.
-pub(crate) struct Proposer {
+/// The engine's proposer, built once from the configuration (on the
+/// engine thread: the MTP head's cache lives on the device).
+pub(crate) struct Proposer<B: Backend> {
     method: SpeculativeMethod,
     max_drafts: usize,
+    mtp: Option<MtpDrafter<B>>,
 }
 
-impl Proposer {
-    pub fn new(config: &SpeculativeConfig) -> Result<Self, String> {
-        if config.num_speculative_tokens == 0 {
-            return Err("num_speculative_tokens must be at least 1".into());
-        }
+/// The settings a configuration must pass before the engine starts.
+pub(crate) fn check(config: &SpeculativeConfig, has_mtp_head: bool) -> Result<(), String> {
+    if config.num_speculative_tokens == 0 {
+        return Err("num_speculative_tokens must be at least 1".into());
+    }
+    if matches!(config.method, SpeculativeMethod::Mtp) && !has_mtp_head {
+        return Err("MTP speculation needs a model with an MTP head (mtp.* weights)".into());
+    }
+    Ok(())
+}
+
+impl<B: Backend> Proposer<B> {
+    pub fn new(
+        config: &SpeculativeConfig,
+        backend: &B,
+        model: &Model<B>,
+        engine: &EngineConfig,
+    ) -> anyhow::Result<Self> {
+        check(config, model.mtp.is_some()).map_err(anyhow::Error::msg)?;
+        let mtp = match config.method {
+            SpeculativeMethod::Mtp => Some(MtpDrafter::new(
+                backend,
+                model,
+                engine.num_blocks,
+                engine.block_size,
+                config.num_speculative_tokens,
+                engine.sampled_vocab.unwrap_or(model.config().vocab_size),
+            )?),
+            _ => None,
+        };
         Ok(Self {
             method: config.method.clone(),
             max_drafts: config.num_speculative_tokens,
+            mtp,
         })
     }
 
@@ -95,8 +133,18 @@ impl Proposer {
             SpeculativeMethod::External(source) => {
                 source.drafts(&seq.request_id, &seq.tokens, seq.prompt_len, limit)
             }
+            SpeculativeMethod::Mtp => self
+                .mtp
+                .as_ref()
+                .map(|m| m.drafts(seq.id).to_vec())
+                .unwrap_or_default(),
         };
         drafts.truncate(limit);
         drafts
+    }
+
+    /// The drafter that reads the target's hidden states after each step.
+    pub fn hidden_reader(&mut self) -> Option<&mut MtpDrafter<B>> {
+        self.mtp.as_mut()
     }
 }

@@ -40,6 +40,10 @@ impl TestModel {
             .unwrap_or_else(|e| panic!("cannot load {self:?}: {e:#}"))
     }
 
+    pub fn has_mtp_head(self) -> bool {
+        !matches!(self, TestModel::Moe)
+    }
+
     pub fn is_hybrid(self) -> bool {
         !matches!(self, TestModel::Moe)
     }

@@ -1,4 +1,6 @@
-//! `kestrel generate`: one prompt, streamed to the terminal, tokens/s at the end.
+//! `kestrel generate`: one prompt, streamed to the terminal, tokens/s at the
+//! end; through the same engine as the server (one sequence), so it runs and
+//! measures what serving runs.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -7,10 +9,13 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use kestrel_core::Backend;
 use kestrel_cpu::CpuBackend;
-use kestrel_models::{Model, runner::SequenceRunner};
-use kestrel_sampling::{Sampler, SamplingParams, StopConditions};
+use kestrel_engine::{Engine, EngineConfig, EngineEvent, EngineOptions, GenerateRequest};
+use kestrel_models::Model;
+use kestrel_sampling::SamplingParams;
 use kestrel_text::{ChatTemplate, Detokenizer, Tokenizer};
 use serde_json::json;
+
+use super::speculative::SpeculativeArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -57,6 +62,8 @@ pub struct Args {
     /// CUDA device ordinal (with --backend cuda).
     #[arg(long, default_value_t = 0)]
     device: usize,
+    #[command(flatten)]
+    speculative: SpeculativeArgs,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -67,16 +74,17 @@ pub enum BackendKind {
 
 pub fn run(args: Args) -> Result<()> {
     match args.backend {
-        BackendKind::Cpu => generate(&args, &CpuBackend::new()),
+        BackendKind::Cpu => generate(&args, CpuBackend::new()),
         BackendKind::Cuda => {
             let cuda = kestrel_cuda::CudaBackend::new(args.device)
                 .context("cannot open the CUDA backend")?;
-            generate(&args, &cuda)
+            generate(&args, cuda)
         }
     }
 }
 
-fn generate<B: Backend>(args: &Args, backend: &B) -> Result<()> {
+fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
+    let speculative = args.speculative.config()?;
     let dir = crate::model_dir::resolve(args.model.clone())?;
     let tokenizer = Tokenizer::from_model_dir(&dir)?;
     let prompt = if args.chat {
@@ -99,7 +107,7 @@ fn generate<B: Backend>(args: &Args, backend: &B) -> Result<()> {
     }
 
     let load_start = Instant::now();
-    let model = Model::load(&dir, backend)?;
+    let model = Model::load(&dir, &backend)?;
     let load_s = load_start.elapsed().as_secs_f64();
     let max_len = (prompt_ids.len() + args.max_tokens).min(model.config().max_position_embeddings);
     if prompt_ids.len() >= max_len {
@@ -119,61 +127,93 @@ fn generate<B: Backend>(args: &Args, backend: &B) -> Result<()> {
         frequency_penalty: args.frequency_penalty,
         seed: args.seed,
         ignore_eos: args.ignore_eos,
-        max_tokens: Some(args.max_tokens),
+        max_tokens: Some(max_len - prompt_ids.len()),
         ..SamplingParams::default()
     };
-    let eos = tokenizer.eos_token_ids().to_vec();
-    let mut sampler = Sampler::new(&params, prompt_ids.len(), &eos)
+    params
+        .validate()
         .map_err(|e| anyhow::anyhow!("invalid --{}", e.to_string().replace('_', "-")))?;
-    let stop = StopConditions::new(&params, &eos).with_max_seq_len(max_len);
-
-    let mut runner = SequenceRunner::new(backend, &model, max_len)?;
+    let model_type = model.config().model_type.clone();
+    let backend_name = backend.name();
+    // The same engine the server runs, sized for this one request.
+    let block_size = 16;
+    let drafts = speculative.as_ref().map_or(0, |s| s.num_speculative_tokens);
+    let mut config = EngineConfig {
+        max_num_seqs: 1,
+        max_queued_requests: 1,
+        max_num_batched_tokens: prompt_ids.len().max(block_size) + drafts + 1,
+        block_size,
+        num_blocks: (max_len + drafts).div_ceil(block_size) + 1,
+        num_state_slots: 1 + drafts,
+        enable_prefix_cache: false,
+        max_model_len: max_len,
+        force_preempt_at: None,
+        sampled_vocab: None,
+    };
     // Padded embedding rows past the tokenizer (Qwen3.6: 248,320 for 248,077
     // tokens) have no text: never sample them.
-    let sampled_vocab = tokenizer.vocab_size().min(model.config().vocab_size);
-    let mask_padding = |logits: &mut Vec<f32>| {
-        if let Some(padding) = logits.get_mut(sampled_vocab..) {
-            padding.fill(f32::NEG_INFINITY);
-        }
+    if tokenizer.vocab_size() < model.config().vocab_size {
+        config.sampled_vocab = Some(tokenizer.vocab_size());
+    }
+    let options = EngineOptions {
+        speculative,
+        ..EngineOptions::default()
     };
-    let mut history = prompt_ids.clone();
+    let engine = Engine::spawn_with_options(backend, model, config, options)?;
+    let mut stream = engine
+        .submit(GenerateRequest {
+            request_id: "generate".into(),
+            prompt_ids: prompt_ids.clone(),
+            params,
+            cache_salt: Vec::new(),
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+
     let mut detok = Detokenizer::new(&tokenizer, true);
     let mut out = std::io::stdout().lock();
     if !args.chat {
         write!(out, "{prompt}")?;
     }
-
-    let prefill_start = Instant::now();
-    let mut logits = runner.feed_last_logits(&prompt_ids)?;
-    mask_padding(&mut logits);
-    let prefill_s = prefill_start.elapsed().as_secs_f64();
-    let decode_start = Instant::now();
-    let mut generated = 0;
+    let start = Instant::now();
+    let mut first_token_s = None;
+    let mut generated = 0usize;
     let finish = loop {
-        let token = sampler.sample(&mut logits, &history)?;
-        history.push(token);
-        generated += 1;
-        write!(out, "{}", detok.push(token)?)?;
-        out.flush()?;
-        if let Some(finish) = stop.check(token, generated, history.len()) {
-            break finish.reason;
+        match stream.blocking_recv() {
+            Some(EngineEvent::Tokens(tokens)) => {
+                first_token_s.get_or_insert_with(|| start.elapsed().as_secs_f64());
+                for token in tokens {
+                    generated += 1;
+                    write!(out, "{}", detok.push(token)?)?;
+                }
+                out.flush()?;
+            }
+            Some(EngineEvent::Finished { reason, .. }) => break reason,
+            Some(EngineEvent::Error(e)) => bail!("generation failed: {e}"),
+            None => bail!("the engine stopped without finishing the request"),
         }
-        logits = runner.feed_last_logits(&[token])?;
-        mask_padding(&mut logits);
     };
     writeln!(out, "{}", detok.finish())?;
-    let decode_s = decode_start.elapsed().as_secs_f64();
+    let prefill_s = first_token_s.unwrap_or_default();
+    let decode_s = start.elapsed().as_secs_f64() - prefill_s;
+    let stats = engine.stats();
+    let spec = if stats.spec_decode_num_drafts_total > 0 {
+        format!(
+            "; drafts accepted {}/{} ({:.2} tokens a step)",
+            stats.spec_decode_num_accepted_tokens_total,
+            stats.spec_decode_num_draft_tokens_total,
+            generated as f64 / stats.engine_steps_total.saturating_sub(1).max(1) as f64
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "\n[{} on {}: load {:.2} s; prompt {} tokens in {:.3} s ({:.1} tok/s); generated {} tokens in {:.3} s ({:.1} tok/s); finish: {}]",
-        model.config().model_type,
-        backend.name(),
+        "\n[{model_type} on {backend_name}: load {:.2} s; prompt {} tokens, first token after {:.3} s ({:.1} tok/s); generated {} tokens, {:.1} tok/s after the first{spec}; finish: {}]",
         load_s,
         prompt_ids.len(),
         prefill_s,
-        prompt_ids.len() as f64 / prefill_s,
+        prompt_ids.len() as f64 / prefill_s.max(1e-9),
         generated,
-        decode_s,
-        // The first token comes from the prefill; the rest each cost a step.
+        // The first token comes from the prefill; the rest from decode steps.
         (generated.saturating_sub(1)) as f64 / decode_s.max(1e-9),
         finish.as_str()
     );

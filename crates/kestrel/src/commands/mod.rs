@@ -3,3 +3,4 @@ pub mod bench_model;
 pub mod eval;
 pub mod generate;
 pub mod serve;
+pub mod speculative;

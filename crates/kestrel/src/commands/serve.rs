@@ -67,6 +67,8 @@ pub struct Args {
     /// Test knob: preempt the newest sequence whenever this many run.
     #[arg(long, hide = true)]
     force_preempt_at: Option<usize>,
+    #[command(flatten)]
+    speculative: super::speculative::SpeculativeArgs,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -105,6 +107,7 @@ pub fn run(args: Args) -> Result<()> {
     config.show_progress = true;
     config.dummy_weights = args.load_format == LoadFormat::Dummy;
     config.max_model_len = args.max_model_len;
+    config.speculative = args.speculative.config()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,0 +1,178 @@
+//! The speculative-decoding flags of `serve` and `generate`: kestrel's own
+//! (`--speculative ngram|mtp --num-speculative-tokens K`) and vLLM's
+//! `--speculative-config '{"method": ..., "num_speculative_tokens": ...}'`,
+//! accepted as vLLM users write it.
+
+use anyhow::{Result, bail};
+use kestrel_engine::spec::{NgramConfig, SpeculativeConfig, SpeculativeMethod};
+use serde_json::Value;
+
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SpeculativeArgs {
+    /// Speculative decoding: `ngram` (prompt lookup) or `mtp` (the model's
+    /// multi-token-prediction head). Output is the same with it on or off.
+    #[arg(long, value_name = "METHOD")]
+    speculative: Option<String>,
+    /// Most draft tokens a sequence verifies per step.
+    #[arg(long, value_name = "K")]
+    num_speculative_tokens: Option<usize>,
+    /// vLLM's JSON form, e.g. '{"method": "ngram", "num_speculative_tokens": 4}'.
+    #[arg(long, value_name = "JSON", conflicts_with = "speculative")]
+    speculative_config: Option<String>,
+    /// Shortest n-gram prompt lookup matches (vLLM `prompt_lookup_min`).
+    #[arg(long)]
+    prompt_lookup_min: Option<usize>,
+    /// Longest n-gram prompt lookup matches (vLLM `prompt_lookup_max`).
+    #[arg(long)]
+    prompt_lookup_max: Option<usize>,
+}
+
+/// vLLM's n-gram defaults when neither bound is given.
+const DEFAULT_LOOKUP: (usize, usize) = (5, 5);
+/// Drafts a step when no count is given: what both peers' Qwen3.6 recipes use for MTP (2-3).
+const DEFAULT_DRAFTS: usize = 3;
+
+impl SpeculativeArgs {
+    pub fn config(&self) -> Result<Option<SpeculativeConfig>> {
+        let mut method = self.speculative.clone();
+        let mut k = self.num_speculative_tokens;
+        let (mut min, mut max) = (self.prompt_lookup_min, self.prompt_lookup_max);
+        if let Some(json) = &self.speculative_config {
+            let v: Value = serde_json::from_str(json)
+                .map_err(|e| anyhow::anyhow!("--speculative-config is not JSON: {e}"))?;
+            let Some(obj) = v.as_object() else {
+                bail!("--speculative-config must be a JSON object");
+            };
+            for (key, value) in obj {
+                let as_count = || {
+                    value.as_u64().map(|n| n as usize).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--speculative-config: {key} must be a non-negative integer"
+                        )
+                    })
+                };
+                match key.as_str() {
+                    "method" => {
+                        method = Some(
+                            value
+                                .as_str()
+                                .ok_or_else(|| {
+                                    anyhow::anyhow!("--speculative-config: method must be a string")
+                                })?
+                                .to_string(),
+                        )
+                    }
+                    "num_speculative_tokens" => k = Some(as_count()?),
+                    "prompt_lookup_min" => min = Some(as_count()?),
+                    "prompt_lookup_max" => max = Some(as_count()?),
+                    other => {
+                        eprintln!("warning: --speculative-config: `{other}` is not used by kestrel")
+                    }
+                }
+            }
+            if method.is_none() {
+                bail!("--speculative-config needs a \"method\"");
+            }
+        }
+        let Some(method) = method else {
+            if k.is_some() {
+                bail!("--num-speculative-tokens needs --speculative (ngram or mtp)");
+            }
+            return Ok(None);
+        };
+        let k = k.unwrap_or(DEFAULT_DRAFTS);
+        if k == 0 {
+            bail!("--num-speculative-tokens must be at least 1");
+        }
+        let method = match method.as_str() {
+            "ngram" | "prompt_lookup" => {
+                let (min, max) = match (min, max) {
+                    (None, None) => DEFAULT_LOOKUP,
+                    (Some(n), None) | (None, Some(n)) => (n, n),
+                    (Some(a), Some(b)) => (a, b),
+                };
+                SpeculativeMethod::Ngram(NgramConfig::new(min, max, k).map_err(anyhow::Error::msg)?)
+            }
+            "mtp" | "qwen3_next_mtp" | "qwen3_5_mtp" => SpeculativeMethod::Mtp,
+            other => {
+                bail!("speculative method `{other}` is not supported (kestrel has: ngram, mtp)")
+            }
+        };
+        Ok(Some(SpeculativeConfig {
+            method,
+            num_speculative_tokens: k,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(f: impl FnOnce(&mut SpeculativeArgs)) -> SpeculativeArgs {
+        let mut a = SpeculativeArgs::default();
+        f(&mut a);
+        a
+    }
+
+    #[test]
+    fn off_unless_asked() {
+        assert!(SpeculativeArgs::default().config().unwrap().is_none());
+        let err = args(|a| a.num_speculative_tokens = Some(2))
+            .config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--speculative"), "{err}");
+    }
+
+    #[test]
+    fn vllm_json_is_accepted_as_is() {
+        let c = args(|a| {
+            a.speculative_config = Some(
+                r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}"#.into(),
+            )
+        })
+        .config()
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.num_speculative_tokens, 4);
+        match c.method {
+            SpeculativeMethod::Ngram(n) => assert_eq!((n.min_n, n.max_n, n.max_drafts), (2, 3, 4)),
+            other => panic!("{other:?}"),
+        }
+        let c = args(|a| {
+            a.speculative_config =
+                Some(r#"{"method": "qwen3_next_mtp", "num_speculative_tokens": 2}"#.into())
+        })
+        .config()
+        .unwrap()
+        .unwrap();
+        assert!(matches!(c.method, SpeculativeMethod::Mtp));
+    }
+
+    #[test]
+    fn bad_settings_are_clear_errors() {
+        for (json, needle) in [
+            ("[1]", "JSON object"),
+            ("{", "not JSON"),
+            (r#"{"num_speculative_tokens": 2}"#, "method"),
+            (r#"{"method": "eagle3"}"#, "eagle3"),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": 0}"#,
+                "at least 1",
+            ),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": -1}"#,
+                "non-negative",
+            ),
+            (
+                r#"{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}"#,
+                "min_n",
+            ),
+        ] {
+            let err = args(|a| a.speculative_config = Some(json.into()))
+                .config()
+                .unwrap_err();
+            assert!(err.to_string().contains(needle), "{json}: {err}");
+        }
+    }
+}
