@@ -5,6 +5,7 @@
 //! * [`Engine::spawn`] starts the engine loop on its own thread and returns an
 //!   [`EngineHandle`]; [`EngineHandle::submit`] returns a [`RequestStream`].
 //! * [`cache`]: KV pages, state slots and the prefix cache (plain bookkeeping).
+//! * [`spec`]: speculative decoding; [`spec::ngram`] proposes drafts by prompt lookup.
 
 pub mod cache;
 mod client;
@@ -13,6 +14,7 @@ pub mod handle;
 pub mod prefill;
 mod scheduler;
 mod sequence;
+pub mod spec;
 mod step;
 
 pub use client::{EngineHandle, RequestStream};
