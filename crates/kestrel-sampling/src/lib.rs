@@ -57,6 +57,15 @@
 //! until a token is drawn), so the RNG stream is one value per sampled token
 //! on every path.
 //!
+//! # Verifying draft tokens
+//!
+//! [`Sampler::verify`] checks a speculative step's drafts against the
+//! target's rows: greedy acceptance that gives the tokens of sampling row
+//! by row, and rejection sampling that keeps the target's distribution when
+//! sampling (the `verify` module's docs state the rules and the RNG values
+//! used). [`Sampler::distribution`] gives a row's filtered distribution, for
+//! drafters that must report the `q` they drew from.
+//!
 //! [`SamplingParams`] holds and validates the request's parameters,
 //! [`Sampler`] carries a sequence's RNG and token counts between steps, and
 //! [`StopConditions`] decides when generation ends.
@@ -66,7 +75,9 @@ mod params;
 mod penalties;
 mod sampler;
 mod stop;
+mod verify;
 
 pub use params::{InvalidParam, SamplingParams};
 pub use sampler::{DEFAULT_MAX_CANDIDATES, KEPT_WEIGHT_TOLERANCE, SampleError, Sampler};
 pub use stop::{Finish, FinishReason, StopConditions};
+pub use verify::{DraftProbs, TokenDistribution, Verified, accept_greedy};

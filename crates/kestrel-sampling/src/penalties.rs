@@ -18,6 +18,10 @@ pub(crate) struct TokenCounts {
     track_seen: bool,
     seen: HashSet<u32>,
     output: HashMap<u32, u32>,
+    /// Draft tokens counted after the synced history for one verification
+    /// ([`TokenCounts::push_pending`]), each with whether it was newly
+    /// seen and whether it counted as output, so it can be taken back.
+    pending: Vec<(u32, bool, bool)>,
 }
 
 impl TokenCounts {
@@ -32,6 +36,7 @@ impl TokenCounts {
     /// Count the tokens appended to `history` since the last call. History is
     /// append-only; if it got shorter (a rewritten sequence) everything is recounted.
     pub(crate) fn sync(&mut self, history: &[u32]) {
+        debug_assert!(self.pending.is_empty(), "sync with drafts pending");
         if history.len() < self.synced_len {
             self.seen.clear();
             self.output.clear();
@@ -50,7 +55,36 @@ impl TokenCounts {
 
     /// Generated tokens counted so far.
     pub(crate) fn num_output(&self) -> usize {
-        self.synced_len.saturating_sub(self.prompt_len)
+        (self.synced_len + self.pending.len()).saturating_sub(self.prompt_len)
+    }
+
+    /// Count `token` as if appended after the synced history and the
+    /// tokens already pending: a draft that a later row of the same
+    /// verification sees. [`TokenCounts::pop_pending`] takes them all back,
+    /// so the counts only ever hold committed history between calls.
+    pub(crate) fn push_pending(&mut self, token: u32) {
+        let position = self.synced_len + self.pending.len();
+        let newly_seen = self.track_seen && self.seen.insert(token);
+        let is_output = position >= self.prompt_len;
+        if is_output {
+            *self.output.entry(token).or_insert(0) += 1;
+        }
+        self.pending.push((token, newly_seen, is_output));
+    }
+
+    /// Undo every [`TokenCounts::push_pending`] since the last sync.
+    pub(crate) fn pop_pending(&mut self) {
+        while let Some((token, newly_seen, is_output)) = self.pending.pop() {
+            if newly_seen {
+                self.seen.remove(&token);
+            }
+            if is_output && let Some(count) = self.output.get_mut(&token) {
+                *count -= 1;
+                if *count == 0 {
+                    self.output.remove(&token);
+                }
+            }
+        }
     }
 
     /// Apply the penalties in vLLM's order: repetition over prompt + output,
@@ -171,6 +205,36 @@ mod tests {
             assert_eq!(bits(&got), bits(&want), "{rep} {freq} {pres}");
         }
         assert!(counts.penalties(1.0, 0.0, 0.0).is_empty());
+    }
+
+    #[test]
+    fn pending_tokens_count_like_history_and_are_taken_back() {
+        let history = [1, 2, 3, 2, 5];
+        let drafts = [2, 9, 9, 1];
+        let mut counts = TokenCounts::new(3, true);
+        counts.sync(&history);
+        let (seen, output) = (counts.seen.clone(), counts.output.clone());
+        for i in 0..=drafts.len() {
+            let mut full = TokenCounts::new(3, true);
+            full.sync(&[&history[..], &drafts[..i]].concat());
+            assert_eq!(counts.seen, full.seen, "{i} drafts");
+            assert_eq!(counts.output, full.output, "{i} drafts");
+            assert_eq!(counts.num_output(), full.num_output(), "{i} drafts");
+            if let Some(&d) = drafts.get(i) {
+                counts.push_pending(d);
+            }
+        }
+        counts.pop_pending();
+        assert_eq!((counts.seen.clone(), counts.output.clone()), (seen, output));
+        assert_eq!(counts.num_output(), 2);
+        // Drafts inside the prompt's span (a history shorter than the prompt)
+        // are seen but not output.
+        let mut short = TokenCounts::new(3, true);
+        short.sync(&[7]);
+        short.push_pending(8);
+        assert!(short.seen.contains(&8) && short.output.is_empty());
+        short.pop_pending();
+        assert!(!short.seen.contains(&8));
     }
 
     #[test]

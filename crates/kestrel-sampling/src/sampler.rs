@@ -27,14 +27,17 @@ pub enum SampleError {
 /// logits give the same tokens.
 #[derive(Clone, Debug)]
 pub struct Sampler {
-    params: SamplingParams,
+    pub(crate) params: SamplingParams,
     rng: ChaCha20Rng,
-    counts: TokenCounts,
+    pub(crate) counts: TokenCounts,
     /// Ids masked while fewer than `min_tokens` were generated.
     stopping_ids: Vec<u32>,
-    candidates: Vec<u32>,
+    pub(crate) candidates: Vec<u32>,
     /// Indexed by token id; only candidates' entries are meaningful.
-    weights: Vec<f32>,
+    pub(crate) weights: Vec<f32>,
+    /// Scratch for a rejected draft's residual distribution, one entry per
+    /// kept candidate ([`crate::verify`]).
+    pub(crate) residual: Vec<f64>,
     prompt_len: usize,
     /// The RNG's next uniform, drawn early for a device draw
     /// ([`Sampler::candidate_request`]) and used by the next token drawn,
@@ -62,6 +65,7 @@ impl Sampler {
             stopping_ids: StopConditions::new(params, eos_token_ids).stopping_ids(),
             candidates: Vec::new(),
             weights: Vec::new(),
+            residual: Vec::new(),
             prompt_len,
             next_uniform: None,
         })
@@ -93,6 +97,13 @@ impl Sampler {
             return Err(SampleError::EmptyLogits);
         }
         self.counts.sync(history);
+        self.penalise(logits);
+        self.choose(logits)
+    }
+
+    /// The `min_tokens` mask and the penalties, for the tokens counted so
+    /// far (the synced history and any pending drafts).
+    pub(crate) fn penalise(&self, logits: &mut [f32]) {
         if self.masks_stopping_ids() {
             for &id in &self.stopping_ids {
                 if let Some(logit) = logits.get_mut(id as usize) {
@@ -107,7 +118,6 @@ impl Sampler {
             p.frequency_penalty,
             p.presence_penalty,
         );
-        self.choose(logits)
     }
 
     /// The request for [`Backend::top_candidates`](kestrel_core::Backend::top_candidates)
@@ -308,6 +318,15 @@ impl Sampler {
         if p.is_greedy() {
             return argmax(logits).ok_or(SampleError::NoCandidate);
         }
+        self.keep(logits)?;
+        self.draw_kept()
+    }
+
+    /// Temperature, min-p, top-k and top-p of a sampled (not greedy) row:
+    /// leaves the kept ids in `candidates`, in id order, and their weights
+    /// at their ids in `weights`.
+    pub(crate) fn keep(&mut self, logits: &[f32]) -> Result<(), SampleError> {
+        let p = &self.params;
         let max_logit = max_logit(logits);
         if max_logit == f32::NEG_INFINITY {
             return Err(SampleError::NoCandidate);
@@ -329,17 +348,22 @@ impl Sampler {
             &mut self.weights,
         );
         top_p(logits, &mut self.candidates, p.top_p, &self.weights, total);
-        self.draw_kept()
+        Ok(())
     }
 
     /// The one RNG draw of a sampled token, over the kept candidates (the
     /// uniform a device draw was asked with, if it did not decide).
-    fn draw_kept(&mut self) -> Result<u32, SampleError> {
-        let uniform: f64 = self
-            .next_uniform
-            .take()
-            .unwrap_or_else(|| self.rng.random());
+    pub(crate) fn draw_kept(&mut self) -> Result<u32, SampleError> {
+        let uniform = self.uniform();
         draw(&self.candidates, &self.weights, uniform).ok_or(SampleError::NoCandidate)
+    }
+
+    /// The next value of the RNG stream in `[0, 1)`: the one a device draw
+    /// was asked with, if it is still unused, else a fresh one.
+    pub(crate) fn uniform(&mut self) -> f64 {
+        self.next_uniform
+            .take()
+            .unwrap_or_else(|| self.rng.random())
     }
 }
 

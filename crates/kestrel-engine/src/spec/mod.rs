@@ -129,7 +129,7 @@ impl<B: Backend> Proposer<B> {
             return Vec::new();
         }
         let mut drafts = match &self.method {
-            SpeculativeMethod::Ngram(cfg) => ngram::propose(&seq.tokens, cfg, limit),
+            SpeculativeMethod::Ngram(cfg) => ngram::propose(&seq.tokens, cfg, limit).to_vec(),
             SpeculativeMethod::External(source) => {
                 source.drafts(&seq.request_id, &seq.tokens, seq.prompt_len, limit)
             }

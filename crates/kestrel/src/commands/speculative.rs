@@ -27,8 +27,6 @@ pub struct SpeculativeArgs {
     prompt_lookup_max: Option<usize>,
 }
 
-/// vLLM's n-gram defaults when neither bound is given.
-const DEFAULT_LOOKUP: (usize, usize) = (5, 5);
 /// Drafts a step when no count is given: what both peers' Qwen3.6 recipes use for MTP (2-3).
 const DEFAULT_DRAFTS: usize = 3;
 
@@ -86,12 +84,7 @@ impl SpeculativeArgs {
         }
         let method = match method.as_str() {
             "ngram" | "prompt_lookup" => {
-                let (min, max) = match (min, max) {
-                    (None, None) => DEFAULT_LOOKUP,
-                    (Some(n), None) | (None, Some(n)) => (n, n),
-                    (Some(a), Some(b)) => (a, b),
-                };
-                SpeculativeMethod::Ngram(NgramConfig::new(min, max, k).map_err(anyhow::Error::msg)?)
+                SpeculativeMethod::Ngram(NgramConfig::from_vllm(min, max, k)?)
             }
             "mtp" | "qwen3_next_mtp" | "qwen3_5_mtp" => SpeculativeMethod::Mtp,
             other => {
@@ -166,7 +159,7 @@ mod tests {
             ),
             (
                 r#"{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}"#,
-                "min_n",
+                "prompt_lookup_min",
             ),
         ] {
             let err = args(|a| a.speculative_config = Some(json.into()))
