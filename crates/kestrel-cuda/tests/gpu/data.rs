@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use half::{bf16, f16};
 use kestrel_core::{DType, HostTensor};
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 pub struct Data {
@@ -12,6 +12,12 @@ pub struct Data {
 }
 
 impl Data {
+    pub fn seeded(seed: u64) -> Self {
+        Data {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
     /// Standard normal values (Box-Muller), scaled.
     pub fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n)

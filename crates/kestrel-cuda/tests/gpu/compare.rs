@@ -1,7 +1,5 @@
 //! Error measures and the record of one comparison.
 
-use serde_json::{Value, json};
-
 /// One output of one case, CUDA against the CPU reference.
 pub struct Outcome {
     pub case: String,
@@ -56,21 +54,6 @@ pub fn compare(case: &str, output: &str, cuda: &[f32], cpu: &[f32], tol: f64) ->
 }
 
 impl Outcome {
-    pub fn to_json(&self) -> Value {
-        let num = |v: f64| if v.is_finite() { json!(v) } else { Value::Null };
-        json!({
-            "case": self.case,
-            "output": self.output,
-            "len": self.len,
-            "rel_l2": num(self.rel_l2),
-            "max_rel": num(self.max_rel),
-            "non_finite": self.non_finite,
-            "tol": self.tol,
-            "pass": self.pass,
-            "note": self.note,
-        })
-    }
-
     pub fn line(&self) -> String {
         format!(
             "{:<5} {:<34} {:<12} rel_l2 {:>9.2e}  max_rel {:>9.2e}  tol {:>7.1e}  n {:>7}{}{}",

@@ -9,20 +9,25 @@
 //! [--only GROUP]` (`--only attention`: the case groups whose name contains it).
 //! Exit code 1 when a check fails (or, with `--require-cuda`, when no CUDA
 //! device can be used); without CUDA it reports why and exits 0.
+//!
+//! The checks themselves live in `tests/gpu`, where each group is also a
+//! `#[test]` (`cargo test -p kestrel-cuda --features gpu-tests`); this binary
+//! runs them all on one backend and writes the JSON report device runs keep.
 
+#[path = "../tests/gpu/cases/mod.rs"]
 mod cases;
+#[path = "../tests/gpu/compare.rs"]
 mod compare;
+#[path = "../tests/gpu/data.rs"]
 mod data;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 
+use compare::Outcome;
 use kestrel_core::Backend;
-use kestrel_cpu::CpuBackend;
 use kestrel_cuda::CudaBackend;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-use serde_json::json;
+use serde_json::{Value, json};
 
 struct Args {
     seed: u64,
@@ -35,7 +40,7 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
-        seed: 0x6b65_7374,
+        seed: cases::DEFAULT_SEED,
         device: 0,
         json: None,
         require_cuda: false,
@@ -69,6 +74,22 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
+/// One outcome as a record of the JSON report.
+fn outcome_json(o: &Outcome) -> Value {
+    let num = |v: f64| if v.is_finite() { json!(v) } else { Value::Null };
+    json!({
+        "case": o.case,
+        "output": o.output,
+        "len": o.len,
+        "rel_l2": num(o.rel_l2),
+        "max_rel": num(o.max_rel),
+        "non_finite": o.non_finite,
+        "tol": o.tol,
+        "pass": o.pass,
+        "note": o.note,
+    })
+}
+
 fn write_json(path: &Option<String>, value: &serde_json::Value) {
     if let Some(p) = path
         && let Err(e) = std::fs::write(p, serde_json::to_string_pretty(value).unwrap())
@@ -85,7 +106,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut gpu = match CudaBackend::new(args.device) {
+    let gpu = match CudaBackend::new(args.device) {
         Ok(g) => g,
         Err(e) => {
             println!("no CUDA: {e}");
@@ -100,44 +121,25 @@ fn main() -> ExitCode {
             };
         }
     };
-    gpu.set_poison_outputs(true);
     println!("device: {}  seed: {}", gpu.name(), args.seed);
 
-    let mut ctx = cases::Ctx {
-        cpu: CpuBackend::new(),
-        gpu,
-        data: data::Data {
-            rng: ChaCha8Rng::seed_from_u64(args.seed),
-        },
-        outcomes: Vec::new(),
-    };
-    type Case = fn(&mut cases::Ctx);
-    let all: [(&str, Case); 13] = [
-        ("embedding", cases::embedding),
-        ("elementwise", cases::elementwise),
-        ("norms", cases::norms),
-        ("norm_matmul", cases::norm_matmul),
-        ("norm_moe", cases::norm_moe),
-        ("matmul", cases::matmul),
-        ("attention", cases::attention),
-        ("moe", cases::moe),
-        ("gated_delta_net", cases::gated_delta_net),
-        ("argmax_rows", cases::argmax_rows),
-        ("top_candidates", cases::top_candidates),
-        ("top_candidates_draw", cases::top_candidates_draw),
-        ("precision_f32", cases::precision_f32),
-    ];
-    for (name, case) in all {
+    let mut ctx = cases::Ctx::new(gpu, args.seed);
+    for (name, group) in cases::GROUPS {
         if args.only.as_deref().is_some_and(|o| !name.contains(o)) {
             continue;
         }
-        if let Err(p) = catch_unwind(AssertUnwindSafe(|| case(&mut ctx))) {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| ctx.run_group(group))) {
             let msg = p
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "panic".into());
-            ctx.panicked(name, msg);
+            // A group that panicked (a failed assertion or a CUDA fault) is
+            // a failure; the groups after it still run.
+            let mut o = compare::compare(name, "panic", &[], &[0.0], 0.0);
+            o.note = Some(msg);
+            println!("{}", o.line());
+            ctx.outcomes.push(o);
         }
     }
 
@@ -149,7 +151,7 @@ fn main() -> ExitCode {
             "status": if failed == 0 { "pass" } else { "fail" },
             "device": ctx.gpu.name(),
             "seed": args.seed,
-            "checks": ctx.outcomes.iter().map(|o| o.to_json()).collect::<Vec<_>>(),
+            "checks": ctx.outcomes.iter().map(outcome_json).collect::<Vec<_>>(),
         }),
     );
     if failed == 0 {
