@@ -11,7 +11,8 @@
 //! (the one that opened the backend), which does nothing but upload: the
 //! device copy of one tensor overlaps the reading of the next ones. A worker
 //! waits for its tensor's upload before packing another, so the host holds
-//! at most one packed tensor per worker: memory is bounded by the number of
+//! at most one packed tensor per packing thread, plus the few idle buffers
+//! kept for reuse (`buffers.rs`): memory is bounded by the number of
 //! workers, not by the size of the checkpoint.
 
 use std::borrow::Cow;
