@@ -122,8 +122,8 @@ impl Backend for CudaBackend {
     fn upload(&self, t: &HostTensor) -> Result<CudaWeight> {
         let keep_f16 = self.gpu.precision == Precision::F32;
         let data = match tensor::convert(t, keep_f16)? {
-            Converted::Bf16(bits) => WeightData::Bf16(self.try_upload(&bits)?),
-            Converted::F16(bits) => WeightData::F16(self.try_upload(&bits)?),
+            Converted::Bf16(bits) => WeightData::Bf16(self.try_upload(&bits[..])?),
+            Converted::F16(bits) => WeightData::F16(self.try_upload(&bits[..])?),
             Converted::F32(v) => WeightData::F32(self.try_upload(&v)?),
         };
         Ok(CudaWeight {

@@ -8,6 +8,8 @@
 //! precision uses read them); vectors (norm weights, `A_log`, `dt_bias`) are
 //! stored f32.
 
+use std::borrow::Cow;
+
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use kestrel_core::{BackendError, DType, HostTensor, Result};
@@ -87,17 +89,31 @@ impl CudaWeight {
 }
 
 /// Host-side conversion of an uploaded tensor to the stored element type.
-pub enum Converted {
-    Bf16(Vec<u16>),
-    F16(Vec<u16>),
+/// 16-bit matrices already in the stored type are the host bytes themselves,
+/// viewed as `u16` (no copy on the uploading thread) when they are aligned.
+pub enum Converted<'a> {
+    Bf16(Cow<'a, [u16]>),
+    F16(Cow<'a, [u16]>),
     F32(Vec<f32>),
+}
+
+/// Little-endian 16-bit values: borrowed where the bytes allow it.
+fn bits_of(b: &[u8]) -> Cow<'_, [u16]> {
+    match bytemuck::try_cast_slice::<u8, u16>(b) {
+        Ok(bits) if cfg!(target_endian = "little") => Cow::Borrowed(bits),
+        _ => Cow::Owned(
+            b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+    }
 }
 
 /// Validate the byte length and convert: vectors to f32, matrices to bf16.
 /// With `keep_f16`, f16 matrices whose rows are a multiple of 8 values stay
 /// f16: those are the ones the f16 kernels (16-byte row loads) read; others
 /// (e.g. Gated DeltaNet's `[C, 1, 4]` conv) go to bf16-only kernels.
-pub fn convert(t: &HostTensor, keep_f16: bool) -> Result<Converted> {
+pub fn convert<'a>(t: &'a HostTensor, keep_f16: bool) -> Result<Converted<'a>> {
     let expected = t.numel() * t.dtype.size();
     if t.data.len() != expected {
         return Err(BackendError::Invalid(format!(
@@ -113,17 +129,10 @@ pub fn convert(t: &HostTensor, keep_f16: bool) -> Result<Converted> {
     let b = &t.data[..];
     let row = t.shape.last().copied().unwrap_or(0);
     if keep_f16 && t.dtype == DType::F16 && row.is_multiple_of(8) {
-        let bits = b
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect();
-        return Ok(Converted::F16(bits));
+        return Ok(Converted::F16(bits_of(b)));
     }
     let bits = match t.dtype {
-        DType::BF16 => b
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect(),
+        DType::BF16 => return Ok(Converted::Bf16(bits_of(b))),
         DType::F16 => b
             .chunks_exact(2)
             .map(|c| bf16::from_f32(f16::from_le_bytes([c[0], c[1]]).to_f32()).to_bits())
@@ -133,7 +142,7 @@ pub fn convert(t: &HostTensor, keep_f16: bool) -> Result<Converted> {
             .map(|c| bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_bits())
             .collect(),
     };
-    Ok(Converted::Bf16(bits))
+    Ok(Converted::Bf16(Cow::Owned(bits)))
 }
 
 #[cfg(test)]
@@ -163,6 +172,37 @@ mod tests {
             Converted::F32(got) => assert_eq!(got, v),
             Converted::Bf16(_) | Converted::F16(_) => panic!("a vector must be stored f32"),
         }
+    }
+
+    #[test]
+    fn bf16_matrices_are_uploaded_from_the_host_bytes_aligned_or_not() {
+        let want: Vec<u16> = (0..64u16).map(|i| i * 1031).collect();
+        let bytes: Vec<u8> = want.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let aligned = HostTensor {
+            dtype: DType::BF16,
+            shape: vec![8, 8],
+            data: Cow::Borrowed(bytemuck::cast_slice(&want)),
+        };
+        let Converted::Bf16(bits) = convert(&aligned, false).unwrap() else {
+            panic!("a bf16 matrix must stay bf16")
+        };
+        assert!(
+            matches!(bits, Cow::Borrowed(_)),
+            "aligned bytes are not copied"
+        );
+        assert_eq!(&bits[..], &want[..]);
+        // The same bytes one byte into a buffer: copied, same values.
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&bytes);
+        let odd = HostTensor {
+            dtype: DType::BF16,
+            shape: vec![8, 8],
+            data: Cow::Borrowed(&shifted[1..]),
+        };
+        let Converted::Bf16(bits) = convert(&odd, false).unwrap() else {
+            panic!("a bf16 matrix must stay bf16")
+        };
+        assert_eq!(&bits[..], &want[..]);
     }
 
     #[test]
@@ -209,7 +249,7 @@ mod tests {
         let Converted::F16(bits) = convert(&t, true).unwrap() else {
             panic!("an f16 matrix must stay f16 when asked")
         };
-        assert_eq!(bits, bits_in);
+        assert_eq!(&bits[..], &bits_in[..]);
         assert!(matches!(convert(&t, false).unwrap(), Converted::Bf16(_)));
         // Vectors are f32 either way.
         let v = tensor(DType::F16, &[8], t.data.to_vec());
@@ -230,7 +270,7 @@ mod tests {
         let Converted::Bf16(bits) = convert(&t, false).unwrap() else {
             panic!("a matrix must be stored bf16")
         };
-        assert_eq!(bits, bits_in);
+        assert_eq!(&bits[..], &bits_in[..]);
     }
 
     #[test]

@@ -118,34 +118,44 @@ impl<B: Backend> Decoder<B> {
     pub fn load(l: &Loader<B>, cfg: &ModelConfig) -> Result<Self> {
         let p = &cfg.weight_prefix;
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        // Each layer's index among the cache layers of its kind.
         let (mut attn_idx, mut gdn_idx) = (0, 0);
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for (i, &kind) in cfg.layer_kinds.iter().enumerate() {
-            let counter = match kind {
-                LayerKind::FullAttention => &mut attn_idx,
-                LayerKind::LinearAttention => &mut gdn_idx,
-            };
+        let cache_layers: Vec<usize> = cfg
+            .layer_kinds
+            .iter()
+            .map(|kind| {
+                let counter = match kind {
+                    LayerKind::FullAttention => &mut attn_idx,
+                    LayerKind::LinearAttention => &mut gdn_idx,
+                };
+                *counter += 1;
+                *counter - 1
+            })
+            .collect();
+        let load_layer = |i: usize| {
             let lp = format!("{p}layers.{i}.");
-            layers.push(DecoderLayer::load(
-                l,
-                &lp,
-                cfg,
-                kind,
-                cfg.sparse_layers[i],
-                *counter,
-            )?);
-            *counter += 1;
-        }
-        let lm_head = if cfg.tie_word_embeddings && !l.has("lm_head.weight") {
-            None
-        } else {
-            Some(l.weight("lm_head.weight", &[v, h])?)
+            let kind = cfg.layer_kinds[i];
+            DecoderLayer::load(l, &lp, cfg, kind, cfg.sparse_layers[i], cache_layers[i])
         };
+        let (layers, ends) = l.join(
+            || l.each(cfg.layer_kinds.len(), load_layer),
+            || -> Result<_> {
+                let embed = l.weight(&format!("{p}embed_tokens.weight"), &[v, h])?;
+                let lm_head = if cfg.tie_word_embeddings && !l.has("lm_head.weight") {
+                    None
+                } else {
+                    Some(l.weight("lm_head.weight", &[v, h])?)
+                };
+                let final_norm = l.norm(&format!("{p}norm.weight"), h)?;
+                Ok((embed, lm_head, final_norm))
+            },
+        );
+        let (layers, (embed, lm_head, final_norm)) = (layers?, ends?);
         Ok(Decoder {
             config: cfg.clone(),
-            embed: l.weight(&format!("{p}embed_tokens.weight"), &[v, h])?,
+            embed,
             layers,
-            final_norm: l.norm(&format!("{p}norm.weight"), h)?,
+            final_norm,
             lm_head,
         })
     }

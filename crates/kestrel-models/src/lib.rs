@@ -1,17 +1,21 @@
 //! Qwen3 model definitions, written once against `kestrel_core::Backend`.
 //!
 //! - [`config`]: `config.json` of qwen3, qwen3_moe, qwen3_5_moe and qwen3_next.
-//! - [`weights`]: safetensors files, memory-mapped and bounds-checked.
+//! - [`weights`]: safetensors files, bounds-checked, read in parallel.
+//! - [`loader`], [`pipeline`]: parameters from files (packed on worker
+//!   threads, uploaded as they are ready) or random.
 //! - [`blocks`]: attention, Gated DeltaNet, dense and MoE feed-forward.
 //! - [`decoder`]: the layer stack shared by all four architectures.
 //! - [`mtp`]: the Qwen3.5/3.6 multi-token-prediction head.
 
 pub mod blocks;
+mod buffers;
 pub mod config;
 pub mod decoder;
 pub mod eval;
 pub mod loader;
 pub mod mtp;
+pub mod pipeline;
 pub mod runner;
 pub mod transform;
 pub mod weights;
@@ -24,6 +28,7 @@ use kestrel_core::Backend;
 pub use config::{Arch, LayerKind, ModelConfig};
 pub use decoder::Decoder;
 pub use mtp::MtpHead;
+pub use pipeline::{LoadMode, LoadStats};
 pub use weights::WeightFiles;
 
 /// A loaded model: the decoder and, when the checkpoint has one, its MTP head.
@@ -35,10 +40,25 @@ pub struct Model<B: Backend> {
 impl<B: Backend> Model<B> {
     /// Load `config.json` and the safetensors weights of a model folder.
     pub fn load(dir: &Path, backend: &B) -> Result<Self> {
+        Ok(Self::load_timed(dir, backend)?.0)
+    }
+
+    /// [`Model::load`], with how the load went.
+    pub fn load_timed(dir: &Path, backend: &B) -> Result<(Self, LoadStats)> {
+        Self::load_files(dir, backend, LoadMode::Upload)
+    }
+
+    /// Reads and packs every tensor of a model folder as [`Model::load`]
+    /// does, uploading nothing: the host side of a load, measured alone.
+    pub fn pack_only(dir: &Path, backend: &B) -> Result<LoadStats> {
+        Ok(Self::load_files(dir, backend, LoadMode::PackOnly)?.1)
+    }
+
+    fn load_files(dir: &Path, backend: &B, mode: LoadMode) -> Result<(Self, LoadStats)> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let files = WeightFiles::open(dir)?;
-        let loader = loader::Loader::from_files(&files, backend, config.arch.is_hybrid());
-        Self::build(&loader, config)
+        let hybrid = config.arch.is_hybrid();
+        pipeline::load(&files, backend, hybrid, mode, |l| Self::build(l, config))
             .with_context(|| format!("cannot load model from {}", dir.display()))
     }
 
@@ -63,13 +83,20 @@ impl<B: Backend> Model<B> {
     }
 
     fn build(loader: &loader::Loader<B>, config: ModelConfig) -> Result<Self> {
-        let decoder = Decoder::load(loader, &config)?;
-        let mtp = if config.mtp_layers > 0 && loader.has("mtp.fc.weight") {
-            Some(MtpHead::load(loader, &config)?)
-        } else {
-            None
-        };
-        Ok(Model { decoder, mtp })
+        let (decoder, mtp) = loader.join(
+            || Decoder::load(loader, &config),
+            || {
+                if config.mtp_layers > 0 && loader.has("mtp.fc.weight") {
+                    MtpHead::load(loader, &config).map(Some)
+                } else {
+                    Ok(None)
+                }
+            },
+        );
+        Ok(Model {
+            decoder: decoder?,
+            mtp: mtp?,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {

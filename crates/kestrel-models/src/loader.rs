@@ -4,13 +4,22 @@
 //!
 //! Blocks describe each parameter once through [`Loader::materialize`]: its
 //! name, its final shape and how to build it from the checkpoint. Only this
-//! file knows about the dummy source.
+//! file knows about the dummy source. Loaders made by [`crate::pipeline`]
+//! queue their uploads to another thread and run [`Loader::each`] and
+//! [`Loader::join`] concurrently; the others run everything in order.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use kestrel_core::{Backend, DType, HostTensor, dummy};
+use rayon::prelude::*;
 
+use crate::buffers::BufferPool;
+use crate::pipeline::{self, Counters, UploadRequest};
 use crate::transform;
 use crate::weights::WeightFiles;
 
@@ -31,6 +40,13 @@ pub struct Loader<'a, B: Backend> {
     pub backend: &'a B,
     /// Zero-centred decoder norms (`1 + w`), as in Qwen3.5 and Qwen3-Next.
     pub zero_centred_norms: bool,
+    /// Where packed tensors go to be uploaded; `None`: upload here.
+    uploads: Option<SyncSender<UploadRequest<B>>>,
+    /// Threads [`Loader::each`] runs on when uploads are queued.
+    workers: usize,
+    /// Buffers the uploading thread hands back; `None`: fresh ones.
+    buffers: Option<Arc<BufferPool>>,
+    pub(crate) counters: Counters,
 }
 
 /// How a dummy parameter is drawn: uniform in `[offset - scale, offset + scale)`.
@@ -80,20 +96,114 @@ impl Init {
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
+    /// Everything in order on the calling thread.
     pub fn from_files(files: &'a WeightFiles, backend: &'a B, zero_centred_norms: bool) -> Self {
-        Loader {
-            source: Source::Files(files),
-            backend,
-            zero_centred_norms,
-        }
+        Self::new(Source::Files(files), backend, zero_centred_norms, None)
     }
 
     pub fn dummy(dummy: DummyWeights, backend: &'a B, zero_centred_norms: bool) -> Self {
+        Self::new(Source::Dummy(dummy), backend, zero_centred_norms, None)
+    }
+
+    /// Uploads through `queue`, layers on `workers` threads, buffers from `buffers`.
+    pub(crate) fn queued(
+        files: &'a WeightFiles,
+        backend: &'a B,
+        zero_centred_norms: bool,
+        queue: SyncSender<UploadRequest<B>>,
+        workers: usize,
+        buffers: Arc<BufferPool>,
+    ) -> Self {
+        let source = Source::Files(files);
+        let mut loader = Self::new(source, backend, zero_centred_norms, Some(queue));
+        loader.workers = workers;
+        loader.buffers = Some(buffers);
+        loader
+    }
+
+    fn new(
+        source: Source<'a>,
+        backend: &'a B,
+        zero_centred_norms: bool,
+        uploads: Option<SyncSender<UploadRequest<B>>>,
+    ) -> Self {
         Loader {
-            source: Source::Dummy(dummy),
+            source,
             backend,
             zero_centred_norms,
+            uploads,
+            workers: 1,
+            buffers: None,
+            counters: Counters::default(),
         }
+    }
+
+    /// A buffer of `len` bytes to read into (contents unspecified).
+    fn buffer(&self, len: usize) -> Vec<u8> {
+        match &self.buffers {
+            Some(pool) => pool.take(len),
+            None => vec![0u8; len],
+        }
+    }
+
+    /// `f(0)`, ..., `f(n - 1)` in order of `i`: on the workers when uploads
+    /// are queued (a worker takes the next index when it is done with one),
+    /// else one after the other. The first error in index order is returned.
+    pub fn each<T: Send>(&self, n: usize, f: impl Fn(usize) -> Result<T> + Sync) -> Result<Vec<T>> {
+        if self.uploads.is_none() || n <= 1 {
+            return (0..n).map(f).collect();
+        }
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let slots: Vec<Mutex<Option<Result<T>>>> = (0..n).map(|_| Mutex::new(None)).collect();
+        std::thread::scope(|s| {
+            for _ in 0..self.workers.min(n) {
+                s.spawn(|| {
+                    // Checked before taking an index: every index taken is run.
+                    while !failed.load(Ordering::SeqCst) {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if i >= n {
+                            break;
+                        }
+                        let result = f(i);
+                        if result.is_err() {
+                            failed.store(true, Ordering::SeqCst);
+                        }
+                        *slots[i].lock().unwrap() = Some(result);
+                    }
+                });
+            }
+        });
+        // Indices are taken in order and run once taken, so the slots left
+        // empty come after the error that stopped the workers.
+        slots
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap()
+                    .unwrap_or_else(|| Err(anyhow!("not loaded: an earlier part failed")))
+            })
+            .collect()
+    }
+
+    /// `a()` and `b()`, concurrently when uploads are queued.
+    pub fn join<RA: Send, RB>(
+        &self,
+        a: impl FnOnce() -> RA + Send,
+        b: impl FnOnce() -> RB,
+    ) -> (RA, RB) {
+        if self.uploads.is_none() {
+            let ra = a();
+            return (ra, b());
+        }
+        std::thread::scope(|s| {
+            let a = s.spawn(a);
+            let rb = b();
+            let ra = a
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (ra, rb)
+        })
     }
 
     /// Whether the checkpoint has this tensor (optional parameters, layouts).
@@ -106,9 +216,70 @@ impl<'a, B: Backend> Loader<'a, B> {
 
     /// A checkpoint tensor as stored, shape checked. Only valid inside a
     /// `build` closure of [`Loader::materialize`] (dummy models have no files).
-    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'a>> {
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'static>> {
+        let files = self.files(name)?;
+        let (dtype, len) = files.describe(name, shape)?;
+        let mut data = self.buffer(len);
+        files.read_into(name, &mut data)?;
+        self.counters.read(len);
+        Ok(HostTensor {
+            dtype,
+            shape: shape.to_vec(),
+            data: data.into(),
+        })
+    }
+
+    /// Checkpoint tensors stacked along their first dimension, each read
+    /// straight into its place (in parallel), as [`transform::concat_rows`]
+    /// of the tensors would give. Same rules as [`Loader::tensor`].
+    pub fn stack(&self, parts: &[(&str, &[usize])]) -> Result<HostTensor<'static>> {
+        let Some(&(first, first_shape)) = parts.first() else {
+            bail!("nothing to stack")
+        };
+        let files = self.files(first)?;
+        let sizes = parts
+            .iter()
+            .map(|(name, shape)| files.describe(name, shape))
+            .collect::<Result<Vec<_>>>()?;
+        let dtype = sizes[0].0;
+        let tail = &first_shape[1..];
+        let same_layout = parts
+            .iter()
+            .zip(&sizes)
+            .all(|((_, shape), (d, _))| *d == dtype && !shape.is_empty() && &shape[1..] == tail);
+        if !same_layout {
+            // Mixed dtypes or shapes: concat_rows converts or names the mismatch.
+            let tensors = parts
+                .iter()
+                .map(|(name, shape)| self.tensor(name, shape))
+                .collect::<Result<Vec<_>>>()?;
+            return transform::concat_rows(&tensors);
+        }
+        let mut data = self.buffer(sizes.iter().map(|(_, len)| len).sum());
+        let mut places = Vec::with_capacity(parts.len());
+        let mut rest = &mut data[..];
+        for (_, len) in &sizes {
+            let (place, after) = rest.split_at_mut(*len);
+            places.push(place);
+            rest = after;
+        }
+        places
+            .into_par_iter()
+            .zip(parts.par_iter())
+            .try_for_each(|(place, (name, _))| files.read_into(name, place))?;
+        self.counters.read(data.len());
+        let mut shape = vec![parts.iter().map(|(_, s)| s[0]).sum()];
+        shape.extend_from_slice(tail);
+        Ok(HostTensor {
+            dtype,
+            shape,
+            data: data.into(),
+        })
+    }
+
+    fn files(&self, name: &str) -> Result<&'a WeightFiles> {
         match &self.source {
-            Source::Files(f) => f.get(name, shape),
+            Source::Files(f) => Ok(f),
             Source::Dummy(_) => bail!("dummy weights have no checkpoint tensor {name}"),
         }
     }
@@ -125,12 +296,18 @@ impl<'a, B: Backend> Loader<'a, B> {
     ) -> Result<B::Weight> {
         match &self.source {
             Source::Files(files) => {
+                let start = Instant::now();
                 let t = build()?;
                 if t.shape != shape {
                     bail!("{name}: built shape {:?}, expected {shape:?}", t.shape);
                 }
+                self.counters.packed(t.data.len(), start);
                 let base = name.split('#').next().unwrap_or(name);
-                self.backend.upload(&t).with_context(|| {
+                let weight = match &self.uploads {
+                    None => self.backend.upload(&t).map_err(anyhow::Error::from),
+                    Some(queue) => pipeline::upload_queued(queue, t.into_owned()),
+                };
+                weight.with_context(|| {
                     format!(
                         "{}: cannot upload tensor {name}",
                         files.file_of(base).display()
@@ -180,11 +357,8 @@ impl<'a, B: Backend> Loader<'a, B> {
         let mut shape = parts[0].1.to_vec();
         shape[0] = rows;
         self.materialize(parts[0].0, &shape, || {
-            let tensors = parts
-                .iter()
-                .map(|(n, s)| self.tensor(n, s))
-                .collect::<Result<Vec<_>>>()?;
-            transform::concat_rows(&tensors).with_context(|| format!("cannot fuse {}", parts[0].0))
+            self.stack(parts)
+                .with_context(|| format!("cannot fuse {}", parts[0].0))
         })
     }
 }

@@ -1,6 +1,14 @@
-//! Safetensors model files, memory-mapped: one file or shards listed in
+//! Safetensors model files: one file or shards listed in
 //! `model.safetensors.index.json`. Model files are untrusted input, so every
 //! header is bounds-checked and every problem names the file and the tensor.
+//!
+//! Files are memory-mapped. The loader copies tensors out of the map into
+//! its own buffers, in parallel chunks, and then drops the pages it read
+//! from the process (`MADV_DONTNEED`; they stay in the page cache): resident
+//! memory stays at the buffers in flight instead of growing to the whole
+//! checkpoint, which matters where the host and the GPU share one memory.
+//! Copying from the map measured faster than positioned reads (`pread`)
+//! into the same buffers (`docs/benchmarks/2026-12-01-cpu-cold-load/`).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -9,8 +17,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use kestrel_core::{DType, HostTensor};
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
+use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
+
+/// Copies of large tensors are split into chunks of this size, copied in parallel.
+const READ_CHUNK: usize = 4 << 20;
 
 struct Entry {
     file: usize,
@@ -20,8 +32,13 @@ struct Entry {
     end: usize,
 }
 
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+}
+
 pub struct WeightFiles {
-    files: Vec<(PathBuf, Mmap)>,
+    files: Vec<Shard>,
     tensors: HashMap<String, Entry>,
 }
 
@@ -100,7 +117,7 @@ impl WeightFiles {
                     );
                 }
             }
-            files.push((path, map));
+            files.push(Shard { path, map });
         }
         Ok(WeightFiles { files, tensors })
     }
@@ -128,25 +145,70 @@ impl WeightFiles {
 
     /// The tensor with whatever shape it has.
     pub fn get_any(&self, name: &str) -> Result<HostTensor<'_>> {
-        let Some(e) = self.tensors.get(name) else {
-            let files: Vec<String> = self
-                .files
-                .iter()
-                .map(|(p, _)| p.display().to_string())
-                .collect();
-            bail!("missing tensor {name} in {}", files.join(", "));
-        };
+        let e = self.entry(name)?;
         Ok(HostTensor {
             dtype: e.dtype,
             shape: e.shape.clone(),
-            data: Cow::Borrowed(&self.files[e.file].1[e.start..e.end]),
+            data: Cow::Borrowed(&self.files[e.file].map[e.start..e.end]),
+        })
+    }
+
+    /// The dtype and byte length of a tensor, its shape checked.
+    pub fn describe(&self, name: &str, shape: &[usize]) -> Result<(DType, usize)> {
+        let e = self.entry(name)?;
+        if e.shape != shape {
+            bail!(
+                "{}: tensor {name} has shape {:?}, expected {shape:?}",
+                self.file_of(name).display(),
+                e.shape
+            );
+        }
+        Ok((e.dtype, e.end - e.start))
+    }
+
+    /// Copies the tensor's bytes into `dst`, which must be exactly as long,
+    /// in parallel chunks, then drops the pages read from this process.
+    pub fn read_into(&self, name: &str, dst: &mut [u8]) -> Result<()> {
+        let e = self.entry(name)?;
+        let shard = &self.files[e.file];
+        if dst.len() != e.end - e.start {
+            bail!(
+                "{}: tensor {name} has {} bytes, read into {}",
+                shard.path.display(),
+                e.end - e.start,
+                dst.len()
+            );
+        }
+        dst.par_chunks_mut(READ_CHUNK)
+            .zip(shard.map[e.start..e.end].par_chunks(READ_CHUNK))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        // SAFETY: the map is a shared, read-only file mapping: dropped pages
+        // are read again from the file on the next access (by a neighbouring
+        // tensor on the same page, or a view from `get`), so no data is lost.
+        // Dropping them is only a saving; a failure changes nothing.
+        let _ = unsafe {
+            shard
+                .map
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, e.start, e.end - e.start)
+        };
+        Ok(())
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry> {
+        self.tensors.get(name).with_context(|| {
+            let files: Vec<String> = self
+                .files
+                .iter()
+                .map(|f| f.path.display().to_string())
+                .collect();
+            format!("missing tensor {name} in {}", files.join(", "))
         })
     }
 
     pub fn file_of(&self, name: &str) -> &Path {
         self.tensors
             .get(name)
-            .map(|e| self.files[e.file].0.as_path())
+            .map(|e| self.files[e.file].path.as_path())
             .unwrap_or(Path::new("?"))
     }
 }

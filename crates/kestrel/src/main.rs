@@ -27,6 +27,8 @@ enum Command {
     Serve(commands::serve::Args),
     /// Benchmark prefill and decode in-process against the memory-bandwidth floor.
     BenchModel(commands::bench_model::Args),
+    /// Measure loading a model folder: time, bytes read, GB/s, peak resident memory.
+    BenchLoad(commands::bench_load::Args),
     /// Benchmark an OpenAI-compatible server; lock, reproduce and verify results.
     Bench(commands::bench::Args),
     /// Re-run a release lock: verify the environment and model files against
@@ -43,6 +45,7 @@ fn main() {
         Command::Eval(args) => commands::eval::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::BenchModel(args) => commands::bench_model::run(args),
+        Command::BenchLoad(args) => commands::bench_load::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Reproduce(args) => commands::bench::reproduce(args),
         Command::Pull(args) => commands::bench::pull(args),

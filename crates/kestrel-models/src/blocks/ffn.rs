@@ -109,19 +109,20 @@ fn load_experts<'a, B: Backend>(
     if !l.has(&format!("{p}0.gate_proj.weight")) {
         bail!("missing tensor {stacked} (or per-expert {p}0.gate_proj.weight)");
     }
-    let mut parts = Vec::with_capacity(2 * e);
+    let mut names: Vec<(String, [usize; 2])> = Vec::with_capacity(2 * e);
     for x in 0..e {
         if down {
-            parts.push(l.tensor(&format!("{p}{x}.down_proj.weight"), &[hidden, i])?);
+            names.push((format!("{p}{x}.down_proj.weight"), [hidden, i]));
         } else {
-            parts.push(l.tensor(&format!("{p}{x}.gate_proj.weight"), &[i, hidden])?);
-            parts.push(l.tensor(&format!("{p}{x}.up_proj.weight"), &[i, hidden])?);
+            names.push((format!("{p}{x}.gate_proj.weight"), [i, hidden]));
+            names.push((format!("{p}{x}.up_proj.weight"), [i, hidden]));
         }
     }
+    let parts: Vec<(&str, &[usize])> = names.iter().map(|(n, s)| (n.as_str(), &s[..])).collect();
     let shape = if down {
         [e, hidden, i]
     } else {
         [e, 2 * i, hidden]
     };
-    transform::reshape(transform::concat_rows(&parts)?, &shape)
+    transform::reshape(l.stack(&parts)?, &shape)
 }

@@ -38,13 +38,13 @@ impl<B: Backend> GatedDeltaNet<B> {
             if cfg.arch == Arch::Qwen3Next {
                 Self::fused_from_next(l, p, &spec, h)
             } else {
-                let parts = [
-                    l.tensor(&format!("{p}in_proj_qkv.weight"), &[conv, h])?,
-                    l.tensor(&format!("{p}in_proj_z.weight"), &[vw, h])?,
-                    l.tensor(&format!("{p}in_proj_b.weight"), &[hv, h])?,
-                    l.tensor(&format!("{p}in_proj_a.weight"), &[hv, h])?,
-                ];
-                transform::concat_rows(&parts)
+                let names = ["qkv", "z", "b", "a"].map(|x| format!("{p}in_proj_{x}.weight"));
+                l.stack(&[
+                    (&names[0], &[conv, h]),
+                    (&names[1], &[vw, h]),
+                    (&names[2], &[hv, h]),
+                    (&names[3], &[hv, h]),
+                ])
             }
         })?;
         let conv_name = format!("{p}conv1d.weight");

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_load;
 pub mod bench_model;
 pub mod eval;
 pub mod generate;

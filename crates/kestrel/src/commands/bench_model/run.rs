@@ -24,10 +24,11 @@ pub fn bench<B: Backend>(
     args: &Args,
 ) -> Result<()> {
     let load_start = Instant::now();
-    let model = if source.dummy {
-        Model::load_dummy(&source.path, b, args.seed)?
+    let (model, load_stats) = if source.dummy {
+        (Model::load_dummy(&source.path, b, args.seed)?, None)
     } else {
-        Model::load(&source.path, b)?
+        let (model, stats) = Model::load_timed(&source.path, b)?;
+        (model, Some(stats))
     };
     b.synchronize()?;
     let load_s = load_start.elapsed().as_secs_f64();
@@ -38,6 +39,9 @@ pub fn bench<B: Backend>(
         cfg.num_layers,
         b.name()
     );
+    if let Some(stats) = &load_stats {
+        eprintln!("  load: {}", stats.summary());
+    }
 
     let (bandwidth_gbs, bandwidth_source) = match args.bandwidth_gbs {
         Some(g) => (g, "given with --bandwidth-gbs".to_string()),
@@ -94,6 +98,7 @@ pub fn bench<B: Backend>(
             "hidden_size": cfg.hidden_size,
             "vocab_size": cfg.vocab_size,
             "load_seconds": load_s,
+            "load": load_stats.as_ref().map(|s| s.to_json()),
         },
         "backend": b.name(),
         "storage_bytes": { "matrix_weight": storage.matrix, "kv_cache": storage.kv },
