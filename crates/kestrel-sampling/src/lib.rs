@@ -62,8 +62,8 @@
 //! [`Sampler::verify`] checks a speculative step's drafts against the
 //! target's rows: greedy acceptance that gives the tokens of sampling row
 //! by row, and rejection sampling that keeps the target's distribution when
-//! sampling (the `verify` module's docs state the rules and the RNG values
-//! used). [`Sampler::distribution`] gives a row's filtered distribution, for
+//! sampling ([`mod@verify`] states the rules and the RNG values used).
+//! [`Sampler::distribution`] gives a row's filtered distribution, for
 //! drafters that must report the `q` they drew from.
 //!
 //! [`SamplingParams`] holds and validates the request's parameters,
@@ -75,7 +75,7 @@ mod params;
 mod penalties;
 mod sampler;
 mod stop;
-mod verify;
+pub mod verify;
 
 pub use params::{InvalidParam, SamplingParams};
 pub use sampler::{DEFAULT_MAX_CANDIDATES, KEPT_WEIGHT_TOLERANCE, SampleError, Sampler};

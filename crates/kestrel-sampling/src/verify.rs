@@ -133,7 +133,7 @@ impl Verified {
     }
 }
 
-/// Whether `token` is among `dist`'s kept candidates, and its weight.
+/// The weight of `token` when it is a kept candidate, else 0.
 fn kept_weight(candidates: &[u32], weights: &[f32], token: u32) -> f64 {
     if candidates.binary_search(&token).is_ok() {
         f64::from(weights[token as usize])
