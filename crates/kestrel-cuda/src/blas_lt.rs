@@ -61,16 +61,12 @@ impl Drop for Plan {
 impl BlasLt {
     /// A handle and its workspace on `stream`; `None` when cuBLASLt cannot be
     /// loaded or set up (the caller then keeps `cublasGemmEx`).
-    pub fn new(stream: &std::sync::Arc<CudaStream>) -> Option<Self> {
+    pub fn new(stream: &std::sync::Arc<CudaStream>, algo_index: usize) -> Option<Self> {
         if !unsafe { sys::is_culib_present() } {
             return None;
         }
         let handle = lt::create_handle().ok()?;
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.ok()?;
-        let algo_index = std::env::var("KESTREL_LT_ALGO")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
         Some(BlasLt {
             handle,
             workspace,

@@ -361,11 +361,14 @@ pub struct Gpu {
     /// The dense bf16 products through cuBLASLt instead of `cublasGemmEx`
     /// (`KESTREL_DENSE_GEMM=lt`; `blas_lt.rs`).
     pub blas_lt: Option<crate::blas_lt::BlasLt>,
+    /// The switches as they were when the device opened.
+    pub overrides: crate::switches::Overrides,
 }
 
 impl Gpu {
     pub fn new(ordinal: usize) -> Result<Self> {
-        let precision = Precision::from_env()?;
+        let o = crate::switches::Overrides::from_env()?;
+        let precision = o.precision;
         // cudarc panics when libcuda is missing; ask first.
         if !unsafe { sys::is_culib_present() } {
             return Err(BackendError::Unavailable(
@@ -406,12 +409,14 @@ impl Gpu {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .unwrap_or(1)
             .max(1) as usize;
-        let blas_lt = if std::env::var("KESTREL_DENSE_GEMM").is_ok_and(|v| v == "lt") {
-            Some(crate::blas_lt::BlasLt::new(&stream).ok_or_else(|| {
-                BackendError::Unavailable(
-                    "KESTREL_DENSE_GEMM=lt: cuBLASLt could not be loaded or set up".into(),
-                )
-            })?)
+        let blas_lt = if o.dense_gemm_lt {
+            Some(
+                crate::blas_lt::BlasLt::new(&stream, o.lt_algo).ok_or_else(|| {
+                    BackendError::Unavailable(
+                        "KESTREL_DENSE_GEMM=lt: cuBLASLt could not be loaded or set up".into(),
+                    )
+                })?,
+            )
         } else {
             None
         };
@@ -424,13 +429,13 @@ impl Gpu {
             poison: false,
             step: Default::default(),
             capturing: Default::default(),
-            pdl: std::env::var("KESTREL_CUDA_PDL").is_ok_and(|v| v == "1"),
-            moe_gemm_wgmma: hopper && !std::env::var("KESTREL_MOE_GEMM").is_ok_and(|v| v == "mma"),
-            gdn_state_wgmma: hopper
-                && !std::env::var("KESTREL_GDN_STATE").is_ok_and(|v| v == "mma"),
-            moe_prefill_host: std::env::var("KESTREL_MOE_PREFILL").is_ok_and(|v| v == "host"),
-            norm_fusion: !std::env::var("KESTREL_NORM_FUSION").is_ok_and(|v| v == "off"),
-            attn_decode_fused: !std::env::var("KESTREL_ATTN_DECODE").is_ok_and(|v| v == "unfused"),
+            pdl: o.pdl,
+            moe_gemm_wgmma: hopper && o.moe_gemm_wgmma,
+            gdn_state_wgmma: hopper && o.gdn_state_wgmma,
+            moe_prefill_host: o.moe_prefill_host,
+            norm_fusion: o.norm_fusion,
+            attn_decode_fused: o.attn_decode_fused,
+            overrides: o,
             precision,
             blas_lt,
         })

@@ -28,6 +28,7 @@ mod ops;
 mod precision;
 mod probe;
 mod step;
+pub mod switches;
 mod tensor;
 
 use kestrel_core::{
@@ -57,10 +58,11 @@ impl CudaBackend {
     /// Open device `ordinal`. Fails cleanly when there is no driver, no such
     /// device, or this build carries no compiled kernels.
     pub fn new(ordinal: usize) -> Result<Self> {
+        let gpu = Gpu::new(ordinal)?;
         Ok(CudaBackend {
-            gpu: Gpu::new(ordinal)?,
+            graphs: gpu.overrides.graphs,
+            gpu,
             ordinal,
-            graphs: std::env::var("KESTREL_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             recordings: Mutex::new(Recordings::default()),
         })
     }

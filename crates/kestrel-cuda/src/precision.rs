@@ -19,14 +19,6 @@ pub enum Precision {
 }
 
 impl Precision {
-    /// `KESTREL_CUDA_PRECISION`: `bf16` (or unset) or `f32`.
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("KESTREL_CUDA_PRECISION") {
-            Err(_) => Ok(Precision::Bf16),
-            Ok(v) => v.parse(),
-        }
-    }
-
     /// Bytes per KV cache element.
     pub fn kv_bytes(self) -> usize {
         match self {

@@ -14,7 +14,7 @@
 //! Head dims without a tensor-core kernel, and f32 caches (`Precision::F32`),
 //! go through a generic kernel.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
@@ -24,6 +24,7 @@ use crate::cache::CudaCache;
 use crate::device::{Arg, Gpu, ptr};
 use crate::precision::Precision;
 use crate::step::StepLayout;
+use crate::switches::AttnPrefillChoice;
 use crate::tensor::{CudaTensor, CudaWeight};
 
 const THREADS: u32 = 128;
@@ -71,25 +72,6 @@ pub fn prefill_smem_bytes(d: usize) -> u32 {
 /// K and V tiles, all bf16 (48, 96 and 192 KiB at head_dim 64, 128, 256).
 pub fn prefill_v2_smem_bytes(d: usize) -> u32 {
     ((PREFILL_V2_ROWS + 2 * 2 * PREFILL_KEYS) * d * 2) as u32
-}
-
-/// Which prefill kernel `KESTREL_ATTN_PREFILL` asks for (for A/B runs): `v1`
-/// or `v2` (mma.sync); anything else means the wgmma kernel where there is
-/// one. Read once per process.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum PrefillChoice {
-    V1,
-    V2,
-    Wgmma,
-}
-
-fn prefill_choice() -> PrefillChoice {
-    static CHOICE: OnceLock<PrefillChoice> = OnceLock::new();
-    *CHOICE.get_or_init(|| match std::env::var("KESTREL_ATTN_PREFILL").as_deref() {
-        Ok("v1") => PrefillChoice::V1,
-        Ok("v2") => PrefillChoice::V2,
-        _ => PrefillChoice::Wgmma,
-    })
 }
 
 /// Kernel `{prefix}_d{D}` for each D of `FAST_HEAD_DIMS` that `wanted`
@@ -471,13 +453,13 @@ impl Attend<'_> {
     fn prefill(&self, dim_index: usize) {
         let (gpu, l) = (self.gpu, self.l);
         let (hq, d) = (self.spec.num_q_heads, self.spec.head_dim);
-        let choice = prefill_choice();
+        let choice = gpu.overrides.attn_prefill;
         let wg = gpu.k.attention_prefill_wg[dim_index]
             .as_ref()
-            .filter(|_| choice == PrefillChoice::Wgmma);
+            .filter(|_| choice == AttnPrefillChoice::Best);
         let v2 = gpu.k.attention_prefill_v2[dim_index]
             .as_ref()
-            .filter(|_| choice != PrefillChoice::V1);
+            .filter(|_| choice != AttnPrefillChoice::V1);
         // Versions 2 and wgmma put the query tile last (heaviest tiles of
         // every head first); version 1 has it first.
         let query_tiles_last =

@@ -21,6 +21,7 @@ use crate::device::{Arg, Gpu, blocks, check, ptr};
 use crate::ops::linear::bf16_copy_for;
 use crate::precision::Precision;
 use crate::step::StepLayout;
+use crate::switches::GdnMathChoice;
 use crate::tensor::{CudaTensor, CudaWeight};
 
 /// Mirror `GDN_MAX_KERNEL` (gdn.cuh), `GDN_CONV_TOKENS`, `GDN_COLS` and
@@ -68,17 +69,11 @@ enum ChunkMath {
 
 /// The chunked kernels' arithmetic under `precision`, unless
 /// `KESTREL_GDN_PREFILL` (read once) names one.
-fn chunk_math(precision: Precision) -> ChunkMath {
-    static FORCED: std::sync::OnceLock<Option<ChunkMath>> = std::sync::OnceLock::new();
-    let forced = *FORCED.get_or_init(|| match std::env::var("KESTREL_GDN_PREFILL").as_deref() {
-        Ok("3xtf32") => Some(ChunkMath::Tf32x3),
-        Ok("tf32") => Some(ChunkMath::Tf32),
-        _ => None,
-    });
-    forced.unwrap_or(match precision {
-        Precision::F32 => ChunkMath::Tf32x3,
-        Precision::Bf16 => ChunkMath::Tf32,
-    })
+fn chunk_math(precision: Precision, forced: GdnMathChoice) -> ChunkMath {
+    match (forced, precision) {
+        (GdnMathChoice::Tf32x3, _) | (GdnMathChoice::Auto, Precision::F32) => ChunkMath::Tf32x3,
+        (GdnMathChoice::Tf32, _) | (GdnMathChoice::Auto, Precision::Bf16) => ChunkMath::Tf32,
+    }
 }
 
 pub fn gated_delta_net(
@@ -343,7 +338,7 @@ fn chunked(gpu: &Gpu, io: &Io) -> cudarc::driver::CudaSlice<f32> {
         .map(|q| q.num_tokens.div_ceil(CHUNK))
         .sum();
     let scratch = gpu.alloc::<f32>(chunks * hv * CHUNK_FLOATS);
-    let tc = chunk_math(gpu.precision) as i32;
+    let tc = chunk_math(gpu.precision, gpu.overrides.gdn_math) as i32;
     allow_smem(gpu, &gpu.k.gdn_chunk_prep, PREP_SMEM_BYTES);
     gpu.launch(
         &gpu.k.gdn_chunk_prep,

@@ -70,10 +70,7 @@ const GEMM_COLS_WIDE: usize = 256;
 /// prefill's shared expert, 32 wide blocks, went 0.587 -> 0.599 ms before the
 /// block count was asked.
 fn wide_tiles(gpu: &Gpu, wide_blocks: usize) -> bool {
-    static NARROW: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let narrow =
-        *NARROW.get_or_init(|| std::env::var("KESTREL_MOE_TILES").is_ok_and(|v| v == "narrow"));
-    !narrow && wide_blocks >= 2 * gpu.sm_count()
+    gpu.overrides.moe_wide_tiles && wide_blocks >= 2 * gpu.sm_count()
 }
 
 /// A wgmma GEMM kernel for tiles of `rows` x `cols`, allowed its dynamic shared memory.
