@@ -1,5 +1,6 @@
 //! Dense bf16 products through cuBLASLt, the alternative to `cublasGemmEx`
-//! for the prefill's dense products (`KESTREL_DENSE_GEMM=lt`).
+//! for the prefill's dense products (`KESTREL_DENSE_GEMM=lt`; built with the
+//! `experiments` feature only: measured level with `cublasGemmEx`).
 //!
 //! The product is the one `ops::linear::gemm_bf16` computes: `out[rows, n] =
 //! x[rows, k] . w[n, k]^T`, bf16 operands, f32 accumulation and output. A

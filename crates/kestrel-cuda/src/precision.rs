@@ -3,7 +3,8 @@
 use kestrel_core::{BackendError, Result};
 
 /// The arithmetic of one backend instance. Weights are bf16 either way.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// The serving default: a bf16 KV cache, and activations rounded to bf16
     /// on the way into the tensor-core products of prefill (cuBLAS, grouped
