@@ -7,12 +7,12 @@ use kestrel_core::{ForwardBatch, Result};
 
 use crate::device::Gpu;
 use crate::ops::attention::kernels::AttentionKernels;
-use crate::ops::elementwise::ElementwiseKernels;
+use crate::ops::elementwise::kernels::ElementwiseKernels;
 use crate::ops::gdn::kernels::GdnKernels;
-use crate::ops::linear::gemv::LinearKernels;
+use crate::ops::linear::kernels::LinearKernels;
 use crate::ops::moe::kernels::MoeKernels;
-use crate::ops::norm::NormKernels;
-use crate::ops::sample::SampleKernels;
+use crate::ops::norm::kernels::NormKernels;
+use crate::ops::sample::kernels::SampleKernels;
 use crate::plan::{Device, Plan};
 use crate::probe::ProbeKernels;
 use crate::step::{ActiveStep, StepLayout, temporary_layout};

@@ -3,39 +3,14 @@
 //! rows' RMSNorm itself. Only kernel launches, whose shapes depend only on
 //! the operands' shapes: safe to record in a CUDA graph.
 
-use cudarc::driver::{CudaFunction, CudaSlice};
-use kestrel_core::{PreNorm, Result};
+use cudarc::driver::CudaSlice;
+use kestrel_core::PreNorm;
 
+use super::kernels::{GEMV_MAX_ROWS, NORM_MAX_ROWS, NORM_SMEM_MAX};
 use crate::context::Cx;
-use crate::device::{Gpu, blocks, function, function_with_smem, per_row_count, ptr};
+use crate::device::{blocks, ptr};
 use crate::launch::Arg;
 use crate::tensor::{CudaTensor, CudaWeight, Half};
-
-/// The kernels of `gemv.cu`.
-pub struct LinearKernels {
-    /// `gemv[m - 1]`: the decode matrix product for `m` rows (1..=8).
-    pub gemv: [CudaFunction; GEMV_MAX_ROWS],
-    /// The same for f16 weights (`Precision::F32` with an f16 checkpoint).
-    pub gemv_f16: [CudaFunction; GEMV_MAX_ROWS],
-    /// `gemv` that computes its rows' RMSNorm itself ([`gemv_norm`]), allowed
-    /// [`NORM_SMEM_MAX`] of dynamic shared memory.
-    pub gemv_norm: [CudaFunction; NORM_MAX_ROWS],
-}
-
-impl LinearKernels {
-    pub fn load(gpu: &Gpu) -> Result<Self> {
-        let m = gpu.module(kestrel_kernels::GEMV, "gemv")?;
-        let with_norm_smem = |m: &_, name: &str| function_with_smem(m, name, NORM_SMEM_MAX as u32);
-        Ok(LinearKernels {
-            gemv: per_row_count(&m, "gemv_m", function)?,
-            gemv_f16: per_row_count(&m, "gemv_f16_m", function)?,
-            gemv_norm: per_row_count(&m, "gemv_norm_m", with_norm_smem)?,
-        })
-    }
-}
-
-/// Most activation rows the `gemv` kernels take (one kernel per count).
-pub const GEMV_MAX_ROWS: usize = 8;
 
 /// Weight rows a `gemv` launch aims to have in flight, in warps x rows per
 /// warp: about 16 warps of 4 rows per SM of a large GPU cover HBM latency.
@@ -119,11 +94,6 @@ pub fn gemv(
     );
 }
 
-/// Most shared memory a `gemv_norm` block holds its normalised rows in
-/// (rows x k f32 values: 2 rows of 8,192); the kernels are configured for it
-/// at load time. Within the opt-in limit of every target GPU (99 KB on sm_121).
-pub const NORM_SMEM_MAX: usize = 64 << 10;
-
 /// Whether `gemv_norm` forms `rows` normalised rows of length `k` itself for
 /// a product with weights of format `half` (its kernels read bf16), unless
 /// the plan leaves the fusion out (`norm_fusion`).
@@ -134,11 +104,6 @@ pub fn norm_fits(cx: &Cx, rows: usize, k: usize, half: Half) -> bool {
         && rows <= NORM_MAX_ROWS
         && rows * k * 4 <= NORM_SMEM_MAX
 }
-
-/// Most rows `gemv_norm` takes. Every block normalises all rows before its
-/// first product, and from 4 rows on that cost more than the norm kernel's
-/// launch it saves (docs/benchmarks/2026-11-30-h200-decode-fusion/).
-pub const NORM_MAX_ROWS: usize = 2;
 
 /// Most weight rows `norm_matmul` runs through `gemv_norm`. Its resident
 /// blocks loop over row groups, which streamed a 248,320-row lm_head slower

@@ -1,6 +1,6 @@
 //! Matrix products: bf16 weights, f32 accumulation and output.
 //!
-//! Up to [`GEMV_MAX_ROWS`](gemv::GEMV_MAX_ROWS) rows (decode steps) go through the `gemv` kernels
+//! Up to [`GEMV_MAX_ROWS`](kernels::GEMV_MAX_ROWS) rows (decode steps) go through the `gemv` kernels
 //! (`gemv.rs`): the product is bound by reading the weights once, the
 //! activations stay f32, and the launch depends only on the shapes, so it can
 //! be recorded in a CUDA graph. Larger batches go through cuBLAS with
@@ -13,6 +13,7 @@
 
 pub mod gemm;
 pub mod gemv;
+pub mod kernels;
 
 use kestrel_core::PreNorm;
 

@@ -1,30 +1,15 @@
 //! RMSNorm and residual-add + RMSNorm, one block per row.
 
-use cudarc::driver::CudaFunction;
-use kestrel_core::{PreNorm, Result};
+use kestrel_core::PreNorm;
 
 use crate::context::Cx;
-use crate::device::{Gpu, function, ptr};
+use crate::device::ptr;
 use crate::launch::Arg;
 use crate::ops::linear::gemm::bf16_copy_for;
-use crate::ops::linear::gemv::GEMV_MAX_ROWS;
+use crate::ops::linear::kernels::GEMV_MAX_ROWS;
 use crate::tensor::{CudaTensor, CudaWeight};
 
-/// The kernels of `norm.cu`.
-pub struct NormKernels {
-    pub rms_norm: CudaFunction,
-    pub add_rms_norm: CudaFunction,
-}
-
-impl NormKernels {
-    pub fn load(gpu: &Gpu) -> Result<Self> {
-        let m = gpu.module(kestrel_kernels::NORM, "norm")?;
-        Ok(NormKernels {
-            rms_norm: function(&m, "rms_norm_f32")?,
-            add_rms_norm: function(&m, "add_rms_norm_f32")?,
-        })
-    }
-}
+pub mod kernels;
 
 const THREADS: u32 = 256;
 

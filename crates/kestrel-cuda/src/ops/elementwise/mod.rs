@@ -1,39 +1,12 @@
 //! Embedding lookup, row gather, residual add, SwiGLU, and the f32 -> bf16
 //! conversion the dense products read.
 
-use cudarc::driver::CudaFunction;
-use kestrel_core::Result;
-
 use crate::context::Cx;
-use crate::device::{Gpu, blocks, function, ptr};
+use crate::device::{blocks, ptr};
 use crate::launch::Arg;
 use crate::tensor::{CudaTensor, CudaWeight, Half};
 
-/// The kernels of `elementwise.cu`.
-pub struct ElementwiseKernels {
-    pub embedding_bf16: CudaFunction,
-    pub embedding_f16: CudaFunction,
-    pub gather_rows_f32: CudaFunction,
-    pub add_assign_f32: CudaFunction,
-    pub swiglu_f32: CudaFunction,
-    pub f32_to_bf16: CudaFunction,
-}
-
-impl ElementwiseKernels {
-    pub fn load(gpu: &Gpu) -> Result<Self> {
-        let m = gpu.module(kestrel_kernels::ELEMENTWISE, "elementwise")?;
-        Ok(ElementwiseKernels {
-            embedding_bf16: function(&m, "embedding_bf16")?,
-            embedding_f16: function(&m, "embedding_f16")?,
-            gather_rows_f32: function(&m, "gather_rows_f32")?,
-            add_assign_f32: function(&m, "add_assign_f32")?,
-            swiglu_f32: function(&m, "swiglu_f32")?,
-            f32_to_bf16: function(&m, "f32_to_bf16_kernel")?,
-        })
-    }
-}
-
-const THREADS: u32 = 256;
+pub mod kernels;
 
 pub fn embedding(cx: &Cx, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
     let gpu = cx.gpu;

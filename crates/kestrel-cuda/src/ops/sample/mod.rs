@@ -4,32 +4,16 @@
 //! `top_candidates` hands back each row's best candidates after penalties,
 //! and, given the sampler's uniform, where its kept weights cross it.
 
-use cudarc::driver::{CudaFunction, CudaSlice};
+use cudarc::driver::CudaSlice;
 use kestrel_core::candidates::{KeptDraw, check_request};
-use kestrel_core::{CandidateRequest, Result, RowCandidates};
+use kestrel_core::{CandidateRequest, RowCandidates};
 
 use crate::context::Cx;
-use crate::device::{Gpu, function, ptr};
+use crate::device::ptr;
 use crate::launch::Arg;
 use crate::tensor::CudaTensor;
 
-/// The kernels of `sample.cu`.
-pub struct SampleKernels {
-    pub argmax_parts: CudaFunction,
-    pub argmax_merge: CudaFunction,
-    pub top_candidates: CudaFunction,
-}
-
-impl SampleKernels {
-    pub fn load(gpu: &Gpu) -> Result<Self> {
-        let m = gpu.module(kestrel_kernels::SAMPLE, "sample")?;
-        Ok(SampleKernels {
-            argmax_parts: function(&m, "argmax_parts")?,
-            argmax_merge: function(&m, "argmax_merge")?,
-            top_candidates: function(&m, "top_candidates")?,
-        })
-    }
-}
+pub mod kernels;
 
 /// Threads per `top_candidates` row: a 250k vocabulary is 62k float4 loads,
 /// ~60 per thread.
