@@ -17,11 +17,14 @@ use super::{Args, Source, bandwidth};
 
 const BLOCK_SIZE: usize = 16;
 
+/// `plan`: the CUDA backend's kernel plan, written into the JSON (`None`
+/// for the CPU backend, which has none).
 pub fn bench<B: Backend>(
     b: &Timed<B>,
     storage: Storage,
     source: &Source,
     args: &Args,
+    plan: Option<Value>,
 ) -> Result<()> {
     let load_start = Instant::now();
     let model = if source.dummy {
@@ -96,6 +99,7 @@ pub fn bench<B: Backend>(
             "load_seconds": load_s,
         },
         "backend": b.name(),
+        "plan": plan,
         "storage_bytes": { "matrix_weight": storage.matrix, "kv_cache": storage.kv },
         "bandwidth_gbs": bandwidth_gbs,
         "bandwidth_source": bandwidth_source,
