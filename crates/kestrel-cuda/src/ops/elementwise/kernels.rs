@@ -29,4 +29,3 @@ impl ElementwiseKernels {
     }
 }
 
-const THREADS: u32 = 256;

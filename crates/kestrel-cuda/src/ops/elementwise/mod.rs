@@ -8,6 +8,8 @@ use crate::tensor::{CudaTensor, CudaWeight, Half};
 
 pub mod kernels;
 
+const THREADS: u32 = 256;
+
 pub fn embedding(cx: &Cx, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
     let gpu = cx.gpu;
     assert_eq!(
