@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Targets in every fatbin: Hopper with its `a` features (wgmma, setmaxnreg),
-/// GB10 (sm_121), and compute_90 PTX so newer GPUs can JIT the kernels.
+/// sm_121, and compute_90 PTX so newer GPUs can JIT the kernels.
 const GENCODE: &[&str] = &[
     "-gencode=arch=compute_90a,code=sm_90a",
     "-gencode=arch=compute_121,code=sm_121",

@@ -1,5 +1,6 @@
 //! Dense bf16 products through cuBLASLt, the alternative to `cublasGemmEx`
-//! for the prefill's dense products (`KESTREL_DENSE_GEMM=lt`).
+//! for the prefill's dense products (`KESTREL_DENSE_GEMM=lt`; built with the
+//! `experiments` feature only: measured level with `cublasGemmEx`).
 //!
 //! The product is the one `ops::linear::gemm_bf16` computes: `out[rows, n] =
 //! x[rows, k] . w[n, k]^T`, bf16 operands, f32 accumulation and output. A
@@ -61,16 +62,12 @@ impl Drop for Plan {
 impl BlasLt {
     /// A handle and its workspace on `stream`; `None` when cuBLASLt cannot be
     /// loaded or set up (the caller then keeps `cublasGemmEx`).
-    pub fn new(stream: &std::sync::Arc<CudaStream>) -> Option<Self> {
+    pub fn new(stream: &std::sync::Arc<CudaStream>, algo_index: usize) -> Option<Self> {
         if !unsafe { sys::is_culib_present() } {
             return None;
         }
         let handle = lt::create_handle().ok()?;
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.ok()?;
-        let algo_index = std::env::var("KESTREL_LT_ALGO")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
         Some(BlasLt {
             handle,
             workspace,

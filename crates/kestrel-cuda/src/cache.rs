@@ -36,8 +36,7 @@ impl CudaCache {
         gdn.num_v_heads * gdn.head_k_dim * gdn.head_v_dim
     }
 
-    pub fn new(gpu: &Gpu, spec: &CacheSpec) -> Result<Self> {
-        let kv_precision = gpu.precision;
+    pub fn new(gpu: &Gpu, spec: &CacheSpec, kv_precision: Precision) -> Result<Self> {
         let kv_len = spec.num_blocks * spec.block_size * spec.num_kv_heads * spec.head_dim;
         let kv_words = kv_len * kv_precision.kv_bytes() / 2;
         let (conv_len, rec_len) = match (&spec.gdn, spec.gdn_layers) {

@@ -57,15 +57,15 @@ pub struct Recordings {
 }
 
 impl Recordings {
-    /// Run the step `f` (whose layout `gpu.begin_step` has staged) under `key`.
+    /// Run the step `f` (whose layout the step buffer of `generation` holds) under `key`.
     pub fn run(
         &mut self,
         gpu: &Gpu,
+        generation: u64,
         key: StepKey,
         cache: &mut CudaCache,
         f: &mut dyn FnMut(&mut CudaCache) -> CudaTensor,
     ) -> CudaTensor {
-        let generation = gpu.step_generation();
         if self.cache != Some(cache.id) || self.generation != generation {
             // Recordings of another cache or of a moved step buffer read
             // addresses that are gone.

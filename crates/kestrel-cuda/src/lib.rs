@@ -13,21 +13,31 @@
 //! (`KESTREL_CUDA_PRECISION=f32`) removes the bf16 roundings of activations
 //! and the KV cache, at the cost of prefill speed.
 //!
-//! Decode steps are recorded once as CUDA graphs and replayed (`graph.rs`);
-//! the step's layout is uploaded once per step (`step.rs`).
+//! Every kernel-path choice is made once, when the backend opens
+//! ([`Plan`], printed by the commands that open one); each op family loads
+//! its own kernel table (`ops/*`), and the device layer (`device.rs`,
+//! `launch.rs`) knows no operation. Decode steps are recorded once as CUDA
+//! graphs and replayed (`graph.rs`); the step's layout is uploaded once per
+//! step (`step.rs`) and handed to the operations in their context
+//! (`context.rs`).
 //!
 //! The `Backend` operations are infallible by contract: shapes are validated
 //! with clear panics, and a CUDA failure inside an operation (a lost device)
 //! panics too. Construction and uploads return errors.
 
+#[cfg(feature = "experiments")]
 mod blas_lt;
 mod cache;
+mod context;
 mod device;
 mod graph;
+mod launch;
 mod ops;
+pub mod plan;
 mod precision;
 mod probe;
 mod step;
+pub mod switches;
 mod tensor;
 
 use kestrel_core::{
@@ -36,49 +46,113 @@ use kestrel_core::{
 };
 
 pub use cache::CudaCache;
+pub use plan::Plan;
 pub use precision::Precision;
 pub use tensor::{CudaTensor, CudaWeight};
 
 use std::sync::Mutex;
 
+use context::{Cx, Kernels};
 use device::Gpu;
 use graph::Recordings;
+use step::StepState;
+use switches::Overrides;
 use tensor::{Converted, WeightData};
 
 pub struct CudaBackend {
     gpu: Gpu,
+    kernels: Kernels,
+    /// What the plan was resolved from, to resolve it again when a setter
+    /// changes a choice.
+    device: plan::Device,
+    overrides: Overrides,
+    plan: Plan,
     ordinal: usize,
-    /// Replay recorded decode steps (CUDA graphs); on unless turned off.
-    graphs: bool,
+    /// The persistent step buffer and the step in progress.
+    step: Mutex<StepState>,
     recordings: Mutex<Recordings>,
+    #[cfg(feature = "experiments")]
+    blas_lt: Option<blas_lt::BlasLt>,
 }
 
 impl CudaBackend {
     /// Open device `ordinal`. Fails cleanly when there is no driver, no such
     /// device, or this build carries no compiled kernels.
     pub fn new(ordinal: usize) -> Result<Self> {
-        Ok(CudaBackend {
-            gpu: Gpu::new(ordinal)?,
+        let overrides = Overrides::from_env()?;
+        let gpu = Gpu::new(ordinal)?;
+        let kernels = Kernels::load(&gpu)?;
+        let device = kernels.device(&gpu);
+        let plan = Plan::resolve(&device, &overrides);
+        let mut backend = CudaBackend {
+            gpu,
+            kernels,
+            device,
+            overrides,
+            plan,
             ordinal,
-            graphs: std::env::var("KESTREL_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            step: Mutex::new(StepState::default()),
             recordings: Mutex::new(Recordings::default()),
-        })
+            #[cfg(feature = "experiments")]
+            blas_lt: None,
+        };
+        backend.apply_plan()?;
+        Ok(backend)
+    }
+
+    /// Set up what the plan needs beyond kernels.
+    fn apply_plan(&mut self) -> Result<()> {
+        #[cfg(feature = "experiments")]
+        {
+            self.gpu.pdl = self.plan.launch == plan::Launch::ProgrammaticDependent;
+            let lt = matches!(self.plan.dense_gemm, plan::DenseGemm::CublasLt { .. });
+            if lt && self.blas_lt.is_none() {
+                let algo = self.overrides.lt_algo;
+                self.blas_lt =
+                    Some(blas_lt::BlasLt::new(&self.gpu.stream, algo).ok_or_else(|| {
+                        BackendError::Unavailable(
+                            "KESTREL_DENSE_GEMM=lt: cuBLASLt could not be loaded or set up".into(),
+                        )
+                    })?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every kernel-path choice, resolved when the backend opened.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
     /// Record and replay keyed steps as CUDA graphs (the default), or run
     /// every step eagerly. `KESTREL_CUDA_GRAPHS=0` turns them off at start.
     pub fn set_graphs(&mut self, on: bool) {
-        self.graphs = on;
+        self.overrides.graphs = on;
+        self.plan.graphs = on;
     }
 
-    /// The arithmetic of operations from now on; caches keep the KV element
-    /// type they were created with. Starts as `KESTREL_CUDA_PRECISION` says.
+    /// The arithmetic of operations from now on (the plan is resolved again);
+    /// caches keep the KV element type they were created with. Starts as
+    /// `KESTREL_CUDA_PRECISION` says.
     pub fn set_precision(&mut self, precision: Precision) {
-        self.gpu.precision = precision;
+        self.overrides.precision = precision;
+        self.plan = Plan::resolve(&self.device, &self.overrides);
     }
 
     pub fn precision(&self) -> Precision {
-        self.gpu.precision
+        self.plan.precision
+    }
+
+    /// The context operations run with: the step in progress, if any.
+    fn cx(&self) -> Cx<'_> {
+        Cx {
+            gpu: &self.gpu,
+            k: &self.kernels,
+            plan: &self.plan,
+            step: self.step.lock().unwrap().active(),
+            #[cfg(feature = "experiments")]
+            blas_lt: self.blas_lt.as_ref(),
+        }
     }
 
     /// Steps recorded and replayed so far.
@@ -120,7 +194,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, t: &HostTensor) -> Result<CudaWeight> {
-        let keep_f16 = self.gpu.precision == Precision::F32;
+        let keep_f16 = self.plan.precision == Precision::F32;
         let data = match tensor::convert(t, keep_f16)? {
             Converted::Bf16(bits) => WeightData::Bf16(self.try_upload(&bits[..])?),
             Converted::F16(bits) => WeightData::F16(self.try_upload(&bits[..])?),
@@ -155,7 +229,15 @@ impl Backend for CudaBackend {
                 data: v.into(),
             });
         }
-        probe::dummy_weight(&self.gpu, shape, dtype, seed, offset, scale)
+        probe::dummy_weight(
+            &self.gpu,
+            &self.kernels.probe,
+            shape,
+            dtype,
+            seed,
+            offset,
+            scale,
+        )
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -190,7 +272,7 @@ impl Backend for CudaBackend {
     }
 
     fn new_cache(&self, spec: &CacheSpec) -> Result<CudaCache> {
-        CudaCache::new(&self.gpu, spec)
+        CudaCache::new(&self.gpu, spec, self.plan.precision)
     }
 
     fn zero_state(&self, cache: &mut CudaCache, slot: u32) {
@@ -210,21 +292,25 @@ impl Backend for CudaBackend {
         f: &mut dyn FnMut(&mut CudaCache) -> CudaTensor,
     ) -> CudaTensor {
         cache.check_batch(batch);
-        self.gpu.begin_step(ids, batch, cache.spec.block_size);
+        let generation = {
+            let mut step = self.step.lock().unwrap();
+            step.begin(&self.gpu, ids, batch, cache.spec.block_size);
+            step.generation
+        };
         let out = match key {
-            Some(key) if self.graphs => self
+            Some(key) if self.plan.graphs => self
                 .recordings
                 .lock()
                 .unwrap()
-                .run(&self.gpu, key, cache, f),
+                .run(&self.gpu, generation, key, cache, f),
             _ => f(cache),
         };
-        self.gpu.end_step();
+        self.step.lock().unwrap().end();
         out
     }
 
     fn argmax_rows(&self, x: &CudaTensor, cols: usize) -> Vec<u32> {
-        ops::sample::argmax_rows_host(&self.gpu, x, cols)
+        ops::sample::argmax_rows_host(&self.cx(), x, cols)
     }
 
     fn top_candidates(
@@ -232,19 +318,19 @@ impl Backend for CudaBackend {
         logits: &CudaTensor,
         rows: &[kestrel_core::CandidateRequest],
     ) -> Vec<kestrel_core::RowCandidates> {
-        ops::sample::top_candidates(&self.gpu, logits, rows)
+        ops::sample::top_candidates(&self.cx(), logits, rows)
     }
 
     fn embedding(&self, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
-        ops::elementwise::embedding(&self.gpu, table, ids)
+        ops::elementwise::embedding(&self.cx(), table, ids)
     }
 
     fn matmul(&self, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
-        ops::linear::matmul(&self.gpu, x, w)
+        ops::linear::matmul(&self.cx(), x, w)
     }
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32) -> CudaTensor {
-        ops::norm::rms_norm(&self.gpu, x, w, eps)
+        ops::norm::rms_norm(&self.cx(), x, w, eps)
     }
 
     fn add_rms_norm(
@@ -254,19 +340,19 @@ impl Backend for CudaBackend {
         w: &CudaWeight,
         eps: f32,
     ) -> CudaTensor {
-        ops::norm::add_rms_norm(&self.gpu, residual, x, w, eps)
+        ops::norm::add_rms_norm(&self.cx(), residual, x, w, eps)
     }
 
     fn add_assign(&self, a: &mut CudaTensor, b: &CudaTensor) {
-        ops::elementwise::add_assign(&self.gpu, a, b)
+        ops::elementwise::add_assign(&self.cx(), a, b)
     }
 
     fn swiglu(&self, gate_up: &CudaTensor) -> CudaTensor {
-        ops::elementwise::swiglu(&self.gpu, gate_up)
+        ops::elementwise::swiglu(&self.cx(), gate_up)
     }
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
-        ops::elementwise::gather_rows(&self.gpu, x, rows)
+        ops::elementwise::gather_rows(&self.cx(), x, rows)
     }
 
     fn attention(
@@ -278,15 +364,15 @@ impl Backend for CudaBackend {
         layer: usize,
         batch: &ForwardBatch,
     ) -> CudaTensor {
-        ops::attention::attention(&self.gpu, proj, w, spec, cache, layer, batch)
+        ops::attention::attention(&self.cx(), proj, w, spec, cache, layer, batch)
     }
 
     fn moe(&self, x: &CudaTensor, w: &MoeWeights<CudaWeight>, spec: &MoeSpec) -> CudaTensor {
-        ops::moe::moe(&self.gpu, x, w, spec)
+        ops::moe::moe(&self.cx(), x, w, spec)
     }
 
     fn norm_matmul(&self, pre: PreNorm<'_, CudaTensor, CudaWeight>, w: &CudaWeight) -> CudaTensor {
-        ops::linear::norm_matmul(&self.gpu, pre, w)
+        ops::linear::norm_matmul(&self.cx(), pre, w)
     }
 
     fn norm_moe(
@@ -295,7 +381,7 @@ impl Backend for CudaBackend {
         w: &MoeWeights<CudaWeight>,
         spec: &MoeSpec,
     ) -> CudaTensor {
-        ops::moe::norm_moe(&self.gpu, pre, w, spec)
+        ops::moe::norm_moe(&self.cx(), pre, w, spec)
     }
 
     fn gated_delta_net(
@@ -307,7 +393,7 @@ impl Backend for CudaBackend {
         layer: usize,
         batch: &ForwardBatch,
     ) -> CudaTensor {
-        ops::gdn::gated_delta_net(&self.gpu, proj, w, spec, cache, layer, batch)
+        ops::gdn::gated_delta_net(&self.cx(), proj, w, spec, cache, layer, batch)
     }
 }
 

@@ -3,7 +3,8 @@
 use kestrel_core::{BackendError, Result};
 
 /// The arithmetic of one backend instance. Weights are bf16 either way.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// The serving default: a bf16 KV cache, and activations rounded to bf16
     /// on the way into the tensor-core products of prefill (cuBLAS, grouped
@@ -19,14 +20,6 @@ pub enum Precision {
 }
 
 impl Precision {
-    /// `KESTREL_CUDA_PRECISION`: `bf16` (or unset) or `f32`.
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("KESTREL_CUDA_PRECISION") {
-            Err(_) => Ok(Precision::Bf16),
-            Ok(v) => v.parse(),
-        }
-    }
-
     /// Bytes per KV cache element.
     pub fn kv_bytes(self) -> usize {
         match self {

@@ -1,11 +1,29 @@
 //! Device-side helpers that are not model operations: dummy weights filled
 //! on the GPU and a memory-bandwidth probe for benchmark floors.
 
+use cudarc::driver::CudaFunction;
 use cudarc::driver::sys::CUevent_flags;
 use kestrel_core::{BackendError, DType, Result};
 
-use crate::device::{Arg, Gpu, ptr};
+use crate::device::{Gpu, function, ptr};
+use crate::launch::Arg;
 use crate::tensor::{CudaWeight, WeightData};
+
+/// The kernels of `dummy.cu`.
+pub struct ProbeKernels {
+    pub dummy_fill_bf16: CudaFunction,
+    pub dummy_fill_f32: CudaFunction,
+}
+
+impl ProbeKernels {
+    pub fn load(gpu: &Gpu) -> Result<Self> {
+        let m = gpu.module(kestrel_kernels::DUMMY, "dummy")?;
+        Ok(ProbeKernels {
+            dummy_fill_bf16: function(&m, "dummy_fill_bf16")?,
+            dummy_fill_f32: function(&m, "dummy_fill_f32")?,
+        })
+    }
+}
 
 /// Enough blocks to fill the chip; the kernels loop over the rest.
 const FILL_GRID: u32 = 132 * 16;
@@ -15,6 +33,7 @@ const FILL_GRID: u32 = 132 * 16;
 /// `dtype` is BF16, as an uploaded bf16 vector would be), matrices bf16.
 pub fn dummy_weight(
     gpu: &Gpu,
+    k: &ProbeKernels,
     shape: &[usize],
     dtype: DType,
     seed: u64,
@@ -27,7 +46,7 @@ pub fn dummy_weight(
         let buf = try_alloc::<f32>(gpu, n)?;
         let round = i32::from(dtype == DType::BF16);
         gpu.launch(
-            &gpu.k.dummy_fill_f32,
+            &k.dummy_fill_f32,
             grid,
             256,
             0,
@@ -44,7 +63,7 @@ pub fn dummy_weight(
     } else {
         let buf = try_alloc::<u16>(gpu, n)?;
         gpu.launch(
-            &gpu.k.dummy_fill_bf16,
+            &k.dummy_fill_bf16,
             grid,
             256,
             0,

@@ -7,10 +7,11 @@
 //! step, so that recorded (graph-replayed) steps read the current step's
 //! values. Sections sit at offsets that depend only on the number of tokens
 //! and sequences, with the variable-length block tables last.
-//! Operations called outside a step (tests, direct calls) get a temporary
-//! layout built for their batch.
+//! The backend hands the step in progress to the operations it runs
+//! ([`ActiveStep`], in the operations' context); operations called outside
+//! a step (tests, direct calls) get a temporary layout built for their batch.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use kestrel_core::ForwardBatch;
@@ -22,12 +23,10 @@ pub struct StepLayout {
     base: u64,
     pub tokens: usize,
     pub seqs: usize,
-    /// Largest number of new tokens of one sequence, and largest total length
-    /// (cached + new). Host-side hints for sizing launches of prefill kernels;
-    /// kernels of decode steps (which may be replayed with other lengths) must
-    /// read lengths from `seq_len` instead.
+    /// Largest number of new tokens of one sequence: a host-side hint for
+    /// sizing launches of prefill kernels; kernels of decode steps (which may
+    /// be replayed with other lengths) must read lengths from `seq_len`.
     pub max_new: usize,
-    pub max_len: usize,
     /// Keeps a temporary layout's buffer alive (`None` for the step buffer).
     _owned: Option<CudaSlice<i32>>,
 }
@@ -80,7 +79,6 @@ struct Packed {
     tokens: usize,
     seqs: usize,
     max_new: usize,
-    max_len: usize,
 }
 
 fn pack(ids: Option<&[u32]>, batch: &ForwardBatch, block_size: usize) -> Packed {
@@ -130,23 +128,50 @@ fn pack(ids: Option<&[u32]>, batch: &ForwardBatch, block_size: usize) -> Packed 
         tokens: t,
         seqs: s,
         max_new: batch.seqs.iter().map(|q| q.num_tokens).max().unwrap_or(0),
-        max_len: batch.seqs.iter().map(|q| q.total_len()).max().unwrap_or(0),
     }
 }
 
-/// The step in progress, recognised by the addresses of the batch and ids
-/// that `run_step` was given: the model passes those same references to every
-/// operation, so no per-layer comparison of block tables is needed (and no
-/// other batch can sit at that address while the step borrows it).
-struct Active {
-    ids: (usize, usize),
-    batch: usize,
-    block_size: usize,
-    layout: Arc<StepLayout>,
+/// The step in progress: its layout and the page size it was packed for.
+#[derive(Clone)]
+pub struct ActiveStep {
+    pub layout: Arc<StepLayout>,
+    pub block_size: usize,
 }
 
-fn addr_of_ids(ids: &[u32]) -> (usize, usize) {
-    (ids.as_ptr() as usize, ids.len())
+impl ActiveStep {
+    /// The step's layout for an operation on `batch`. Inside
+    /// [`run_step`](kestrel_core::Backend::run_step) every operation works on
+    /// the step's batch (the trait's contract); a batch of another shape is
+    /// a caller's bug, refused here rather than computed on the wrong layout.
+    pub fn layout_for(&self, batch: &ForwardBatch, block_size: usize) -> Arc<StepLayout> {
+        let l = &self.layout;
+        assert!(
+            batch.num_tokens() == l.tokens
+                && batch.seqs.len() == l.seqs
+                && block_size == self.block_size,
+            "an operation inside a step got a batch of {} tokens in {} sequences \
+             (block size {block_size}), not the step's {} in {} (block size {})",
+            batch.num_tokens(),
+            batch.seqs.len(),
+            l.tokens,
+            l.seqs,
+            self.block_size
+        );
+        l.clone()
+    }
+}
+
+/// A layout of `batch` uploaded now, for operations called outside a step.
+pub fn temporary_layout(gpu: &Gpu, batch: &ForwardBatch, block_size: usize) -> Arc<StepLayout> {
+    let p = pack(None, batch, block_size);
+    let buf = gpu.upload(&p.values);
+    Arc::new(StepLayout {
+        base: ptr(&buf, &gpu.stream),
+        tokens: p.tokens,
+        seqs: p.seqs,
+        max_new: p.max_new,
+        _owned: Some(buf),
+    })
 }
 
 /// The persistent step buffer and the step in progress.
@@ -155,80 +180,46 @@ pub struct StepState {
     store: Option<CudaSlice<i32>>,
     /// Bumped whenever the store moves: recordings made before read stale addresses.
     pub generation: u64,
-    active: Option<Active>,
+    active: Option<ActiveStep>,
 }
 
-pub type SharedStep = Mutex<StepState>;
-
-impl Gpu {
+impl StepState {
     /// Stage `batch` (new tokens `ids`) for the operations of one step.
-    pub fn begin_step(&self, ids: &[u32], batch: &ForwardBatch, block_size: usize) {
+    pub fn begin(&mut self, gpu: &Gpu, ids: &[u32], batch: &ForwardBatch, block_size: usize) {
         let p = pack(Some(ids), batch, block_size);
-        let mut st = self.step.lock().unwrap();
         let need = p.values.len().max(1);
-        if st.store.as_ref().is_none_or(|s| s.len() < need) {
-            let old = st.store.as_ref().map_or(0, |s| s.len());
+        if self.store.as_ref().is_none_or(|s| s.len() < need) {
+            let old = self.store.as_ref().map_or(0, |s| s.len());
             let cap = need.max(2 * old).max(1 << 16);
-            st.store = Some(self.alloc_zeros::<i32>(cap));
-            st.generation += 1;
+            self.store = Some(gpu.alloc_zeros::<i32>(cap));
+            self.generation += 1;
         }
-        let store = st.store.as_mut().unwrap();
+        let store = self.store.as_mut().unwrap();
         check(
-            self.stream
+            gpu.stream
                 .memcpy_htod(&p.values, &mut store.slice_mut(..p.values.len())),
             "uploading the step layout",
         );
-        let base = ptr(store, &self.stream);
-        st.active = Some(Active {
-            ids: addr_of_ids(ids),
-            batch: batch as *const ForwardBatch as usize,
+        let base = ptr(store, &gpu.stream);
+        self.active = Some(ActiveStep {
             block_size,
             layout: Arc::new(StepLayout {
                 base,
                 tokens: p.tokens,
                 seqs: p.seqs,
                 max_new: p.max_new,
-                max_len: p.max_len,
                 _owned: None,
             }),
         });
     }
 
-    pub fn end_step(&self) {
-        self.step.lock().unwrap().active = None;
+    pub fn end(&mut self) {
+        self.active = None;
     }
 
-    pub fn step_generation(&self) -> u64 {
-        self.step.lock().unwrap().generation
-    }
-
-    /// The layout of `batch`: the step's own when `batch` is the batch the
-    /// step was begun with, else a temporary one uploaded now.
-    pub fn layout(&self, batch: &ForwardBatch, block_size: usize) -> Arc<StepLayout> {
-        if let Some(a) = &self.step.lock().unwrap().active
-            && a.block_size == block_size
-            && a.batch == batch as *const ForwardBatch as usize
-        {
-            return a.layout.clone();
-        }
-        let p = pack(None, batch, block_size);
-        let buf = self.upload(&p.values);
-        Arc::new(StepLayout {
-            base: ptr(&buf, &self.stream),
-            tokens: p.tokens,
-            seqs: p.seqs,
-            max_new: p.max_new,
-            max_len: p.max_len,
-            _owned: Some(buf),
-        })
-    }
-
-    /// Device address of the step's token ids when `ids` is the slice the
-    /// step was begun with.
-    pub fn step_ids(&self, ids: &[u32]) -> Option<u64> {
-        let st = self.step.lock().unwrap();
-        let a = st.active.as_ref()?;
-        (a.ids == addr_of_ids(ids)).then(|| a.layout.ids())
+    /// The step in progress, if any.
+    pub fn active(&self) -> Option<ActiveStep> {
+        self.active.clone()
     }
 }
 
@@ -263,7 +254,6 @@ mod tests {
             tokens: p.tokens,
             seqs: p.seqs,
             max_new: p.max_new,
-            max_len: p.max_len,
             _owned: None,
         };
         let sec = |addr: u64, n: usize| p.values[addr as usize / 4..][..n].to_vec();
@@ -277,6 +267,6 @@ mod tests {
         assert_eq!(sec(l.table_offset(), 2), [0, 2]);
         assert_eq!(sec(l.block_tables(), 3), [7, 9, 5]);
         assert_eq!(p.values.len(), 4 * 4 + 4 * 2 + 1 + 3);
-        assert_eq!((l.max_new, l.max_len), (3, 5));
+        assert_eq!(l.max_new, 3);
     }
 }

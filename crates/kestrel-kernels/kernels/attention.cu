@@ -18,9 +18,8 @@ __device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
 // cache. A block serves QKN_WARPS heads of one token, a warp each (q heads,
 // then k heads, then v heads): its threads first form the token's rotary
 // angles once (cos and sin of position * inv_freq[j], j < rotary_dim / 2) in
-// shared memory. With every warp forming its own angles, the kernel spent
-// 360 us a layer on an 8K-token Qwen3-30B prefill (H200), four times its
-// memory traffic; the arithmetic per element is the same (same inv_freq, same
+// shared memory. With every warp forming its own angles, the kernel took four
+// times as long as its memory traffic; the arithmetic per element is the same (same inv_freq, same
 // sincosf argument, same order of operations).
 // q goes to `q_out` [T, Hq*D]; k/v go to cache slot `slot_mapping[t]`
 // (page * block_size + offset) of a cache laid out [slots, Hkv, D].

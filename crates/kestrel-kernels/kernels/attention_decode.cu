@@ -426,8 +426,7 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
 
 // The fused kernel only where a block has 128 threads: at head_dim 256 its two
 // warps spend longer on the new token than the separate kernel and its launch
-// take (H200, Qwen3.6 decode step: 2.609 ms fused, 2.582 ms not; at head_dim
-// 128, Qwen3-30B: 2.901 vs 2.961 ms).
+// take (docs/benchmarks/2026-11-30-h200-decode-fusion/).
 #define DECODE_FUSED_KERNEL(D)                                                                                    \
     KESTREL_EXTERN void __launch_bounds__(dec_warps<D>() * 32) attention_decode_fused_d##D(                         \
         float* __restrict__ part_o, float* __restrict__ part_ml, __nv_bfloat16* __restrict__ k_cache,              \

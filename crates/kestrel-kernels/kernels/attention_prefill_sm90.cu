@@ -11,8 +11,7 @@
 //              registers (the S accumulator layout is the A register layout)
 //              and V read N-major from shared memory (no transpose).
 // mma.sync needed an ldmatrix per operand fragment, whose shared-memory
-// traffic and issue slots held version 2 at about 205-245 TFLOP/s on an H200
-// at head dim 128. The warpgroups run their softmax and products
+// traffic and issue slots bounded version 2 at head dim 128. The warpgroups run their softmax and products
 // independently, so one's exponentials overlap another's wgmma, and each
 // tile's P V runs on while the next tile's Q K^T is issued. The output is
 // bit-identical to version 2's on the benchmark shapes.
@@ -42,7 +41,7 @@ __device__ __forceinline__ void wg_pv(float (&o)[D / 2], const uint32_t (&a)[4],
 
 // WGS warpgroups of 64 queries per block, PF_KEYS keys per K/V tile.
 // Grid (hq, S, ceil(max_new / (64 WGS))), block 128 WGS, dynamic shared
-// memory (64 WGS + 4 PF_KEYS) D * 2 + 1024 bytes (ops/attention.rs): the Q
+// memory (64 WGS + 4 PF_KEYS) D * 2 + 1024 bytes (ops/attention/kernels.rs): the Q
 // tile and two buffers of K and V.
 template <int D, int WGS>
 __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const float* __restrict__ q,
@@ -173,8 +172,7 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
     // Tiles whose keys all precede the block's first query need no mask.
     // They run in a loop of their own: with the mask code in the loop that
     // keeps P V running into the next tile, ptxas serializes every wgmma
-    // (C7515), which cost 13 % at head dim 256 (8K tokens: 2.01 against
-    // 1.75 ms a layer).
+    // (C7515), which made head dim 256 markedly slower.
     const int unmasked = min(n_tiles, (p.cached + p.row0 + 1) / KEYS);
     zero_scores();
     for (int it = 0; it < unmasked; ++it) step(it, std::false_type{});
@@ -206,13 +204,14 @@ __device__ __forceinline__ void prefill_tile_wg(float* __restrict__ out, const f
         WG_BODY(D, WGS);                                                                                    \
     }
 
-// Block shapes chosen on an H200 (attn_prefill_bench, 8K and 32K tokens): at
-// head dim 128, three warpgroups and 64-key tiles (1.91 ms a layer at 8K; two
-// warpgroups 2.08 with 64 keys and 1.91 with 128; three with 128 keys need
-// more than the 168 registers a thread has, and ptxas serializes them); at
-// 256 the O accumulators leave room for two warpgroups only. With 64-key
+// Block shapes chosen with attn_prefill_bench at 8K and 32K tokens
+// (docs/benchmarks/2026-11-30-h200-wgmma-attention/): at head dim 128, three
+// warpgroups and 64-key tiles (two warpgroups were slower with 64 keys and
+// level with 128; three with 128 keys need more than the 168 registers a
+// thread has, and ptxas serializes them); at 256 the O accumulators leave
+// room for two warpgroups only. With 64-key
 // tiles the output is bit-identical to version 2's on the benchmark shapes.
-// ops/attention.rs mirrors the warpgroups (WG_WARPGROUPS).
+// ops/attention/kernels.rs mirrors the warpgroups (WG_WARPGROUPS).
 PREFILL_WG_KERNEL(attention_prefill_wg_d64, 64, 3)
 PREFILL_WG_KERNEL(attention_prefill_wg_d128, 128, 3)
 PREFILL_WG_KERNEL(attention_prefill_wg_d256, 256, 2)

@@ -107,7 +107,7 @@ KESTREL_EXTERN void gdn_conv(float* __restrict__ out, const float* __restrict__ 
 }
 
 // Four channels per thread: channels and proj_stride multiples of 4, proj
-// and out 16-byte aligned, kernel <= 4 (ops/gdn.rs checks).
+// and out 16-byte aligned, kernel <= 4 (ops/gdn/ checks).
 KESTREL_EXTERN void gdn_conv_v4(float* __restrict__ out, const float* __restrict__ proj, int proj_stride,
                                 const __nv_bfloat16* __restrict__ conv_w, float* __restrict__ conv_state,
                                 const int* __restrict__ seq_start, const int* __restrict__ seq_slot,
@@ -222,8 +222,8 @@ KESTREL_EXTERN void gdn_gated_norm(float* __restrict__ out, __nv_bfloat16* __res
     // core and out are [T, Hv * Dv]: row (t, h) starts at row * Dv.
     const float* o = core + (size_t)row * dv;
     if (dv == 128 && proj_stride % 4 == 0 && z_offset % 4 == 0) {
-        // One 16-byte access per lane and tensor (H200, 8K-token Qwen3.6
-        // prefill: 2.5 TB/s with 4-byte ones).
+        // One 16-byte access per lane and tensor (4-byte ones fell well
+        // short of the memory bandwidth).
         const float4 a = reinterpret_cast<const float4*>(o)[lane];
         const float inv = rsqrtf(warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w) / dv + eps);
         const float4 zq = reinterpret_cast<const float4*>(proj + (size_t)t * proj_stride + z_offset + h * dv)[lane];

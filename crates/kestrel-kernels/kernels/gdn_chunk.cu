@@ -18,7 +18,7 @@
 //
 // The dense products run on tensor cores (mma.m16n8k8.tf32, tf32_mma.cuh):
 // k k^T and q k^T in the prep kernel, and all four products of the state
-// pass (W S, q S, intra V, k^T V). `tc` selects the arithmetic (ops/gdn.rs):
+// pass (W S, q S, intra V, k^T V). `tc` selects the arithmetic (ops/gdn/kernels.rs):
 // 1 = 3xTF32 (each f32 operand split in two tf32 halves, three products: to
 // ~1e-6 relative of f32 FMA; the reference precision), 2 = one TF32 pass per
 // product (the serving precision: operands rounded to 10 mantissa bits,
@@ -40,7 +40,7 @@
 // pass (each record by its head's 4 column-tile blocks, which run side by
 // side, so DRAM sees it about once: ~2 GB through L2), plus 268 MB of qkv
 // rows (the conv's input, which the prep convolves itself) and 134 MB of
-// core output: a memory floor of ~0.3 ms per layer on an H200. The state pass is a chain of 128 dependent chunks per block on
+// core output: the memory floor of a layer. The state pass is a chain of 128 dependent chunks per block on
 // 128 blocks (one per SM), so its time is the chain's latency, while the
 // next chunk's record streams in behind the current chunk's products.
 #include "gdn.cuh"
@@ -63,7 +63,7 @@ constexpr int OFF_Q = OFF_U + CH * DV;      // q * exp(cum) [CH][DK]
 constexpr int OFF_KT = OFF_Q + CH * DK;     // (k * exp(cum_last - cum))^T [DK][CH]
 constexpr int OFF_I = OFF_KT + DK * CH;     // intra [CH][CH]
 constexpr int OFF_DECAY = OFF_I + CH * CH;  // exp(cum_last), then 3 zeros
-// Mirrored as CHUNK_FLOATS in ops/gdn.rs.
+// Mirrored as CHUNK_FLOATS in ops/gdn/.
 // Padded to whole rows of 128 floats: the state pass reads records by TMA
 // as rows of 128 (and 64) floats.
 constexpr int CHUNK_FLOATS = OFF_DECAY + 128;
@@ -103,9 +103,9 @@ constexpr int QS = DK + 4;
 // Padded row of A: the tensor-core epilogue's stores (rows g, columns 2c of
 // a fragment) conflict 2-way instead of 8-way with rows of CH.
 constexpr int AS = CH + 4;
-// Dynamic shared memory of gdn_chunk_prep (mirrored as PREP_SMEM_BYTES in ops/gdn.rs).
+// Dynamic shared memory of gdn_chunk_prep (mirrored as PREP_SMEM_BYTES in ops/gdn/).
 constexpr int PREP_SMEM_BYTES = (2 * CH * QS + CH * AS) * 4;
-static_assert(PREP_SMEM_BYTES == 84992, "ops/gdn.rs mirrors this");
+static_assert(PREP_SMEM_BYTES == 84992, "ops/gdn/ mirrors this");
 
 }  // namespace
 
@@ -125,7 +125,7 @@ struct ConvIn {
     const float* state;      // [conv_dim, kernel - 1] of this sequence's slot
     int kernel;
 };
-constexpr int CONV_FUSED_MAX_KERNEL = 4;  // mirrored in ops/gdn.rs
+constexpr int CONV_FUSED_MAX_KERNEL = 4;  // mirrored in ops/gdn/
 
 // HIST: the conv's history length kernel - 1 when known at compile time
 // (conv_rows dispatches Qwen3.5's 4 taps: fewer predicated instructions in
@@ -487,9 +487,9 @@ constexpr int SM_U = SM_I + CH * RJ;
 constexpr int SM_ST = SM_U + CH * RU;
 constexpr int SM_VT = SM_ST + TC * RK;
 constexpr int STATE_SMEM_FLOATS = SM_VT + TC * RJ;
-// Mirrored as STATE_SMEM_BYTES in ops/gdn.rs.
+// Mirrored as STATE_SMEM_BYTES in ops/gdn/.
 constexpr int STATE_SMEM_BYTES = 4 * STATE_SMEM_FLOATS;
-static_assert(STATE_SMEM_BYTES == 155648, "ops/gdn.rs mirrors this");
+static_assert(STATE_SMEM_BYTES == 155648, "ops/gdn/ mirrors this");
 static_assert(SM_Q % 4 == 0 && SM_KT % 4 == 0 && SM_I % 4 == 0 && SM_U % 4 == 0 && SM_ST % 4 == 0 &&
                   SM_VT % 4 == 0 && RK % 32 == 4 && RJ % 32 == 4 && RU % 4 == 0,
               "16-byte aligned rows for cp.async and ldmatrix");
@@ -507,9 +507,8 @@ static_assert(SM_Q % 4 == 0 && SM_KT % 4 == 0 && SM_I % 4 == 0 && SM_U % 4 == 0 
 // Groups are committed in the order G1(c), G2(c), G1(c+1), G2(c+1), ...; G1(c+1)
 // is issued once phase 1 of chunk c has consumed its buffers, G2(c+1) once
 // phase 2 has, and every wait leaves exactly the newest group in flight.
-// (Measured on an H200, 8K tokens: a third load group, so that each buffer
-// is refilled right after its own phase, and 16 warps per block, each half
-// of this work, were both slower, 1.51 -> 1.55 and 1.57 ms per layer.)
+// (A third load group, so that each buffer is refilled right after its own
+// phase, and 16 warps per block, each half of this work, were both slower.)
 template <int PASSES>
 __device__ __forceinline__ void state_pass(float* __restrict__ core, const float* __restrict__ scratch,
                                            float* __restrict__ st, float* smem, int start, int n, int base,
@@ -669,7 +668,7 @@ struct alignas(128) TmaMap {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // ---- the state pass on wgmma and TMA (one TF32 pass, Hopper) ---------------
 //
-// The same chunks and arithmetic as state_pass<1> (bit for bit on the H200
+// The same chunks and arithmetic as state_pass<1> (bit for bit on the
 // benchmark shapes), with
 // - the products as warpgroup instructions (wgmma m64n32k8 tf32) reading
 //   both operands from shared memory, in place of ldmatrix + mma.sync;
@@ -678,9 +677,9 @@ struct alignas(128) TmaMap {
 //   16-byte cp.async copies from every thread.
 // Under ncu the mma.sync pass spent its stall samples issuing those copies
 // (their queue full), on ldmatrix -> mma dependencies and on the MIO queue;
-// either change alone was no faster (wgmma products with cp.async loads:
-// 1.35 -> 1.41 ms per 8K layer), together they take the layer (prep, state
-// and gated norm) from 1.29 to 1.11 ms. Every operand is K-major, as TF32
+// either change alone was no faster, together they make the layer (prep,
+// state and gated norm) faster (docs/benchmarks/2026-11-30-h200-gdn-prefill/).
+// Every operand is K-major, as TF32
 // wgmma requires:
 //   V = U - W S and O = q S: A = W or q [CH][DK], B = S^T [TC][DK];
 //   O += intra V:            A = intra [CH][CH],  B = V^T [TC][CH];
@@ -907,14 +906,14 @@ __device__ __forceinline__ void state_pass_wg(float* __restrict__ core, const fl
 // Per (column tile, value head, sequence): the chunks in order, carrying the
 // tile S[DK][TC] of the state. core is [T, Hv*Dv]. tc: 2 one TF32 pass per
 // product, 1 3xTF32.
-// Grid (Dv/32, Hv, S), block 256, dynamic shared memory STATE_SMEM_BYTES (ops/gdn.rs).
+// Grid (Dv/32, Hv, S), block 256, dynamic shared memory STATE_SMEM_BYTES (ops/gdn/kernels.rs).
 // One block per SM (its shared memory), so the bounds let it take up to 255
-// registers: with the product loops fully unrolled it uses ~194 (H200, 8K
-// tokens: 3xTF32 2.09 -> 2.02 ms per layer, one TF32 pass unchanged at 1.51).
+// registers: with the product loops fully unrolled it uses ~194 (3xTF32
+// faster, one TF32 pass unchanged).
 // gdn_chunk_state_wg (the same arguments plus two tensor maps over the
 // scratch, as rows of 128 and of 64 floats with boxes of 32 x 64; one TF32
 // pass only): state_pass_wg, on sm_90a; it traps elsewhere, where
-// ops/gdn.rs never launches it.
+// ops/gdn/ never launches it.
 template <bool WG>
 __device__ __forceinline__ void chunk_state(float* __restrict__ core, const float* __restrict__ scratch,
                                             float* __restrict__ state, const int* __restrict__ seq_start,

@@ -209,8 +209,8 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 // One entry point per row count. Rows per group R: every chunk re-reads the M
 // x rows from L1, so larger M shares each x load over more weight rows to keep
 // L1 traffic well under the HBM traffic; U keeps 8 or 16 loads in flight per
-// lane. Chosen by timing variants on an H200 (R 1..8, U 1..8, 1..3 blocks per
-// SM) over K 512..4096 and N 512..248320.
+// lane. Chosen by timing variants (R 1..8, U 1..8, 1..3 blocks per SM) over
+// K 512..4096 and N 512..248320.
 // `gemv_f16_m*` take f16 weights (the reference precision's f16 checkpoints);
 // `gemv_norm_m*` compute their rows with norm_prologue (dynamic shared
 // memory: M * k floats); at one row, capped at 85 registers so that three
@@ -226,7 +226,7 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                    \
         gemv_body<M, R, U, F16W>(y, x, w, w_last, n_rows, k, split);                                          \
     }
-// Only for the row counts the fused norm takes (`NORM_MAX_ROWS` in ops/linear.rs).
+// Only for the row counts the fused norm takes (`NORM_MAX_ROWS` in ops/linear/gemv.rs).
 #define KESTREL_GEMV_NORM(M, R, U, MIN_BLOCKS)                                                                \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_norm_m##M(float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out,   \

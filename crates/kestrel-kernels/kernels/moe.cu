@@ -114,8 +114,8 @@ KESTREL_EXTERN void add_gated_rows(float* __restrict__ out, const float* __restr
 //
 // Each expert's rank (how many experts come before it) is counted against all
 // others at once rather than in k sequential arg-max rounds: one warp doing k
-// rounds of shuffles took ~12 us, a latency the whole decode step waits for;
-// this takes ~4 us with a launch (H200). Splitting the count over more
+// rounds of shuffles took about three times as long as this with its launch,
+// a latency the whole decode step waits for. Splitting the count over more
 // threads per expert measured slower. A NaN probability sorts below every
 // number, so the ranks stay a permutation.
 // Decode at 3..8 tokens launches this and a prefill moe_topk_warps (below, the
@@ -184,17 +184,15 @@ KESTREL_EXTERN void __launch_bounds__(MOE_MAX_EXPERTS)
 // -inf / 0), so mx, the sum and every probability are moe_topk's bits. The k
 // picks are then taken one at a time (largest key, lowest id on ties:
 // moe_topk's order), summed in that order, and sorted by id. One warp's k
-// serial rounds take longer than moe_topk's block (in moe_gate_up on an H200,
-// a decode step took 2.78 instead of 2.59 ms with it), which is why decode
-// keeps the block; but 8,192 tokens' warps all fit on the GPU at once, where
-// moe_topk's 8,192 blocks ran in eight waves of barrier-bound blocks (~160 us
-// a layer).
+// serial rounds take longer than moe_topk's block (a decode step was slower
+// with it in moe_gate_up), which is why decode keeps the block; but 8,192
+// tokens' warps all fit on the GPU at once, where moe_topk's 8,192 blocks ran
+// in eight waves of barrier-bound blocks.
 //
 // SLOTS (4, 8 or 16, at least ceil(E / 32)) bounds the unrolled loops over a
 // lane's experts: every slot's predicated instructions are issued, and an
 // 8K-token prefill's warps are bound by that issue. Sized to the experts, the
-// kernel took 24 instead of 43 us a layer at 256 experts and 18 instead of 43
-// at 128 (H200, ncu). Slots past the groups take no part, so every SLOTS
+// kernel takes about half the time at 256 and 128 experts. Slots past the groups take no part, so every SLOTS
 // gives the same bits.
 constexpr int ROUTE_WARP_SLOTS = MOE_MAX_EXPERTS / 32;
 
@@ -316,8 +314,7 @@ KESTREL_EXTERN void moe_topk_warps(int* __restrict__ ids, float* __restrict__ we
 
 // One token's routing, computed by a whole block in shared memory: the same
 // numbers as moe_topk, so that the decode path need not launch it (a launch
-// on the critical path of every MoE layer, ~4 us with its gap on an H200,
-// where the arithmetic itself is a small part of that). Experts are taken in groups of 32, group g standing for
+// on the critical path of every MoE layer, where the arithmetic itself is a small part of that). Experts are taken in groups of 32, group g standing for
 // warp g of moe_topk's block: each group's max and sum use the same shuffle
 // tree over the same lanes, and the group partials are combined the way
 // block_max / block_sum combine per-warp values (lanes < groups, padding
@@ -418,8 +415,7 @@ __device__ __forceinline__ void moe_route(MoeRoute& r, const float* __restrict__
 // blocks per token for Qwen3.6 at T = 1) rather than waiting on another
 // launch: the logits are 1 KB from L2 and the blocks run side by side.
 // That pays at one or two tokens; with more, the repeated routing costs more
-// than the launch it saves (H200, Qwen3.6: T = 8 went from 7.57 to 7.93 ms
-// per decode step), so `logits == nullptr` means moe_topk has already
+// than the launch it saves, so `logits == nullptr` means moe_topk has already
 // written ids / weights and the block only reads its ids.
 // Grid (T, ceil(max(I, SI) / rows_per_block)), block 32 * items (items <=
 // MOE_MAX_ITEMS, top_k <= items); rows_per_block even. act rows are

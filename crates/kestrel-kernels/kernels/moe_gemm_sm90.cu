@@ -11,8 +11,8 @@
 // K tile of 64 is then 4 wgmma.m64n{BN}k16 per
 // warpgroup that read both operands straight from shared memory through
 // matrix descriptors (mma.sync needed an ldmatrix per operand fragment,
-// whose shared-memory traffic and issue slots bounded the old kernels at
-// ~250 TFLOP/s on an H200). The tiles' layout (moe_gemm.cuh: 128-byte rows,
+// whose shared-memory traffic and issue slots bounded the old kernels). The
+// tiles' layout (moe_gemm.cuh: 128-byte rows,
 // 16-byte chunk c of row r at c ^ (r % 8)) is wgmma's 128-byte swizzle for
 // K-major operands once each stage starts on a 1024-byte boundary.
 //
@@ -28,14 +28,13 @@
 // it) per tile of BM rows and BN weight rows. At BN = 128, three stages (97
 // KiB at 128 rows, 73 at 64) let two blocks (three at 64 rows) share an SM,
 // so that one's epilogue and tile start overlap another's main loop: with 4
-// stages (129 KiB, one block per SM) an H200's schedulers issued in a third
-// of the cycles at an 8K-token Qwen3.6 prefill (gate_up 967 -> 786 us a layer
-// with 3). The wide tiles (BM = 128, BN = 256) read a quarter fewer bytes
+// stages (129 KiB, one block per SM) the schedulers issued in a third of the
+// cycles, and gate_up was slower. The wide tiles (BM = 128, BN = 256) read a quarter fewer bytes
 // per product from L2 and take a whole SM with 4 stages (193 KiB). A
 // warp-specialized form of the wide tiles (a producer warpgroup feeding
 // the weights by TMA and the rows by cp.async, mbarriers instead of block
-// barriers) was correct and exactly as fast on an H200 (1.545 vs 1.546 ms
-// for the MoE block of an 8K-token Qwen3.6 prefill), so it was not kept.
+// barriers) was correct and exactly as fast, so it was not kept
+// (docs/benchmarks/2026-11-30-h200-moe-wide-tiles/).
 template <int BM, int BN = MG_BN>
 struct Mgw {
     static constexpr int THREADS = 2 * BM;
@@ -52,7 +51,7 @@ struct Mgw {
 };
 static_assert(Mgw<64>::SMEM_BYTES == 73 * 1024 && Mgw<128>::SMEM_BYTES == 97 * 1024 &&
                   Mgw<128, 256>::SMEM_BYTES == 193 * 1024,
-              "ops/moe.rs mirrors these");
+              "ops/moe/kernels.rs mirrors these");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -208,8 +207,7 @@ __device__ __forceinline__ void moe_gemm_wg(void* __restrict__ out, int ldo, con
         // Each K tile in fresh registers, then an f32 add to the total (see
         // MG_ROUTER in moe_prefill.cu); the other block on the SM fills the
         // wait. (Two tiles in flight in two sets of registers, the first
-        // added while the second's products ran, was slower on an H200:
-        // 98 against 90 us a layer at 8K tokens.)
+        // added while the second's products ran, was slower.)
         for (int kt = 0; kt < k_tiles; ++kt) {
             uint64_t da, db;
             stage_ready(kt, da, db);

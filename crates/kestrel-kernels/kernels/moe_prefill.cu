@@ -449,8 +449,7 @@ KESTREL_EXTERN void __launch_bounds__(RF_THREADS)
         const int t0 = base + tid * RF_TOKENS;
         // The thread's tokens' picks are n consecutive ids, read 32 at a time
         // with every load issued before any is compared (one load and compare
-        // at a time left this kernel waiting on L2 for ~95 us a layer at 8K
-        // tokens). t0 * k ints from the start: 16-byte aligned.
+        // at a time left this kernel waiting on L2). t0 * k ints from the start: 16-byte aligned.
         unsigned mask = 0;
         const int n = t0 < tokens ? min(RF_TOKENS, tokens - t0) * k : 0;
         const int* run_ids = ids + (size_t)t0 * k;

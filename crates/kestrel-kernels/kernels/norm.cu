@@ -32,8 +32,8 @@ KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, __nv_bfloat16* __r
     __nv_bfloat16* ob = out_bf16 != nullptr ? out_bf16 + row * cols : nullptr;
     float ss = 0.f;
     if (cols % 4 == 0 && cols <= ADD_NORM_REGS * (int)blockDim.x) {
-        // The same in 16-byte accesses (H200, 8K-token prefill rows of
-        // 2,048: 2.7 TB/s with 4-byte ones).
+        // The same in 16-byte accesses (4-byte ones fell well short of
+        // the memory bandwidth on prefill rows).
         constexpr int V = ADD_NORM_REGS / 4;
         const int quads = cols / 4;
         float4 v[V];
@@ -96,7 +96,7 @@ KESTREL_EXTERN void add_rms_norm_f32(float* __restrict__ out, __nv_bfloat16* __r
         }
         // Stores after all the weight loads, the bf16 copy in a loop of its
         // own: a branch between loads and stores in one loop kept the
-        // weight loads from being issued together (decode: +3 us a call).
+        // weight loads from being issued together (slower decode calls).
 #pragma unroll
         for (int j = 0; j < ADD_NORM_REGS; ++j) {
             const int c = threadIdx.x + j * blockDim.x;

@@ -40,6 +40,8 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    // A misspelt KESTREL_* variable would otherwise change nothing silently.
+    kestrel_cuda::switches::warn_unknown_variables();
     let result = match cli.command {
         Command::Generate(args) => commands::generate::run(args),
         Command::Eval(args) => commands::eval::run(args),

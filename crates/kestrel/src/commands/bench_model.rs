@@ -155,13 +155,15 @@ pub fn run(args: Args) -> Result<()> {
     match args.backend {
         BackendKind::Cpu => {
             let b = Timed::new(CpuBackend::new());
-            run::bench(&b, Storage { matrix: 4, kv: 4 }, &source, &args)
+            run::bench(&b, Storage { matrix: 4, kv: 4 }, &source, &args, None)
         }
         BackendKind::Cuda => {
             let mut cuda = CudaBackend::new(args.device).context("cannot open the CUDA backend")?;
             cuda.set_graphs(!args.eager);
+            eprintln!("{}", cuda.plan());
+            let plan = serde_json::to_value(cuda.plan())?;
             let b = Timed::new(cuda);
-            run::bench(&b, Storage { matrix: 2, kv: 2 }, &source, &args)
+            run::bench(&b, Storage { matrix: 2, kv: 2 }, &source, &args, Some(plan))
         }
     }
 }

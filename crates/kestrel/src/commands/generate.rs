@@ -78,6 +78,7 @@ pub fn run(args: Args) -> Result<()> {
         BackendKind::Cuda => {
             let cuda = kestrel_cuda::CudaBackend::new(args.device)
                 .context("cannot open the CUDA backend")?;
+            eprintln!("{}", cuda.plan());
             generate(&args, cuda)
         }
     }

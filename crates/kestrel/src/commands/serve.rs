@@ -117,6 +117,7 @@ pub fn run(args: Args) -> Result<()> {
         Backend::Cuda => {
             let cuda = kestrel_cuda::CudaBackend::new(args.device)
                 .context("cannot open the CUDA backend")?;
+            eprintln!("{}", cuda.plan());
             runtime.block_on(kestrel_server::run(config, cuda))
         }
     }

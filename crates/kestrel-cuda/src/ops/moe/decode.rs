@@ -3,24 +3,25 @@
 
 use kestrel_core::{MoeSpec, MoeWeights};
 
-use super::{MoeInput, SharedExpert, top_k};
-use crate::device::{Arg, Gpu, blocks, ptr};
-use crate::ops::linear::{gemv, gemv_norm};
+use super::routing::{MoeInput, SharedExpert, top_k};
+use crate::context::Cx;
+use crate::device::{blocks, ptr};
+use crate::launch::Arg;
+use crate::ops::linear::gemv::{gemv, gemv_norm};
 use crate::tensor::{CudaTensor, CudaWeight, Half};
 
 /// Intermediate rows per `moe_gate_up` block (even). A lone token needs small
 /// blocks to spread its few experts over all SMs; with more tokens there are
-/// blocks enough, and longer ones waste less on start-up (measured on an H200
-/// with Qwen3.6 and Qwen3-30B shapes).
+/// blocks enough, and longer ones waste less on start-up (measured with
+/// Qwen3.6 and Qwen3-30B shapes).
 fn gate_up_rows(tokens: usize) -> usize {
     if tokens == 1 { 4 } else { 8 }
 }
 
 /// Most tokens whose routing `moe_gate_up` computes itself. Every block of a
 /// token repeats it: at one or two tokens that costs about what the saved
-/// `moe_topk` launch did (H200, Qwen3.6 decode step, median of 20: T = 1
-/// 3.00 -> 2.98 ms, T = 2 3.64 -> 3.61, within run-to-run noise), beyond it
-/// costs more (T = 4 4.90 -> 5.00, T = 8 7.57 -> 7.93 ms).
+/// `moe_topk` launch did, beyond it costs more
+/// (docs/benchmarks/2026-12-01-code-comment-measurements.md).
 const ROUTE_IN_GATE_UP_MAX_TOKENS: usize = 2;
 
 /// Hidden rows per `moe_down` block (a multiple of `MOE_DOWN_R` = 8): 8, 16,
@@ -31,12 +32,13 @@ fn down_rows(tokens: usize) -> usize {
 
 /// The decode path (see the [module docs](super)). Shapes are checked by the
 /// caller.
-pub(super) fn moe_decode(
-    gpu: &Gpu,
+pub fn moe_decode(
+    cx: &Cx,
     input: MoeInput<'_>,
     w: &MoeWeights<CudaWeight>,
     spec: &MoeSpec,
 ) -> CudaTensor {
+    let gpu = cx.gpu;
     let (t, h) = input.shape();
     let (ne, k, inter) = (spec.num_experts, spec.top_k, spec.intermediate);
     let s = &gpu.stream;
@@ -57,7 +59,7 @@ pub(super) fn moe_decode(
             let logits = gpu.alloc::<f32>(t * ld);
             let x_ptr = ptr(&x.buf, s);
             gemv(
-                gpu,
+                cx,
                 ptr(&logits, s),
                 x_ptr,
                 t,
@@ -69,7 +71,7 @@ pub(super) fn moe_decode(
             (logits, x_ptr, None)
         }
         MoeInput::Norm(pre) => {
-            let (logits, x) = gemv_norm(gpu, pre, router, ld, gate.unwrap_or(0), true);
+            let (logits, x) = gemv_norm(cx, pre, router, ld, gate.unwrap_or(0), true);
             let x = x.expect("gemv_norm keeps the rows when asked");
             (logits, ptr(&x.buf, s), Some(x))
         }
@@ -85,8 +87,8 @@ pub(super) fn moe_decode(
         "MoE weights of one block mix bf16 and f16"
     );
     let (gate_up_kernel, down_kernel) = match half {
-        Half::Bf16 => (&gpu.k.moe_gate_up, &gpu.k.moe_down),
-        Half::F16 => (&gpu.k.moe_gate_up_f16, &gpu.k.moe_down_f16),
+        Half::Bf16 => (&cx.k.moe.gate_up, &cx.k.moe.down),
+        Half::F16 => (&cx.k.moe.gate_up_f16, &cx.k.moe.down_f16),
     };
 
     // act[t, item, :] = silu(gate) * up of each picked expert (and the shared
@@ -99,7 +101,7 @@ pub(super) fn moe_decode(
         let weights = gpu.alloc::<f32>(t * k);
         (ids, weights, ptr(&logits, s))
     } else {
-        let (ids, weights) = top_k(gpu, &logits, ld, t, spec);
+        let (ids, weights) = top_k(cx, &logits, ld, t, spec);
         (ids, weights, 0)
     };
     let act = gpu.alloc::<f32>(t * items * act_ld);

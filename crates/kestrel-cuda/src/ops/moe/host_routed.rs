@@ -1,25 +1,29 @@
 //! The host-routed prefill path: the routing is read back and each selected
-//! expert runs as two cuBLAS products over its gathered rows.
+//! expert runs as two cuBLAS products over its gathered rows. It serves the
+//! block shapes the device-routed kernels refuse (and, with the
+//! `experiments` feature, every prefill block when the plan forces it).
 
 use kestrel_core::{MoeSpec, MoeWeights};
 
-use super::THREADS;
-use crate::device::{Arg, Gpu, blocks, ptr};
-use crate::ops::linear::gemm_bf16;
+use super::routing::THREADS;
+use crate::context::Cx;
+use crate::device::{blocks, ptr};
+use crate::launch::Arg;
+use crate::ops::linear::gemm::gemm_bf16;
 use crate::tensor::{CudaTensor, CudaWeight};
 
 /// `logits[t, e] = x[t] . w[e]` in f32 (bf16 weights), `rows` experts.
 fn router_logits(
-    gpu: &Gpu,
+    cx: &Cx,
     x: &CudaTensor,
     w: &CudaWeight,
     rows: usize,
 ) -> cudarc::driver::CudaSlice<f32> {
-    let s = &gpu.stream;
+    let (gpu, s) = (cx.gpu, &cx.gpu.stream);
     let logits = gpu.alloc::<f32>(x.rows * rows);
     let warps = x.rows * rows;
     gpu.launch(
-        &gpu.k.router_logits,
+        &cx.k.moe.router_logits,
         (blocks(warps * 32, THREADS as usize), 1, 1),
         THREADS,
         0,
@@ -38,7 +42,7 @@ fn router_logits(
 /// `rows` of `x` (by index) through one expert: `down(silu(gate) * up)`, into `y [n, H]`.
 #[allow(clippy::too_many_arguments)]
 fn expert_mlp(
-    gpu: &Gpu,
+    cx: &Cx,
     x: &CudaTensor,
     rows: u64,
     n: usize,
@@ -47,11 +51,11 @@ fn expert_mlp(
     inter: usize,
     y: u64,
 ) {
-    let s = &gpu.stream;
+    let (gpu, s) = (cx.gpu, &cx.gpu.stream);
     let h = x.cols;
     let xe = gpu.alloc::<u16>(n * h);
     gpu.launch(
-        &gpu.k.gather_rows_to_bf16,
+        &cx.k.moe.gather_rows_to_bf16,
         (blocks(h, THREADS as usize), n as u32, 1),
         THREADS,
         0,
@@ -63,10 +67,10 @@ fn expert_mlp(
         ],
     );
     let gu = gpu.alloc::<f32>(n * 2 * inter);
-    gemm_bf16(gpu, ptr(&xe, s), n, h, gate_up, 2 * inter, ptr(&gu, s));
+    gemm_bf16(cx, ptr(&xe, s), n, h, gate_up, 2 * inter, ptr(&gu, s));
     let act = gpu.alloc::<u16>(n * inter);
     gpu.launch(
-        &gpu.k.swiglu_to_bf16,
+        &cx.k.moe.swiglu_to_bf16,
         (blocks(inter, THREADS as usize), n as u32, 1),
         THREADS,
         0,
@@ -76,25 +80,25 @@ fn expert_mlp(
             Arg::I32(inter as i32),
         ],
     );
-    gemm_bf16(gpu, ptr(&act, s), n, inter, down, h, y);
+    gemm_bf16(cx, ptr(&act, s), n, inter, down, h, y);
 }
 
 /// The host-routed prefill path (see the [module docs](super)).
-pub(super) fn moe_host_routed(
-    gpu: &Gpu,
+pub fn moe_host_routed(
+    cx: &Cx,
     x: &CudaTensor,
     w: &MoeWeights<CudaWeight>,
     spec: &MoeSpec,
 ) -> CudaTensor {
     let (t, h) = (x.rows, x.cols);
     let (ne, k, inter) = (spec.num_experts, spec.top_k, spec.intermediate);
-    let s = &gpu.stream;
+    let (gpu, s) = (cx.gpu, &cx.gpu.stream);
 
-    let logits = router_logits(gpu, x, &w.router, ne);
+    let logits = router_logits(cx, x, &w.router, ne);
     let ids = gpu.alloc::<i32>(t * k);
     let weights = gpu.alloc::<f32>(t * k);
     gpu.launch(
-        &gpu.k.router_topk,
+        &cx.k.moe.router_topk,
         (blocks(t, 128), 1, 1),
         128,
         0,
@@ -150,9 +154,9 @@ pub(super) fn moe_host_routed(
         let rows = ptr(&order_dev, s) + (o * 4) as u64;
         let gu_e = gate_up + (e * 2 * inter * h * 2) as u64;
         let down_e = down + (e * h * inter * 2) as u64;
-        expert_mlp(gpu, x, rows, n, gu_e, down_e, inter, ptr(&y, s));
+        expert_mlp(cx, x, rows, n, gu_e, down_e, inter, ptr(&y, s));
         gpu.launch(
-            &gpu.k.scatter_add_weighted,
+            &cx.k.moe.scatter_add_weighted,
             (blocks(h, THREADS as usize), n as u32, 1),
             THREADS,
             0,
@@ -176,10 +180,10 @@ pub(super) fn moe_host_routed(
             ptr(sgu.bf16("shared gate_up"), s),
             ptr(sdn.bf16("shared down"), s),
         );
-        expert_mlp(gpu, x, ptr(&all_dev, s), t, sgu, sdn, si, ptr(&ys, s));
-        let gate = w.shared_gate.as_ref().map(|g| router_logits(gpu, x, g, 1));
+        expert_mlp(cx, x, ptr(&all_dev, s), t, sgu, sdn, si, ptr(&ys, s));
+        let gate = w.shared_gate.as_ref().map(|g| router_logits(cx, x, g, 1));
         gpu.launch(
-            &gpu.k.add_gated_rows,
+            &cx.k.moe.add_gated_rows,
             (blocks(h, THREADS as usize), t as u32, 1),
             THREADS,
             0,

@@ -17,11 +17,14 @@ use super::{Args, Source, bandwidth};
 
 const BLOCK_SIZE: usize = 16;
 
+/// `plan`: the CUDA backend's kernel plan, written into the JSON (`None`
+/// for the CPU backend, which has none).
 pub fn bench<B: Backend>(
     b: &Timed<B>,
     storage: Storage,
     source: &Source,
     args: &Args,
+    plan: Option<Value>,
 ) -> Result<()> {
     let load_start = Instant::now();
     let (model, load_stats) = if source.dummy {
@@ -101,6 +104,7 @@ pub fn bench<B: Backend>(
             "load": load_stats.as_ref().map(|s| s.to_json()),
         },
         "backend": b.name(),
+        "plan": plan,
         "storage_bytes": { "matrix_weight": storage.matrix, "kv_cache": storage.kv },
         "bandwidth_gbs": bandwidth_gbs,
         "bandwidth_source": bandwidth_source,

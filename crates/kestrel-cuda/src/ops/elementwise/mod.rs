@@ -1,11 +1,17 @@
-//! Embedding lookup, row gather, residual add and SwiGLU.
+//! Embedding lookup, row gather, residual add, SwiGLU, and the f32 -> bf16
+//! conversion the dense products read.
 
-use crate::device::{Arg, Gpu, blocks, ptr};
+use crate::context::Cx;
+use crate::device::{blocks, ptr};
+use crate::launch::Arg;
 use crate::tensor::{CudaTensor, CudaWeight, Half};
+
+pub mod kernels;
 
 const THREADS: u32 = 256;
 
-pub fn embedding(gpu: &Gpu, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
+pub fn embedding(cx: &Cx, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
+    let gpu = cx.gpu;
     assert_eq!(
         table.shape.len(),
         2,
@@ -19,7 +25,7 @@ pub fn embedding(gpu: &Gpu, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
     let out = gpu.alloc::<f32>(ids.len() * cols);
     // Inside a step the ids are already on the device (and must be read
     // from there for the step to be replayable).
-    let staged = gpu.step_ids(ids);
+    let staged = cx.step_ids(ids);
     let ids_dev = if staged.is_none() {
         Some(gpu.upload(ids))
     } else {
@@ -30,8 +36,8 @@ pub fn embedding(gpu: &Gpu, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
     let (table_bits, half) = table.matrix("embedding");
     gpu.launch(
         match half {
-            Half::Bf16 => &gpu.k.embedding_bf16,
-            Half::F16 => &gpu.k.embedding_f16,
+            Half::Bf16 => &cx.k.elementwise.embedding_bf16,
+            Half::F16 => &cx.k.elementwise.embedding_f16,
         },
         (blocks(cols, THREADS as usize), ids.len() as u32, 1),
         THREADS,
@@ -51,7 +57,8 @@ pub fn embedding(gpu: &Gpu, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
     }
 }
 
-pub fn gather_rows(gpu: &Gpu, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
+pub fn gather_rows(cx: &Cx, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
+    let gpu = cx.gpu;
     if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows) {
         panic!("gather_rows: row {bad} out of range for {} rows", x.rows);
     }
@@ -73,7 +80,7 @@ pub fn gather_rows(gpu: &Gpu, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
     let out = gpu.alloc::<f32>(rows.len() * x.cols);
     let s = &gpu.stream;
     gpu.launch(
-        &gpu.k.gather_rows_f32,
+        &cx.k.elementwise.gather_rows_f32,
         (blocks(x.cols, THREADS as usize), rows.len() as u32, 1),
         THREADS,
         0,
@@ -92,7 +99,8 @@ pub fn gather_rows(gpu: &Gpu, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
     }
 }
 
-pub fn add_assign(gpu: &Gpu, a: &mut CudaTensor, b: &CudaTensor) {
+pub fn add_assign(cx: &Cx, a: &mut CudaTensor, b: &CudaTensor) {
+    let gpu = cx.gpu;
     // Changed in place: a bf16 copy would be stale.
     a.bf16 = None;
     assert_eq!(
@@ -103,7 +111,7 @@ pub fn add_assign(gpu: &Gpu, a: &mut CudaTensor, b: &CudaTensor) {
     let n = a.rows * a.cols;
     let s = &gpu.stream;
     gpu.launch(
-        &gpu.k.add_assign_f32,
+        &cx.k.elementwise.add_assign_f32,
         (blocks(n, THREADS as usize), 1, 1),
         THREADS,
         0,
@@ -115,7 +123,8 @@ pub fn add_assign(gpu: &Gpu, a: &mut CudaTensor, b: &CudaTensor) {
     );
 }
 
-pub fn swiglu(gpu: &Gpu, gate_up: &CudaTensor) -> CudaTensor {
+pub fn swiglu(cx: &Cx, gate_up: &CudaTensor) -> CudaTensor {
+    let gpu = cx.gpu;
     assert!(
         gate_up.cols.is_multiple_of(2),
         "swiglu needs an even width, got {}",
@@ -125,7 +134,7 @@ pub fn swiglu(gpu: &Gpu, gate_up: &CudaTensor) -> CudaTensor {
     let out = gpu.alloc::<f32>(gate_up.rows * inter);
     let s = &gpu.stream;
     gpu.launch(
-        &gpu.k.swiglu_f32,
+        &cx.k.elementwise.swiglu_f32,
         (blocks(inter, THREADS as usize), gate_up.rows as u32, 1),
         THREADS,
         0,

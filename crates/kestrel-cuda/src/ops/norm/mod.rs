@@ -2,9 +2,14 @@
 
 use kestrel_core::PreNorm;
 
-use crate::device::{Arg, Gpu, ptr};
-use crate::ops::linear::{GEMV_MAX_ROWS, bf16_copy_for};
+use crate::context::Cx;
+use crate::device::ptr;
+use crate::launch::Arg;
+use crate::ops::linear::gemm::bf16_copy_for;
+use crate::ops::linear::kernels::GEMV_MAX_ROWS;
 use crate::tensor::{CudaTensor, CudaWeight};
+
+pub mod kernels;
 
 const THREADS: u32 = 256;
 
@@ -18,12 +23,13 @@ fn check_weight(x: &CudaTensor, w: &CudaWeight) {
     );
 }
 
-pub fn rms_norm(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight, eps: f32) -> CudaTensor {
+pub fn rms_norm(cx: &Cx, x: &CudaTensor, w: &CudaWeight, eps: f32) -> CudaTensor {
     check_weight(x, w);
+    let gpu = cx.gpu;
     let out = gpu.alloc::<f32>(x.rows * x.cols);
     let s = &gpu.stream;
     gpu.launch(
-        &gpu.k.rms_norm,
+        &cx.k.norm.rms_norm,
         (x.rows as u32, 1, 1),
         THREADS,
         0,
@@ -47,7 +53,7 @@ pub fn rms_norm(gpu: &Gpu, x: &CudaTensor, w: &CudaWeight, eps: f32) -> CudaTens
 const PREFILL_THREADS: u32 = 128;
 
 pub fn add_rms_norm(
-    gpu: &Gpu,
+    cx: &Cx,
     residual: &mut CudaTensor,
     x: &CudaTensor,
     w: &CudaWeight,
@@ -59,9 +65,10 @@ pub fn add_rms_norm(
         "add_rms_norm shape mismatch"
     );
     check_weight(x, w);
+    let gpu = cx.gpu;
     let out = gpu.alloc::<f32>(x.rows * x.cols);
     // Prefill: also the bf16 copy the next product (cuBLAS) reads.
-    let out_bf16 = bf16_copy_for(gpu, x.rows, x.cols);
+    let out_bf16 = bf16_copy_for(cx, x.rows, x.cols);
     // The residual changes in place: a bf16 copy of it would be stale.
     residual.bf16 = None;
     let s = &gpu.stream;
@@ -75,7 +82,7 @@ pub fn add_rms_norm(
         THREADS
     };
     gpu.launch(
-        &gpu.k.add_rms_norm,
+        &cx.k.norm.add_rms_norm,
         (x.rows as u32, 1, 1),
         threads,
         0,
@@ -98,9 +105,9 @@ pub fn add_rms_norm(
 }
 
 /// The normalised rows `pre` stands for, by the norm kernels alone.
-pub fn pre_norm(gpu: &Gpu, pre: PreNorm<'_, CudaTensor, CudaWeight>) -> CudaTensor {
+pub fn pre_norm(cx: &Cx, pre: PreNorm<'_, CudaTensor, CudaWeight>) -> CudaTensor {
     match pre.delta {
-        Some(d) => add_rms_norm(gpu, pre.residual, d, pre.weight, pre.eps),
-        None => rms_norm(gpu, pre.residual, pre.weight, pre.eps),
+        Some(d) => add_rms_norm(cx, pre.residual, d, pre.weight, pre.eps),
+        None => rms_norm(cx, pre.residual, pre.weight, pre.eps),
     }
 }

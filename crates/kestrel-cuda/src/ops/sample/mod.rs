@@ -8,8 +8,12 @@ use cudarc::driver::CudaSlice;
 use kestrel_core::candidates::{KeptDraw, check_request};
 use kestrel_core::{CandidateRequest, RowCandidates};
 
-use crate::device::{Arg, Gpu, ptr};
+use crate::context::Cx;
+use crate::device::ptr;
+use crate::launch::Arg;
 use crate::tensor::CudaTensor;
+
+pub mod kernels;
 
 /// Threads per `top_candidates` row: a 250k vocabulary is 62k float4 loads,
 /// ~60 per thread.
@@ -26,7 +30,8 @@ const ARGMAX_SPAN: usize = 16 * ARGMAX_THREADS as usize;
 /// padded tail out. Each row is split over blocks of [`ARGMAX_SPAN`]
 /// columns, whose bests a second kernel merges. Only kernel launches: safe
 /// to record in a CUDA graph.
-pub fn argmax_rows(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> CudaSlice<i32> {
+pub fn argmax_rows(cx: &Cx, logits: &CudaTensor, cols: usize) -> CudaSlice<i32> {
+    let gpu = cx.gpu;
     assert!(
         (1..=logits.cols).contains(&cols) && logits.cols <= i32::MAX as usize,
         "argmax over {cols} of {} columns",
@@ -39,7 +44,7 @@ pub fn argmax_rows(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> CudaSlice<i32
     let out = gpu.alloc::<i32>(rows);
     let s = &gpu.stream;
     gpu.launch(
-        &gpu.k.argmax_parts,
+        &cx.k.sample.argmax_parts,
         (rows as u32, parts as u32, 1),
         ARGMAX_THREADS,
         0,
@@ -53,7 +58,7 @@ pub fn argmax_rows(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> CudaSlice<i32
         ],
     );
     gpu.launch(
-        &gpu.k.argmax_merge,
+        &cx.k.sample.argmax_merge,
         (rows as u32, 1, 1),
         32,
         0,
@@ -68,9 +73,10 @@ pub fn argmax_rows(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> CudaSlice<i32
 }
 
 /// [`argmax_rows`], read back to the host (waits for the stream).
-pub fn argmax_rows_host(gpu: &Gpu, logits: &CudaTensor, cols: usize) -> Vec<u32> {
-    let ids = argmax_rows(gpu, logits, cols);
-    gpu.download(&ids, logits.rows)
+pub fn argmax_rows_host(cx: &Cx, logits: &CudaTensor, cols: usize) -> Vec<u32> {
+    let ids = argmax_rows(cx, logits, cols);
+    cx.gpu
+        .download(&ids, logits.rows)
         .into_iter()
         .map(|i| i as u32)
         .collect()
@@ -162,7 +168,7 @@ fn layout(requests: &[CandidateRequest]) -> Layout {
 /// device: one block per request, then one copy of every answer to the host
 /// (a few kilobytes per row instead of the vocabulary). Waits for the stream.
 pub fn top_candidates(
-    gpu: &Gpu,
+    cx: &Cx,
     logits: &CudaTensor,
     requests: &[CandidateRequest],
 ) -> Vec<RowCandidates> {
@@ -177,6 +183,7 @@ pub fn top_candidates(
     for r in requests {
         check_request(r, logits.rows, logits.cols);
     }
+    let gpu = cx.gpu;
     let plan = layout(requests);
     let words = gpu.upload(&plan.words);
     let scratch = gpu.alloc::<f32>(plan.scratch_floats);
@@ -184,7 +191,7 @@ pub fn top_candidates(
     let s = &gpu.stream;
     let words_ptr = ptr(&words, s);
     gpu.launch(
-        &gpu.k.top_candidates,
+        &cx.k.sample.top_candidates,
         (requests.len() as u32, 1, 1),
         THREADS,
         0,

@@ -1,0 +1,94 @@
+//! What an operation runs with: the device, every family's kernels, the plan
+//! and the step in progress, handed to it explicitly by the backend.
+
+use std::sync::Arc;
+
+use kestrel_core::{ForwardBatch, Result};
+
+use crate::device::Gpu;
+use crate::ops::attention::kernels::AttentionKernels;
+use crate::ops::elementwise::kernels::ElementwiseKernels;
+use crate::ops::gdn::kernels::GdnKernels;
+use crate::ops::linear::kernels::LinearKernels;
+use crate::ops::moe::kernels::MoeKernels;
+use crate::ops::norm::kernels::NormKernels;
+use crate::ops::sample::kernels::SampleKernels;
+use crate::plan::{Device, Plan};
+use crate::probe::ProbeKernels;
+use crate::step::{ActiveStep, StepLayout, temporary_layout};
+
+/// Every op family's kernel table, loaded when the backend opens.
+pub struct Kernels {
+    pub elementwise: ElementwiseKernels,
+    pub norm: NormKernels,
+    pub linear: LinearKernels,
+    pub attention: AttentionKernels,
+    pub gdn: GdnKernels,
+    pub moe: MoeKernels,
+    pub sample: SampleKernels,
+    pub probe: ProbeKernels,
+}
+
+impl Kernels {
+    pub fn load(gpu: &Gpu) -> Result<Self> {
+        Ok(Kernels {
+            elementwise: ElementwiseKernels::load(gpu)?,
+            norm: NormKernels::load(gpu)?,
+            linear: LinearKernels::load(gpu)?,
+            attention: AttentionKernels::load(gpu)?,
+            gdn: GdnKernels::load(gpu)?,
+            moe: MoeKernels::load(gpu)?,
+            sample: SampleKernels::load(gpu)?,
+            probe: ProbeKernels::load(gpu)?,
+        })
+    }
+
+    /// The device as the plan sees it: its capability and the kernels it loaded.
+    pub fn device(&self, gpu: &Gpu) -> Device {
+        let a = &self.attention;
+        Device {
+            compute_capability: gpu.compute_capability(),
+            sms: gpu.sm_count(),
+            attn_prefill_wgmma: a.prefill_wg.each_ref().map(Option::is_some),
+            attn_prefill_v2: a.prefill_v2.each_ref().map(Option::is_some),
+            attn_decode_fused: a.decode_fused.each_ref().map(Option::is_some),
+        }
+    }
+}
+
+/// One operation's view of the backend.
+pub struct Cx<'a> {
+    pub gpu: &'a Gpu,
+    pub k: &'a Kernels,
+    pub plan: &'a Plan,
+    /// The step in progress when the operation is part of one.
+    pub step: Option<ActiveStep>,
+    /// cuBLASLt, when the plan sends dense products there.
+    #[cfg(feature = "experiments")]
+    pub blas_lt: Option<&'a crate::blas_lt::BlasLt>,
+}
+
+impl Cx<'_> {
+    /// The layout of `batch`: the step's own inside a step, else one
+    /// uploaded now.
+    pub fn layout(&self, batch: &ForwardBatch, block_size: usize) -> Arc<StepLayout> {
+        match &self.step {
+            Some(step) => step.layout_for(batch, block_size),
+            None => temporary_layout(self.gpu, batch, block_size),
+        }
+    }
+
+    /// Device address of the step's token ids inside a step (they must be
+    /// read from there for the step to be replayable); `None` outside one.
+    pub fn step_ids(&self, ids: &[u32]) -> Option<u64> {
+        let step = self.step.as_ref()?;
+        assert_eq!(
+            ids.len(),
+            step.layout.tokens,
+            "an operation inside a step got {} token ids for the step's {}",
+            ids.len(),
+            step.layout.tokens
+        );
+        Some(step.layout.ids())
+    }
+}

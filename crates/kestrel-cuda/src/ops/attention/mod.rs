@@ -1,0 +1,167 @@
+//! Full attention over the paged KV cache: one kernel normalises q/k, applies
+//! RoPE and writes k/v into the pages; then either
+//! - decode (every sequence has one new token): split-KV flash decoding on
+//!   tensor cores plus a combine kernel, replayable as a CUDA graph (the grid
+//!   depends only on the sequence count and the heads; lengths are read on
+//!   the device), or
+//! - prefill (anything else): causal flash attention on tensor cores: blocks
+//!   of 128-192 queries over double-buffered K/V tiles, on wgmma where the
+//!   GPU has it (compute capability 9.0) and on mma.sync elsewhere (version
+//!   2); where version 2's tiles do not fit the device's shared memory
+//!   (head_dim 256 on sm_121), the older 64-query single-buffered kernel.
+//!   Which one runs per head dim is the plan's `attention.prefill`.
+//!
+//! Head dims without a tensor-core kernel, and f32 caches (`Precision::F32`),
+//! go through a generic kernel.
+
+pub mod attend;
+pub mod kernels;
+
+use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch};
+
+use crate::cache::CudaCache;
+use crate::context::Cx;
+use crate::device::ptr;
+use crate::launch::Arg;
+use crate::plan::{AttnDecode, FAST_HEAD_DIMS};
+use crate::precision::Precision;
+use crate::tensor::{CudaTensor, CudaWeight};
+use attend::{Attend, NewTokenArgs};
+use kernels::{MAX_HEAD_DIM, QKN_WARPS};
+
+pub fn attention(
+    cx: &Cx,
+    proj: &CudaTensor,
+    w: &AttentionWeights<CudaWeight>,
+    spec: &AttentionSpec,
+    cache: &mut CudaCache,
+    layer: usize,
+    batch: &ForwardBatch,
+) -> CudaTensor {
+    let (hq, hkv, d) = (spec.num_q_heads, spec.num_kv_heads, spec.head_dim);
+    let t = batch.num_tokens();
+    assert_eq!(
+        proj.rows, t,
+        "attention input has {} rows for {t} tokens",
+        proj.rows
+    );
+    assert_eq!(
+        proj.cols,
+        spec.proj_width(),
+        "attention input width {} != {}",
+        proj.cols,
+        spec.proj_width()
+    );
+    assert!(
+        layer < cache.k.len(),
+        "attention layer {layer} out of range ({} layers)",
+        cache.k.len()
+    );
+    assert_eq!(
+        (cache.spec.num_kv_heads, cache.spec.head_dim),
+        (hkv, d),
+        "cache shape does not match attention"
+    );
+    assert!(
+        hkv > 0 && hq % hkv == 0,
+        "{hq} q heads are not a multiple of {hkv} kv heads"
+    );
+    assert!(
+        d <= MAX_HEAD_DIM,
+        "head_dim {d} above the supported {MAX_HEAD_DIM}"
+    );
+    assert!(
+        spec.rope.rotary_dim <= d && spec.rope.rotary_dim.is_multiple_of(2),
+        "bad rotary_dim {}",
+        spec.rope.rotary_dim
+    );
+    assert_eq!(w.q_norm.numel(), d, "q_norm must have head_dim values");
+    assert_eq!(w.k_norm.numel(), d, "k_norm must have head_dim values");
+    cache.check_pages(batch);
+
+    let gpu = cx.gpu;
+    let l = cx.layout(batch, cache.spec.block_size);
+    let s = &gpu.stream;
+    let q_width = spec.q_width();
+    let k_offset = q_width * if spec.output_gate { 2 } else { 1 };
+    let v_offset = k_offset + spec.kv_width();
+    let (k_cache, v_cache) = (ptr(&cache.k[layer], s), ptr(&cache.v[layer], s));
+
+    let f32_cache = cache.kv_precision == Precision::F32;
+    let fast = FAST_HEAD_DIMS.iter().position(|&x| x == d);
+    // Sequences without new tokens (if any) have no output row: not decode.
+    let decode = l.max_new == 1 && l.tokens == l.seqs;
+    // The fused decode kernel does the first kernel's work itself.
+    let fused = fast.is_some_and(|i| cx.plan.attention.decode.get(i) == AttnDecode::Fused)
+        && decode
+        && !f32_cache;
+    // q from the first kernel (the fused decode kernel forms its own).
+    let q = (!fused).then(|| gpu.alloc::<f32>(t * q_width));
+    let q_ptr = q.as_ref().map_or(0, |q| ptr(q, s));
+    if !fused {
+        gpu.launch(
+            if f32_cache {
+                &cx.k.attention.qk_norm_rope_kv_write_f32
+            } else {
+                &cx.k.attention.qk_norm_rope_kv_write
+            },
+            (t as u32, (hq + 2 * hkv).div_ceil(QKN_WARPS) as u32, 1),
+            32 * QKN_WARPS as u32,
+            ((spec.rope.rotary_dim + QKN_WARPS * d) * 4) as u32,
+            &[
+                Arg::Ptr(ptr(&proj.buf, s)),
+                Arg::I32(proj.cols as i32),
+                Arg::Ptr(q_ptr),
+                Arg::Ptr(k_cache),
+                Arg::Ptr(v_cache),
+                Arg::Ptr(ptr(w.q_norm.f32("q_norm"), s)),
+                Arg::Ptr(ptr(w.k_norm.f32("k_norm"), s)),
+                Arg::Ptr(l.positions()),
+                Arg::Ptr(l.slot_mapping()),
+                Arg::I32(hq as i32),
+                Arg::I32(hkv as i32),
+                Arg::I32(d as i32),
+                Arg::I32(spec.rope.rotary_dim as i32),
+                Arg::F32(spec.rope.theta),
+                Arg::F32(spec.norm_eps),
+                Arg::I32(k_offset as i32),
+                Arg::I32(v_offset as i32),
+            ],
+        );
+    }
+
+    let out = gpu.alloc::<f32>(t * q_width);
+    let a = Attend {
+        cx,
+        spec,
+        l: &l,
+        out: ptr(&out, s),
+        q: q_ptr,
+        k_cache,
+        v_cache,
+        block_size: cache.spec.block_size,
+        proj: ptr(&proj.buf, s),
+        proj_stride: proj.cols,
+        gate_offset: if spec.output_gate { q_width as i32 } else { -1 },
+        f32_cache,
+        new_token: fused.then(|| NewTokenArgs {
+            q_norm: ptr(w.q_norm.f32("q_norm"), s),
+            k_norm: ptr(w.k_norm.f32("k_norm"), s),
+            k_offset,
+            v_offset,
+        }),
+    };
+    match fast {
+        // The tensor-core kernels read bf16 pages.
+        _ if f32_cache => a.generic(),
+        Some(i) if decode => a.decode(i),
+        Some(i) => a.prefill(i),
+        None => a.generic(),
+    }
+    CudaTensor {
+        bf16: None,
+        rows: t,
+        cols: q_width,
+        buf: out,
+    }
+}

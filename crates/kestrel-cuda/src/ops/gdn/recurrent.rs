@@ -1,0 +1,124 @@
+//! The token-at-a-time GDN paths: the fused decode kernel, and conv plus
+//! the recurrence for shapes without a chunked kernel.
+
+use cudarc::driver::{CudaFunction, CudaSlice};
+
+use super::io::{Io, query_scale};
+use super::kernels::{COLS_PER_BLOCK, CONV_TOKENS, CONV_V4_MAX_KERNEL};
+use crate::context::Cx;
+use crate::device::{blocks, ptr};
+use crate::launch::Arg;
+use crate::tensor::CudaTensor;
+
+/// The fused decode kernel: clusters of 8 blocks per (sequence, key head).
+pub fn decode(cx: &Cx, io: &Io, f: &CudaFunction) -> CudaTensor {
+    let gpu = cx.gpu;
+    let (spec, s) = (io.spec, &gpu.stream);
+    let t = io.l.tokens;
+    let out = gpu.alloc::<f32>(t * spec.value_width());
+    gpu.launch_plain(
+        f,
+        (8, spec.num_k_heads as u32, io.l.seqs as u32),
+        128,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&io.proj.buf, s)),
+            Arg::I32(io.proj.cols as i32),
+            Arg::Ptr(ptr(io.w.conv.bf16("conv1d"), s)),
+            Arg::Ptr(io.conv_state),
+            Arg::Ptr(io.state),
+            Arg::Ptr(ptr(io.w.a_log.f32("A_log"), s)),
+            Arg::Ptr(ptr(io.w.dt_bias.f32("dt_bias"), s)),
+            Arg::Ptr(ptr(io.w.norm.f32("gated norm"), s)),
+            Arg::Ptr(io.l.seq_start()),
+            Arg::Ptr(io.l.seq_slot()),
+            Arg::I32(spec.num_k_heads as i32),
+            Arg::I32(spec.num_v_heads as i32),
+            Arg::F32(query_scale(spec.head_k_dim)),
+            Arg::F32(spec.norm_eps),
+        ],
+    );
+    CudaTensor {
+        bf16: None,
+        rows: t,
+        cols: spec.value_width(),
+        buf: out,
+    }
+}
+
+/// Causal conv + SiLU of the qkv channels, `[T, conv_dim]`; advances the conv state.
+pub fn conv(cx: &Cx, io: &Io) -> CudaSlice<f32> {
+    let gpu = cx.gpu;
+    let (c, s) = (io.spec.conv_dim(), &gpu.stream);
+    let out = gpu.alloc::<f32>(io.l.tokens * c);
+    // Four channels per thread when every row allows 16-byte accesses (the
+    // buffers themselves are allocated 256-byte aligned) and the taps fit
+    // its registers.
+    let (f, per_thread) = if c.is_multiple_of(4)
+        && io.proj.cols.is_multiple_of(4)
+        && io.spec.conv_kernel <= CONV_V4_MAX_KERNEL
+    {
+        (&cx.k.gdn.conv_v4, 4)
+    } else {
+        (&cx.k.gdn.conv, 1)
+    };
+    gpu.launch(
+        f,
+        (
+            blocks(c, 128 * per_thread),
+            blocks(io.l.max_new, CONV_TOKENS),
+            io.l.seqs as u32,
+        ),
+        128,
+        0,
+        &[
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&io.proj.buf, s)),
+            Arg::I32(io.proj.cols as i32),
+            Arg::Ptr(ptr(io.w.conv.bf16("conv1d"), s)),
+            Arg::Ptr(io.conv_state),
+            Arg::Ptr(io.l.seq_start()),
+            Arg::Ptr(io.l.seq_slot()),
+            Arg::I32(c as i32),
+            Arg::I32(io.spec.conv_kernel as i32),
+        ],
+    );
+    out
+}
+
+/// The token-by-token recurrence, `[T, Hv*Dv]` before the gated norm.
+pub fn recurrent(cx: &Cx, io: &Io, conv_out: &CudaSlice<f32>) -> CudaSlice<f32> {
+    let gpu = cx.gpu;
+    let (spec, s) = (io.spec, &gpu.stream);
+    let (dk, dv) = (spec.head_k_dim, spec.head_v_dim);
+    let core = gpu.alloc::<f32>(io.l.tokens * spec.value_width());
+    gpu.launch(
+        &cx.k.gdn.recurrent,
+        (
+            blocks(dv, COLS_PER_BLOCK),
+            spec.num_v_heads as u32,
+            io.l.seqs as u32,
+        ),
+        128,
+        ((dk * COLS_PER_BLOCK + 2 * dk) * 4) as u32,
+        &[
+            Arg::Ptr(ptr(&core, s)),
+            Arg::Ptr(ptr(conv_out, s)),
+            Arg::Ptr(ptr(&io.proj.buf, s)),
+            Arg::I32(io.proj.cols as i32),
+            Arg::I32(io.b_offset() as i32),
+            Arg::I32(io.a_offset() as i32),
+            Arg::Ptr(ptr(io.w.a_log.f32("A_log"), s)),
+            Arg::Ptr(ptr(io.w.dt_bias.f32("dt_bias"), s)),
+            Arg::Ptr(io.state),
+            Arg::Ptr(io.l.seq_start()),
+            Arg::Ptr(io.l.seq_slot()),
+            Arg::I32(spec.num_k_heads as i32),
+            Arg::I32(spec.num_v_heads as i32),
+            Arg::I32(dk as i32),
+            Arg::I32(dv as i32),
+        ],
+    );
+    core
+}

@@ -1,0 +1,205 @@
+//! Products of up to 8 rows (decode steps): the `gemv` kernels read the
+//! weights once with the activations in f32, and `gemv_norm` computes the
+//! rows' RMSNorm itself. Only kernel launches, whose shapes depend only on
+//! the operands' shapes: safe to record in a CUDA graph.
+
+use cudarc::driver::CudaSlice;
+use kestrel_core::PreNorm;
+
+use super::kernels::{GEMV_MAX_ROWS, NORM_MAX_ROWS, NORM_SMEM_MAX};
+use crate::context::Cx;
+use crate::device::{blocks, ptr};
+use crate::launch::Arg;
+use crate::tensor::{CudaTensor, CudaWeight, Half};
+
+/// Weight rows a `gemv` launch aims to have in flight, in warps x rows per
+/// warp: about 16 warps of 4 rows per SM of a large GPU cover HBM latency.
+/// Below it, K is split over more warps.
+const GEMV_TARGET_ROWS: usize = 8192;
+
+/// Whether `gemv` takes `rows` rows of length `k`: its loads are 16 bytes
+/// (8 bf16) wide, so K must be a multiple of 8.
+pub fn gemv_fits(rows: usize, k: usize) -> bool {
+    (1..=GEMV_MAX_ROWS).contains(&rows) && k > 0 && k.is_multiple_of(8)
+}
+
+/// Weight rows per warp in `gemv_m{rows}` (must match `KESTREL_GEMV` in gemv.cu).
+fn gemv_rows_per_warp(rows: usize) -> usize {
+    match rows {
+        1 => 2,
+        2..=4 => 4,
+        _ => 8,
+    }
+}
+
+/// Warps that share one row group's K (1, 2, 4 or 8): split while the launch
+/// has too few rows in flight (at most 2048 warps) and every lane still gets
+/// a 16-byte chunk of each row. Over K 512..4096 and N 512..248320 this
+/// picked the best split or one within a few percent (docs/benchmarks/).
+fn gemv_split(rows: usize, k: usize, n: usize) -> usize {
+    let per_warp = gemv_rows_per_warp(rows);
+    let target = (GEMV_TARGET_ROWS / per_warp).min(2048);
+    let groups = n.div_ceil(per_warp);
+    let mut split = 1;
+    while split < 8 && groups * split < target && k / (8 * 32 * 2 * split) >= 1 {
+        split *= 2;
+    }
+    split
+}
+
+/// `y[rows, n] = x[rows, k] . w[n, k]^T` with f32 `x` and `y`, 16-bit `w` of
+/// format `half`, all raw device addresses (16-byte aligned). `w_last` (0 for
+/// none, else of the same format) replaces row `n - 1` of `w`, which lets the
+/// MoE router append the shared-expert gate.
+/// Only kernel launches: safe to record in a CUDA graph.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv(
+    cx: &Cx,
+    y: u64,
+    x: u64,
+    rows: usize,
+    k: usize,
+    (w, half): (u64, Half),
+    n: usize,
+    w_last: u64,
+) {
+    assert!(gemv_fits(rows, k), "gemv: {rows} rows of {k} not supported");
+    assert!(
+        (x | w | w_last).is_multiple_of(16),
+        "gemv: operands must be 16-byte aligned"
+    );
+    if n == 0 {
+        return;
+    }
+    let split = gemv_split(rows, k, n);
+    let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
+    let kernels = match half {
+        Half::Bf16 => &cx.k.linear.gemv,
+        Half::F16 => &cx.k.linear.gemv_f16,
+    };
+    cx.gpu.launch(
+        &kernels[rows - 1],
+        (blocks(n, rows_per_block), 1, 1),
+        256,
+        0,
+        &[
+            Arg::Ptr(y),
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(w_last),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+            Arg::I32(split as i32),
+        ],
+    );
+}
+
+/// Whether `gemv_norm` forms `rows` normalised rows of length `k` itself for
+/// a product with weights of format `half` (its kernels read bf16), unless
+/// the plan leaves the fusion out (`norm_fusion`).
+pub fn norm_fits(cx: &Cx, rows: usize, k: usize, half: Half) -> bool {
+    cx.plan.norm_fusion
+        && half == Half::Bf16
+        && gemv_fits(rows, k)
+        && rows <= NORM_MAX_ROWS
+        && rows * k * 4 <= NORM_SMEM_MAX
+}
+
+/// Most weight rows `norm_matmul` runs through `gemv_norm`. Its resident
+/// blocks loop over row groups, which streamed a 248,320-row lm_head slower
+/// than `gemv`'s block per group plus the norm kernel. Only that size was
+/// measured (docs/benchmarks/2026-12-01-code-comment-measurements.md); the
+/// cap sits well above every other product fused this way (the largest, a
+/// GDN in_proj, has 12,352 rows).
+pub const NORM_MAX_N: usize = 65_536;
+
+/// `y[rows, n] = x . w^T` where `x = pre`'s normalised rows, which every
+/// block of the kernel computes itself (`gemv_norm`, gemv.cu); the kernel's
+/// first block writes the updated residual, which replaces `pre.residual`,
+/// and, when `keep_x`, `x` itself, returned for later kernels. The shapes
+/// must pass [`norm_fits`]. Only kernel launches: safe to record in a graph.
+pub fn gemv_norm(
+    cx: &Cx,
+    pre: PreNorm<'_, CudaTensor, CudaWeight>,
+    (w, half): (u64, Half),
+    n: usize,
+    w_last: u64,
+    keep_x: bool,
+) -> (CudaSlice<f32>, Option<CudaTensor>) {
+    let (rows, k) = (pre.residual.rows, pre.residual.cols);
+    assert!(
+        norm_fits(cx, rows, k, half),
+        "gemv_norm: {rows} rows of {k} not supported"
+    );
+    if let Some(d) = pre.delta {
+        assert_eq!(
+            (d.rows, d.cols),
+            (rows, k),
+            "gemv_norm: residual and delta differ"
+        );
+    }
+    assert_eq!(pre.weight.numel(), k, "gemv_norm: norm weight length");
+    assert!(
+        (w | w_last).is_multiple_of(16),
+        "gemv_norm: weights must be 16-byte aligned"
+    );
+    let gpu = cx.gpu;
+    let s = &gpu.stream;
+    let y = gpu.alloc::<f32>(rows * n);
+    let x = keep_x.then(|| CudaTensor {
+        bf16: None,
+        rows,
+        cols: k,
+        buf: gpu.alloc::<f32>(rows * k),
+    });
+    // The other blocks still read the old residual while the first writes
+    // the new one, so it goes to a fresh buffer. The old one is freed after
+    // the launch (stream-ordered), never before.
+    let residual_out = pre.delta.map(|_| gpu.alloc::<f32>(rows * k));
+    let split = gemv_split(rows, k, n);
+    let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
+    // Each block normalises the rows once and then takes row groups in turn:
+    // as many blocks as fit on the device at once.
+    let f = &cx.k.linear.gemv_norm[rows - 1];
+    let smem = rows * k * 4;
+    let resident = f
+        .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
+        .unwrap_or(1)
+        .max(1) as usize
+        * gpu.sm_count();
+    gpu.launch(
+        f,
+        (blocks(n, rows_per_block).min(resident as u32), 1, 1),
+        256,
+        smem as u32,
+        &[
+            Arg::Ptr(ptr(&y, s)),
+            Arg::Ptr(x.as_ref().map_or(0, |x| ptr(&x.buf, s))),
+            Arg::Ptr(residual_out.as_ref().map_or(0, |r| ptr(r, s))),
+            Arg::Ptr(ptr(&pre.residual.buf, s)),
+            Arg::Ptr(pre.delta.map_or(0, |d| ptr(&d.buf, s))),
+            Arg::Ptr(ptr(pre.weight.f32("gemv_norm"), s)),
+            Arg::F32(pre.eps),
+            Arg::Ptr(w),
+            Arg::Ptr(w_last),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+            Arg::I32(split as i32),
+        ],
+    );
+    if let Some(r) = residual_out {
+        pre.residual.buf = r;
+        pre.residual.bf16 = None;
+    }
+    (y, x)
+}
+
+/// `gemv` over any number of rows, [`GEMV_MAX_ROWS`] at a time.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_chunked(cx: &Cx, y: u64, x: u64, rows: usize, k: usize, w: (u64, Half), n: usize) {
+    for first in (0..rows).step_by(GEMV_MAX_ROWS) {
+        let r = GEMV_MAX_ROWS.min(rows - first);
+        let (xo, yo) = ((first * k * 4) as u64, (first * n * 4) as u64);
+        gemv(cx, y + yo, x + xo, r, k, w, n, 0);
+    }
+}

@@ -1,0 +1,104 @@
+//! Matrix products: bf16 weights, f32 accumulation and output.
+//!
+//! Up to [`GEMV_MAX_ROWS`](kernels::GEMV_MAX_ROWS) rows (decode steps) go through the `gemv` kernels
+//! (`gemv.rs`): the product is bound by reading the weights once, the
+//! activations stay f32, and the launch depends only on the shapes, so it can
+//! be recorded in a CUDA graph. Larger batches go through cuBLAS with
+//! activations rounded to bf16 (`gemm.rs`), except under `Precision::F32`,
+//! where they run through `gemv` 8 rows at a time (the weights are read once
+//! per 8 rows: slow, but no rounding); rows whose length is not a multiple
+//! of 8 still go through cuBLAS in bf16. The bf16 activations come from the
+//! producing kernel when it wrote them ([`CudaTensor::bf16`]: the norms do in
+//! prefill), else from a conversion pass.
+
+pub mod gemm;
+pub mod gemv;
+pub mod kernels;
+
+use kestrel_core::PreNorm;
+
+use crate::context::Cx;
+use crate::device::ptr;
+use crate::ops::norm::pre_norm;
+use crate::tensor::{CudaTensor, CudaWeight};
+use gemm::{gemm_bf16, takes_bf16, to_bf16};
+use gemv::{NORM_MAX_N, gemv_chunked, gemv_norm, norm_fits};
+
+/// `pre`'s normalised rows times `w^T`: in one `gemv_norm` launch where
+/// [`norm_fits`], else the norm and then [`matmul`].
+pub fn norm_matmul(
+    cx: &Cx,
+    pre: PreNorm<'_, CudaTensor, CudaWeight>,
+    w: &CudaWeight,
+) -> CudaTensor {
+    let (rows, k) = (pre.residual.rows, pre.residual.cols);
+    let n = w.dim0();
+    let (wb, half) = w.matrix("norm_matmul");
+    if w.numel() != n * k || !norm_fits(cx, rows, k, half) || n > NORM_MAX_N {
+        return matmul(cx, &pre_norm(cx, pre), w);
+    }
+    let (y, _) = gemv_norm(cx, pre, (ptr(wb, &cx.gpu.stream), half), n, 0, false);
+    CudaTensor {
+        bf16: None,
+        rows,
+        cols: n,
+        buf: y,
+    }
+}
+
+pub fn matmul(cx: &Cx, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
+    let gpu = cx.gpu;
+    let n = w.dim0();
+    let k = w.numel() / n.max(1);
+    assert_eq!(
+        k, x.cols,
+        "matmul: weight {:?} does not take rows of {}",
+        w.shape, x.cols
+    );
+    if !takes_bf16(cx, x.rows, k) {
+        let out = gpu.alloc::<f32>(x.rows * n);
+        let s = &gpu.stream;
+        let (wb, half) = w.matrix("matmul");
+        gemv_chunked(
+            cx,
+            ptr(&out, s),
+            ptr(&x.buf, s),
+            x.rows,
+            k,
+            (ptr(wb, s), half),
+            n,
+        );
+        return CudaTensor {
+            bf16: None,
+            rows: x.rows,
+            cols: n,
+            buf: out,
+        };
+    }
+    // The producer's bf16 copy when it wrote one, else a conversion pass.
+    let converted;
+    let xb = match &x.bf16 {
+        Some(b) => b,
+        None => {
+            converted = to_bf16(cx, x);
+            &converted
+        }
+    };
+    let out = gpu.alloc::<f32>(x.rows * n);
+    let s = &gpu.stream;
+    gemm_bf16(
+        cx,
+        ptr(xb, s),
+        x.rows,
+        k,
+        ptr(w.bf16("matmul"), s),
+        n,
+        ptr(&out, s),
+    );
+    CudaTensor {
+        bf16: None,
+        rows: x.rows,
+        cols: n,
+        buf: out,
+    }
+}
