@@ -164,28 +164,38 @@ impl TextGeneration {
             Some(prev) => self.state.metrics.observe_inter_token(now - prev),
         }
         self.last_token_at = Some(now);
-        self.completion_tokens += ids.len();
-        let text = match self.detok.push_all(ids) {
-            Ok(t) => t,
-            Err(e) => return self.end(String::new(), Step::Failed(format!("{e:#}"))),
-        };
-        let d = self.stop.push(&text);
-        if d.stopped.is_some() {
-            // A stop string matched: dropping the stream aborts the request.
-            let usage = Usage::new(
-                self.prompt_tokens as u32,
-                self.completion_tokens as u32,
-                None,
-            );
-            self.end(
-                d.text,
-                Step::Finished {
-                    reason: FinishReason::Stop,
-                    usage,
-                },
-            );
-        } else if !d.text.is_empty() {
-            self.queue.push_back(Step::Text(d.text));
+        // One token at a time: a speculative step delivers several at once,
+        // and a stop string inside them must end the text and the usage
+        // exactly where one-token steps would have.
+        for &id in ids {
+            self.completion_tokens += 1;
+            let text = match self.detok.push_all(&[id]) {
+                Ok(t) => t,
+                Err(e) => return self.end(String::new(), Step::Failed(format!("{e:#}"))),
+            };
+            let d = self.stop.push(&text);
+            if d.stopped.is_some() {
+                // A stop string matched: the engine ends the request as a
+                // `stop` finish (dropping the stream would count an abort).
+                if let Some(stream) = self.stream.take() {
+                    stream.finish_on_stop_string();
+                }
+                let usage = Usage::new(
+                    self.prompt_tokens as u32,
+                    self.completion_tokens as u32,
+                    None,
+                );
+                return self.end(
+                    d.text,
+                    Step::Finished {
+                        reason: FinishReason::Stop,
+                        usage,
+                    },
+                );
+            }
+            if !d.text.is_empty() {
+                self.queue.push_back(Step::Text(d.text));
+            }
         }
     }
 

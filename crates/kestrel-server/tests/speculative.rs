@@ -10,6 +10,8 @@ use serde_json::{Value, json};
 
 fn body(stream: bool, seed: Option<u64>) -> Value {
     let mut b = json!({
+        // Inside the greedy continuation, so it ends a run of accepted drafts.
+        "stop": ["self.values = values or {}\n\n    def get(self, key, values"],
         "model": MODEL,
         "prompt": "class Config:\n    def __init__(self, name, values=None):\n        self.name = name\n        self.values = values or {}\n\n    def get(self, key",
         "max_tokens": 40,
