@@ -22,9 +22,10 @@ enum Outcome {
     Failed(SeqId, String),
 }
 
-/// The logits rows of one chunk: the last `1 + drafts` of its rows when it
-/// reaches the end of its sequence's known tokens (a verify chunk has one
-/// per draft plus the bonus row), none otherwise.
+/// The logits rows of one chunk (`first..first + count` of the step's
+/// logits): the last `1 + drafts` of its rows when it reaches the end of its
+/// sequence's known tokens (a verify chunk has one per draft plus the bonus
+/// row), none otherwise.
 struct ChunkRows {
     first: usize,
     count: usize,
@@ -74,31 +75,17 @@ pub(crate) fn execute<B: Backend>(
         });
         // Logits only for chunks that end at their sequence's last known token.
         let rows = (known_end == seq.tokens.len()).then(|| {
-            let first = ids.len() - 1 - chunk.drafts;
-            logit_rows.extend(first..ids.len());
-            all_plain_argmax &= seq.sampler.is_plain_argmax(&seq.tokens);
-            ChunkRows {
-                first,
+            let first_id = ids.len() - 1 - chunk.drafts;
+            let rows = ChunkRows {
+                first: logit_rows.len(),
                 count: 1 + chunk.drafts,
-            }
+            };
+            logit_rows.extend(first_id..ids.len());
+            all_plain_argmax &= seq.sampler.is_plain_argmax(&seq.tokens);
+            rows
         });
         chunk_rows.push(rows);
     }
-    // Indices into `logit_rows` of each chunk's rows.
-    let mut next_logit_row = 0;
-    let chunk_rows: Vec<Option<ChunkRows>> = chunk_rows
-        .into_iter()
-        .map(|r| {
-            r.map(|r| {
-                let first = next_logit_row;
-                next_logit_row += r.count;
-                ChunkRows {
-                    first,
-                    count: r.count,
-                }
-            })
-        })
-        .collect();
 
     // One step either way; ending in logits lets decode steps be replayed.
     // A drafter that reads the hidden states gets them too.
@@ -205,11 +192,11 @@ pub(crate) fn execute<B: Backend>(
             // The live state went through every draft; the last accepted
             // token's checkpoint is the state to keep.
             let last = committed - chunk.start - 1;
+            // (There are `drafts` checkpoints: none when every draft was kept.)
             if let (Some(&checkpoint), Some(live)) = (
                 seq.cache.checkpoint_slots().get(last),
                 seq.cache.state_slot(),
-            ) && last < chunk.drafts
-            {
+            ) {
                 backend.copy_state(cache, checkpoint, live);
             }
         }

@@ -119,19 +119,34 @@ impl<B: Backend> MtpDrafter<B> {
         if drafting.is_empty() {
             return Ok(());
         }
+        // How deep each chain may go: draft `d` (1-based) of a sequence is
+        // computed at position `committed + d - 2`, which its pages must hold.
+        let reach: Vec<usize> = drafting
+            .iter()
+            .map(|s| {
+                let capacity = s.block_table.len() * bs;
+                self.depth.min((capacity + 1).saturating_sub(s.committed))
+            })
+            .collect();
         let mut state = b.gather_rows(&out, &last_rows);
-        let mut tokens = self.argmax(b, decoder, &state);
-        let mut chains: Vec<Vec<u32>> = tokens.iter().map(|&t| vec![t]).collect();
-        // Deeper drafts, one position further each, while the pages reach.
+        let mut chains: Vec<Vec<u32>> = self
+            .argmax(b, decoder, &state)
+            .into_iter()
+            .map(|t| vec![t])
+            .collect();
+        // `live`: the chains still growing, in `drafting` order; `state`
+        // holds their rows. Reaches only end chains, so `live` only shrinks.
+        let mut live: Vec<usize> = (0..drafting.len()).collect();
         for depth in 1..self.depth {
-            let live: Vec<usize> = (0..drafting.len())
-                .filter(|&i| {
-                    let s = drafting[i];
-                    chains[i].len() == depth && s.committed + depth <= s.block_table.len() * bs
-                })
+            let keep: Vec<usize> = (0..live.len())
+                .filter(|&j| reach[live[j]] > depth)
                 .collect();
-            if live.is_empty() {
+            if keep.is_empty() {
                 break;
+            }
+            if keep.len() < live.len() {
+                state = b.gather_rows(&state, &keep);
+                live = keep.iter().map(|&j| live[j]).collect();
             }
             let mut batch = ForwardBatch::default();
             for &i in &live {
@@ -144,28 +159,14 @@ impl<B: Backend> MtpDrafter<B> {
                     0,
                 ));
             }
-            let ids: Vec<u32> = live.iter().map(|&i| tokens[i]).collect();
-            let input = if live.len() == drafting.len() {
-                state
-            } else {
-                b.gather_rows(&state, &live)
-            };
-            let out = head.forward(b, decoder, &input, &ids, &batch, &mut self.cache);
-            let next = self.argmax(b, decoder, &out);
-            for (j, &i) in live.iter().enumerate() {
-                chains[i].push(next[j]);
-                tokens[i] = next[j];
+            let ids: Vec<u32> = live
+                .iter()
+                .map(|&i| *chains[i].last().expect("a first draft"))
+                .collect();
+            state = head.forward(b, decoder, &state, &ids, &batch, &mut self.cache);
+            for (&i, token) in live.iter().zip(self.argmax(b, decoder, &state)) {
+                chains[i].push(token);
             }
-            // Keep the rows aligned with `drafting` for the next depth.
-            state = if live.len() == drafting.len() {
-                out
-            } else {
-                let mut index = vec![0; drafting.len()];
-                for (j, &i) in live.iter().enumerate() {
-                    index[i] = j;
-                }
-                b.gather_rows(&out, &index)
-            };
         }
         for (s, chain) in drafting.iter().zip(chains) {
             self.drafts.insert(s.id, chain);
