@@ -31,6 +31,7 @@ struct ChunkRows {
     count: usize,
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn execute<B: Backend>(
     backend: &B,
     model: &Model<B>,
