@@ -19,7 +19,7 @@ const EDIT: &str = "def parse_header(line):\n    \"\"\"Split a header line into 
 
 fn measure(text: &str, method: SpeculativeMethod, k: usize, max_tokens: usize) -> EngineStats {
     let model = TestModel::Bundled;
-    let tokenizer = Tokenizer::from_model_dir(&model.dir()).unwrap();
+    let tokenizer = Tokenizer::from_model_dir(model.dir()).unwrap();
     let prompt = tokenizer.encode(text, false).unwrap();
     let options = EngineOptions {
         speculative: Some(SpeculativeConfig {
