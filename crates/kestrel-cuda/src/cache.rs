@@ -113,13 +113,21 @@ impl CudaCache {
     pub fn check_slots(&self, batch: &ForwardBatch) {
         let mut seen = vec![false; self.spec.num_state_slots];
         for seq in &batch.seqs {
-            self.check_slot(seq.state_slot);
-            let slot = seq.state_slot as usize;
             assert!(
-                !seen[slot],
-                "two sequences of one batch share state slot {slot}"
+                seq.state_checkpoints.len() <= seq.num_tokens,
+                "{} state checkpoints for {} new tokens",
+                seq.state_checkpoints.len(),
+                seq.num_tokens
             );
-            seen[slot] = true;
+            for &slot in std::iter::once(&seq.state_slot).chain(&seq.state_checkpoints) {
+                self.check_slot(slot);
+                let slot = slot as usize;
+                assert!(
+                    !seen[slot],
+                    "state slot {slot} is written twice in one step"
+                );
+                seen[slot] = true;
+            }
         }
     }
 

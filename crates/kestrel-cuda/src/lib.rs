@@ -271,6 +271,10 @@ impl Backend for CudaBackend {
         (t.rows, t.cols)
     }
 
+    fn supports_state_checkpoints(&self) -> bool {
+        true
+    }
+
     fn new_cache(&self, spec: &CacheSpec) -> Result<CudaCache> {
         CudaCache::new(&self.gpu, spec, self.plan.precision)
     }

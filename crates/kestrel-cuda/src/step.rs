@@ -67,9 +67,28 @@ impl StepLayout {
     pub fn table_offset(&self) -> u64 {
         self.at(4 * self.tokens + 3 * self.seqs + 1)
     }
+    /// The state slot that also receives the recurrent and conv state after
+    /// each new token, or -1 (`SeqChunk::state_checkpoints`) `[T]`.
+    pub fn token_checkpoint(&self) -> u64 {
+        self.at(4 * self.tokens + 4 * self.seqs + 1)
+    }
+    /// The new tokens as sequences of one token each, for kernels that give
+    /// every query row decode arithmetic (a verify chunk's rows attend as
+    /// consecutive decode steps would): `0..=T` `[T + 1]`.
+    pub fn row_start(&self) -> u64 {
+        self.at(5 * self.tokens + 4 * self.seqs + 1)
+    }
+    /// Positions each row attends to, its own included: `position + 1` `[T]`.
+    pub fn row_len(&self) -> u64 {
+        self.at(6 * self.tokens + 4 * self.seqs + 2)
+    }
+    /// The block table offset of each row's sequence `[T]`.
+    pub fn row_table_offset(&self) -> u64 {
+        self.at(7 * self.tokens + 4 * self.seqs + 2)
+    }
     /// Every sequence's pages, concatenated.
     pub fn block_tables(&self) -> u64 {
-        self.at(4 * self.tokens + 4 * self.seqs + 1)
+        self.at(8 * self.tokens + 4 * self.seqs + 2)
     }
 }
 
@@ -84,7 +103,7 @@ struct Packed {
 fn pack(ids: Option<&[u32]>, batch: &ForwardBatch, block_size: usize) -> Packed {
     let (t, s) = (batch.num_tokens(), batch.seqs.len());
     let pages: usize = batch.seqs.iter().map(|q| q.block_table.len()).sum();
-    let mut v = Vec::with_capacity(4 * t + 4 * s + 1 + pages);
+    let mut v = Vec::with_capacity(8 * t + 4 * s + 2 + pages);
     match ids {
         Some(ids) => {
             assert_eq!(ids.len(), t, "{} token ids for {t} new tokens", ids.len());
@@ -115,10 +134,21 @@ fn pack(ids: Option<&[u32]>, batch: &ForwardBatch, block_size: usize) -> Packed 
     }
     v.extend(batch.seqs.iter().map(|q| q.total_len() as i32));
     v.extend(batch.seqs.iter().map(|q| q.state_slot as i32));
+    let mut offsets = Vec::with_capacity(s);
     let mut offset = 0;
     for q in &batch.seqs {
-        v.push(offset);
+        offsets.push(offset);
         offset += q.block_table.len() as i32;
+    }
+    v.extend(&offsets);
+    for q in &batch.seqs {
+        let checkpoints = q.state_checkpoints.iter().map(|&c| c as i32);
+        v.extend(checkpoints.chain(std::iter::repeat(-1)).take(q.num_tokens));
+    }
+    v.extend(0..=t as i32);
+    v.extend(batch.positions().iter().map(|&p| p as i32 + 1));
+    for (q, &o) in batch.seqs.iter().zip(&offsets) {
+        v.extend(std::iter::repeat_n(o, q.num_tokens));
     }
     for q in &batch.seqs {
         v.extend(q.block_table.iter().map(|&p| p as i32));
@@ -237,7 +267,7 @@ mod tests {
                     cached_len: 2,
                     block_table: vec![7, 9],
                     state_slot: 4,
-                    state_checkpoints: Vec::new(),
+                    state_checkpoints: vec![8, 6],
                 },
                 SeqChunk {
                     num_tokens: 1,
@@ -265,8 +295,12 @@ mod tests {
         assert_eq!(sec(l.seq_len(), 2), [5, 1]);
         assert_eq!(sec(l.seq_slot(), 2), [4, 1]);
         assert_eq!(sec(l.table_offset(), 2), [0, 2]);
+        assert_eq!(sec(l.token_checkpoint(), 4), [8, 6, -1, -1]);
+        assert_eq!(sec(l.row_start(), 5), [0, 1, 2, 3, 4]);
+        assert_eq!(sec(l.row_len(), 4), [3, 4, 5, 1]);
+        assert_eq!(sec(l.row_table_offset(), 4), [0, 0, 0, 2]);
         assert_eq!(sec(l.block_tables(), 3), [7, 9, 5]);
-        assert_eq!(p.values.len(), 4 * 4 + 4 * 2 + 1 + 3);
+        assert_eq!(p.values.len(), 8 * 4 + 4 * 2 + 2 + 3);
         assert_eq!(l.max_new, 3);
     }
 }

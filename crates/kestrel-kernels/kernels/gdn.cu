@@ -21,12 +21,15 @@ constexpr int GDN_CONV_TOKENS = 64;  // tokens per block of gdn_conv
 // kernels of at most KMAX = 4 taps (Qwen3.5/3.6, Qwen3-Next), so that its
 // windows fit in registers (sized for 8 taps it took 165 registers a thread
 // and ran slower than V = 1).
+// token_ckpt[t] >= 0 (speculative verification) also stores the state after
+// token t (its window) in that slot.
 // Grid (ceil(C/(128 V)), ceil(max_new/64), S), block 128.
 template <int V, int KMAX>
 __device__ __forceinline__ void gdn_conv_body(float* __restrict__ out, const float* __restrict__ proj,
                                               int proj_stride, const __nv_bfloat16* __restrict__ conv_w,
                                               float* __restrict__ conv_state, const int* __restrict__ seq_start,
-                                              const int* __restrict__ seq_slot, int channels, int kernel) {
+                                              const int* __restrict__ seq_slot,
+                                              const int* __restrict__ token_ckpt, int channels, int kernel) {
     using Vec = typename std::conditional<V == 4, float4, float>::type;
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
     const int tile = blockIdx.y, s = blockIdx.z;
@@ -73,6 +76,16 @@ __device__ __forceinline__ void gdn_conv_body(float* __restrict__ out, const flo
             for (int j = 0; j < KMAX - 1; ++j)
                 if (j < hist) window[e][j] = j + 1 < hist ? window[e][j + 1] : xe;
         }
+        const int ckpt = token_ckpt[start + t];
+        if (ckpt >= 0) {
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                float* st = conv_state + ((size_t)ckpt * channels + c + e) * hist;
+#pragma unroll
+                for (int j = 0; j < KMAX - 1; ++j)
+                    if (j < hist) st[j] = window[e][j];
+            }
+        }
         float* o = out + (size_t)(start + t) * channels + c;
         if constexpr (V == 4) *reinterpret_cast<float4*>(o) = make_float4(res[0], res[1], res[2], res[3]);
         else o[0] = res[0];
@@ -100,10 +113,11 @@ __device__ __forceinline__ void gdn_conv_body(float* __restrict__ out, const flo
 // One channel per thread: any shape.
 KESTREL_EXTERN void gdn_conv(float* __restrict__ out, const float* __restrict__ proj, int proj_stride,
                              const __nv_bfloat16* __restrict__ conv_w, float* __restrict__ conv_state,
-                             const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int channels,
-                             int kernel) {
+                             const int* __restrict__ seq_start, const int* __restrict__ seq_slot,
+                             const int* __restrict__ token_ckpt, int channels, int kernel) {
     pdl_begin();
-    gdn_conv_body<1, GDN_MAX_KERNEL>(out, proj, proj_stride, conv_w, conv_state, seq_start, seq_slot, channels, kernel);
+    gdn_conv_body<1, GDN_MAX_KERNEL>(out, proj, proj_stride, conv_w, conv_state, seq_start, seq_slot, token_ckpt,
+                                     channels, kernel);
 }
 
 // Four channels per thread: channels and proj_stride multiples of 4, proj
@@ -111,9 +125,10 @@ KESTREL_EXTERN void gdn_conv(float* __restrict__ out, const float* __restrict__ 
 KESTREL_EXTERN void gdn_conv_v4(float* __restrict__ out, const float* __restrict__ proj, int proj_stride,
                                 const __nv_bfloat16* __restrict__ conv_w, float* __restrict__ conv_state,
                                 const int* __restrict__ seq_start, const int* __restrict__ seq_slot,
-                                int channels, int kernel) {
+                                const int* __restrict__ token_ckpt, int channels, int kernel) {
     pdl_begin();
-    gdn_conv_body<4, 4>(out, proj, proj_stride, conv_w, conv_state, seq_start, seq_slot, channels, kernel);
+    gdn_conv_body<4, 4>(out, proj, proj_stride, conv_w, conv_state, seq_start, seq_slot, token_ckpt, channels,
+                        kernel);
 }
 
 constexpr int GDN_COLS = 32;    // value columns per block
@@ -122,13 +137,15 @@ constexpr int GDN_GROUPS = 4;   // key-row groups per block
 //   S *= exp(g); delta = (v - S^T k) * beta; S += k delta^T; o = S^T q
 // with q, k L2-normalised (eps 1e-6), q scaled by Dk^-0.5, q/k heads shared
 // by Hv/Hk value heads, g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
-// State [slot, Hv, Dk, Dv] f32. Grid (ceil(Dv/32), Hv, S), block 128.
+// State [slot, Hv, Dk, Dv] f32; token_ckpt[t] >= 0 also receives the state
+// after token t. Grid (ceil(Dv/32), Hv, S), block 128.
 // Dynamic shared memory: (Dk*32 + 2*Dk) floats.
 KESTREL_EXTERN void gdn_recurrent(float* __restrict__ core, const float* __restrict__ qkv,
                                   const float* __restrict__ proj, int proj_stride, int b_offset, int a_offset,
                                   const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                                   float* __restrict__ state, const int* __restrict__ seq_start,
-                                  const int* __restrict__ seq_slot, int hk, int hv, int dk, int dv) { pdl_begin();
+                                  const int* __restrict__ seq_slot, const int* __restrict__ token_ckpt, int hk,
+                                  int hv, int dk, int dv) { pdl_begin();
     extern __shared__ float smem[];
     float* S = smem;                // [dk][GDN_COLS]
     float* qs = S + dk * GDN_COLS;  // [dk]
@@ -185,10 +202,14 @@ KESTREL_EXTERN void gdn_recurrent(float* __restrict__ core, const float* __restr
         __syncthreads();  // partial is reused below
 
         float o = 0.f;
+        const int ckpt = token_ckpt[t];
+        float* ckpt_st = ckpt >= 0 && live ? state + ((size_t)ckpt * hv + h) * dk * dv : nullptr;
         for (int r = g; r < dk; r += GDN_GROUPS) {
             const float updated = S[r * GDN_COLS + c] * decay + ks[r] * k_inv * delta;
             S[r * GDN_COLS + c] = updated;
             o += updated * qs[r];
+            // The state after token t, for a verify step's checkpoint.
+            if (ckpt_st) ckpt_st[(size_t)r * dv + col] = updated;
         }
         partial[g][c] = o;
         __syncthreads();

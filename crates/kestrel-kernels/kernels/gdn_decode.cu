@@ -1,5 +1,6 @@
 // Gated DeltaNet decode: one kernel per layer for steps where every sequence
-// has at most one new token. It does the conv update, SiLU, q/k L2 norm,
+// has a few new tokens (one in a decode step, up to 1 + drafts in a verify
+// step), taken one after another with the state kept in registers. It does the conv update, SiLU, q/k L2 norm,
 // decay and beta, the delta-rule state update, the output and the gated
 // RMSNorm. Dk = Dv = 128.
 //
@@ -87,6 +88,7 @@ struct DecodeArgs {
     const float* norm_w;  // [Dv]
     const int* seq_start;
     const int* seq_slot;
+    const int* token_ckpt;  // [T]: a slot that also receives the state after the token, or -1
     int hk, hv;
     float q_scale, eps;
 };
@@ -105,8 +107,9 @@ __device__ __forceinline__ void decode(const DecodeArgs& a) {
     __shared__ float scratch[2][NWARPS];
     __shared__ float gate[2];
     __shared__ float head_ss;  // this block's part of the head's sum of squares
-    // The channels' next conv state, held until the cluster barrier allows
-    // writing it (in shared memory rather than registers, for occupancy).
+    // The channels' carried conv inputs after the latest token, held until the
+    // cluster barrier allows writing them (in shared memory rather than
+    // registers, for occupancy). Each thread only touches its own channels.
     __shared__ float next_q[DK][HIST], next_k[DK][HIST], next_v[COLS][HIST];
 
     cg::cluster_group cluster = cg::this_cluster();
@@ -116,174 +119,197 @@ __device__ __forceinline__ void decode(const DecodeArgs& a) {
     const int col0 = (rank % TILES) * COLS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // (All three loads issued together: they head the kernel's latency chain.)
-    const int t = a.seq_start[s], t_end = a.seq_start[s + 1], slot = a.seq_slot[s];
+    const int t_first = a.seq_start[s], t_end = a.seq_start[s + 1], slot = a.seq_slot[s];
     // A sequence without a new token keeps its state; the whole cluster leaves.
-    if (t_end == t) return;
+    if (t_end == t_first) return;
     const int key_dim = a.hk * DK;
     const int conv_dim = 2 * key_dim + a.hv * DV;
 
     // 1. Start the state loads: rows rp + i*RPP, columns col0 + c4*4 ..+4.
     const int c4 = tid % TPR, rp = tid / TPR;
-    float4* st = reinterpret_cast<float4*>(a.state + ((size_t)slot * a.hv + h) * DK * DV + col0) + c4;
+    auto state_tile = [&](int at) {
+        return reinterpret_cast<float4*>(a.state + ((size_t)at * a.hv + h) * DK * DV + col0) + c4;
+    };
+    float4* st = state_tile(slot);
     float4 S[RPT];
 #pragma unroll
     for (int i = 0; i < RPT; ++i) S[i] = st[(size_t)(rp + i * RPP) * (DV / 4)];
 
-    // 2. Conv of q and k channel `tid` of key head kh, and of this tile's v
-    //    channels. Every load is issued before any is used: each use would
-    //    otherwise cost a memory round trip of its own.
-    const float* x = a.proj + (size_t)t * a.proj_stride;
     const int cq = kh * DK + tid, ck = key_dim + kh * DK + tid;
     const int cv = 2 * key_dim + h * DV + col0 + tid;
-    float* st_q = a.conv_state + ((size_t)slot * conv_dim + cq) * HIST;
-    float* st_k = a.conv_state + ((size_t)slot * conv_dim + ck) * HIST;
-    float* st_v = a.conv_state + ((size_t)slot * conv_dim + cv) * HIST;
-    Taps tq = load_taps(st_q, a.conv_w, cq, x), tk = load_taps(st_k, a.conv_w, ck, x), tv{};
-    float z = 0.f;
-    if (tid < COLS) {
-        tv = load_taps(st_v, a.conv_w, cv, x);
-        z = x[conv_dim + h * DV + col0 + tid];
-    }
-    float ga = 0.f, gb = 0.f, al = 0.f, dt = 0.f;
-    if (tid == 0) {
-        ga = x[conv_dim + a.hv * DV + a.hv + h];
-        gb = x[conv_dim + a.hv * DV + h];
-        al = a.a_log[h];
-        dt = a.dt_bias[h];
-    }
-    const float q = conv_silu(tq), k = conv_silu(tk);
-    next_state(next_q[tid], tq);
-    next_state(next_k[tid], tk);
-    if (tid < COLS) {
-        vs[tid] = conv_silu(tv);
-        next_state(next_v[tid], tv);
-    }
-    if (tid == 0) {
-        gate[0] = expf(gdn_log_decay(ga, al, dt));
-        gate[1] = sigmoidf_exact(gb);
-    }
-
-    // 3. L2 norms of q and k over the head (both sums in one block reduction).
-    {
-        const float qq = warp_sum(q * q), kk = warp_sum(k * k);
-        if (lane == 0) {
-            scratch[0][warp] = qq;
-            scratch[1][warp] = kk;
-        }
-        __syncthreads();
-        float sq = 0.f, sk = 0.f;
+    auto conv_at = [&](int at, int c) { return a.conv_state + ((size_t)at * conv_dim + c) * HIST; };
+    // The carried conv inputs and the state after a token are stored in the
+    // live slot after the last token, and in a verify step's checkpoint slot
+    // after each token that has one: q/k channel tid by one block per
+    // channel, this tile's v channels by this block.
+    auto store = [&](int at) {
+        float4* dst = state_tile(at);
 #pragma unroll
-        for (int w = 0; w < NWARPS; ++w) {
-            sq += scratch[0][w];
-            sk += scratch[1][w];
-        }
-        qs[tid] = q * gdn_l2_inv(sq) * a.q_scale;
-        ks[tid] = k * gdn_l2_inv(sk);
-    }
-
-    __syncthreads();
-
-    // 4. Delta rule on the tile: kv = S^T k; d = (v - decay*kv) * beta;
-    //    S' = decay*S + k d^T; o = S'^T q.
-    const float decay = gate[0], beta = gate[1];
-    // Sum a float4 per column group over all rows: lanes of one column group
-    // differ by multiples of TPR, then the warps in order.
-    auto column_sum = [&](float4 v) -> float4 {
+        for (int i = 0; i < RPT; ++i) dst[(size_t)(rp + i * RPP) * (DV / 4)] = S[i];
+        float *dq = conv_at(at, cq), *dk = conv_at(at, ck), *dv = conv_at(at, cv);
 #pragma unroll
-        for (int o = TPR; o < 32; o <<= 1) {
-            v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
-            v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
-            v.z += __shfl_xor_sync(0xffffffffu, v.z, o);
-            v.w += __shfl_xor_sync(0xffffffffu, v.w, o);
+        for (int j = 0; j < HIST; ++j) {
+            if (tid / (DK / CLUSTER) == rank) {
+                dq[j] = next_q[tid][j];
+                dk[j] = next_k[tid][j];
+            }
+            if (tid < COLS) dv[j] = next_v[tid][j];
         }
-        if (lane < TPR) *reinterpret_cast<float4*>(&red[warp][lane * 4]) = v;
-        __syncthreads();
-        float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int w = 0; w < NWARPS; ++w) {
-            const float4 p = *reinterpret_cast<const float4*>(&red[w][c4 * 4]);
-            r.x += p.x;
-            r.y += p.y;
-            r.z += p.z;
-            r.w += p.w;
-        }
-        __syncthreads();  // red is reused by the next call
-        return r;
     };
 
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-        const float kr = ks[rp + i * RPP];
-        acc.x += S[i].x * kr;
-        acc.y += S[i].y * kr;
-        acc.z += S[i].z * kr;
-        acc.w += S[i].w * kr;
-    }
-    const float4 kv = column_sum(acc);
-    const float4 v4 = *reinterpret_cast<const float4*>(&vs[c4 * 4]);
-    const float4 d = make_float4((v4.x - decay * kv.x) * beta, (v4.y - decay * kv.y) * beta,
-                                 (v4.z - decay * kv.z) * beta, (v4.w - decay * kv.w) * beta);
-    acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-        const float kr = ks[rp + i * RPP], qr = qs[rp + i * RPP];
-        float4 n;
-        n.x = S[i].x * decay + kr * d.x;
-        n.y = S[i].y * decay + kr * d.y;
-        n.z = S[i].z * decay + kr * d.z;
-        n.w = S[i].w * decay + kr * d.w;
-        S[i] = n;
-        acc.x += n.x * qr;
-        acc.y += n.y * qr;
-        acc.z += n.z * qr;
-        acc.w += n.w * qr;
-    }
-    const float4 o4 = column_sum(acc);
-    // Thread tid < COLS takes column tid: component tid % 4 of group tid / 4,
-    // which thread tid / 4 (rp 0) holds; pass it through shared memory.
-    if (rp == 0) *reinterpret_cast<float4*>(&red[0][c4 * 4]) = o4;
-    __syncthreads();
-    const float o = tid < COLS ? red[0][tid] : 0.f;
-
-    // 5. Gated RMSNorm over the head's Dv columns, spread over TILES blocks.
-    {
-        const float ss = warp_sum(o * o);
-        if (lane == 0) scratch[0][warp] = ss;
-        __syncthreads();
+    // Tokens in order, each with the arithmetic of a one-token step: a verify
+    // chunk's rows come out as consecutive decode steps would give them.
+    for (int t = t_first; t < t_end; ++t) {
+        // 2. Conv of q and k channel `tid` of key head kh, and of this tile's
+        //    v channels, the carried inputs read from the slot for the first
+        //    token and from shared memory after it. Every load is issued
+        //    before any is used: each use would otherwise cost a memory
+        //    round trip of its own.
+        const bool first = t == t_first;
+        const float* x = a.proj + (size_t)t * a.proj_stride;
+        Taps tq = load_taps(first ? conv_at(slot, cq) : next_q[tid], a.conv_w, cq, x);
+        Taps tk = load_taps(first ? conv_at(slot, ck) : next_k[tid], a.conv_w, ck, x), tv{};
+        float z = 0.f;
+        if (tid < COLS) {
+            tv = load_taps(first ? conv_at(slot, cv) : next_v[tid], a.conv_w, cv, x);
+            z = x[conv_dim + h * DV + col0 + tid];
+        }
+        float ga = 0.f, gb = 0.f, al = 0.f, dt = 0.f;
         if (tid == 0) {
-            float sum = 0.f;
-#pragma unroll
-            for (int w = 0; w < NWARPS; ++w) sum += scratch[0][w];
-            head_ss = sum;
+            ga = x[conv_dim + a.hv * DV + a.hv + h];
+            gb = x[conv_dim + a.hv * DV + h];
+            al = a.a_log[h];
+            dt = a.dt_bias[h];
         }
-    }
-    cluster.sync();
-    float total = 0.f;
-    const int first = (rank / TILES) * TILES;
-#pragma unroll
-    for (int j = 0; j < TILES; ++j) total += *cluster.map_shared_rank(&head_ss, first + j);
-    // No block may exit while another still reads its head_ss. Past this
-    // barrier every block of the cluster has also read the old conv state.
-    cluster.sync();
+        const float q = conv_silu(tq), k = conv_silu(tk);
+        next_state(next_q[tid], tq);
+        next_state(next_k[tid], tk);
+        if (tid < COLS) {
+            vs[tid] = conv_silu(tv);
+            next_state(next_v[tid], tv);
+        }
+        if (tid == 0) {
+            gate[0] = expf(gdn_log_decay(ga, al, dt));
+            gate[1] = sigmoidf_exact(gb);
+        }
 
-    // 6. All global writes come last: a cluster barrier has release
-    //    semantics, so stores issued before one would be waited for there.
+        // 3. L2 norms of q and k over the head (both sums in one block reduction).
+        {
+            const float qq = warp_sum(q * q), kk = warp_sum(k * k);
+            if (lane == 0) {
+                scratch[0][warp] = qq;
+                scratch[1][warp] = kk;
+            }
+            __syncthreads();
+            float sq = 0.f, sk = 0.f;
 #pragma unroll
-    for (int i = 0; i < RPT; ++i) st[(size_t)(rp + i * RPP) * (DV / 4)] = S[i];
-#pragma unroll
-    for (int j = 0; j < HIST; ++j) {
-        if (tid / (DK / CLUSTER) == rank) {
-            st_q[j] = next_q[tid][j];
-            st_k[j] = next_k[tid][j];
+            for (int w = 0; w < NWARPS; ++w) {
+                sq += scratch[0][w];
+                sk += scratch[1][w];
+            }
+            qs[tid] = q * gdn_l2_inv(sq) * a.q_scale;
+            ks[tid] = k * gdn_l2_inv(sk);
         }
-        if (tid < COLS) st_v[j] = next_v[tid][j];
+
+        __syncthreads();
+
+        // 4. Delta rule on the tile: kv = S^T k; d = (v - decay*kv) * beta;
+        //    S' = decay*S + k d^T; o = S'^T q.
+        const float decay = gate[0], beta = gate[1];
+        // Sum a float4 per column group over all rows: lanes of one column
+        // group differ by multiples of TPR, then the warps in order.
+        auto column_sum = [&](float4 v) -> float4 {
+#pragma unroll
+            for (int o = TPR; o < 32; o <<= 1) {
+                v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+                v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+                v.z += __shfl_xor_sync(0xffffffffu, v.z, o);
+                v.w += __shfl_xor_sync(0xffffffffu, v.w, o);
+            }
+            if (lane < TPR) *reinterpret_cast<float4*>(&red[warp][lane * 4]) = v;
+            __syncthreads();
+            float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int w = 0; w < NWARPS; ++w) {
+                const float4 p = *reinterpret_cast<const float4*>(&red[w][c4 * 4]);
+                r.x += p.x;
+                r.y += p.y;
+                r.z += p.z;
+                r.w += p.w;
+            }
+            __syncthreads();  // red is reused by the next call
+            return r;
+        };
+
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            const float kr = ks[rp + i * RPP];
+            acc.x += S[i].x * kr;
+            acc.y += S[i].y * kr;
+            acc.z += S[i].z * kr;
+            acc.w += S[i].w * kr;
+        }
+        const float4 kv = column_sum(acc);
+        const float4 v4 = *reinterpret_cast<const float4*>(&vs[c4 * 4]);
+        const float4 d = make_float4((v4.x - decay * kv.x) * beta, (v4.y - decay * kv.y) * beta,
+                                     (v4.z - decay * kv.z) * beta, (v4.w - decay * kv.w) * beta);
+        acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            const float kr = ks[rp + i * RPP], qr = qs[rp + i * RPP];
+            float4 n;
+            n.x = S[i].x * decay + kr * d.x;
+            n.y = S[i].y * decay + kr * d.y;
+            n.z = S[i].z * decay + kr * d.z;
+            n.w = S[i].w * decay + kr * d.w;
+            S[i] = n;
+            acc.x += n.x * qr;
+            acc.y += n.y * qr;
+            acc.z += n.z * qr;
+            acc.w += n.w * qr;
+        }
+        const float4 o4 = column_sum(acc);
+        // Thread tid < COLS takes column tid: component tid % 4 of group tid / 4,
+        // which thread tid / 4 (rp 0) holds; pass it through shared memory.
+        if (rp == 0) *reinterpret_cast<float4*>(&red[0][c4 * 4]) = o4;
+        __syncthreads();
+        const float o = tid < COLS ? red[0][tid] : 0.f;
+
+        // 5. Gated RMSNorm over the head's Dv columns, spread over TILES blocks.
+        {
+            const float ss = warp_sum(o * o);
+            if (lane == 0) scratch[0][warp] = ss;
+            __syncthreads();
+            if (tid == 0) {
+                float sum = 0.f;
+#pragma unroll
+                for (int w = 0; w < NWARPS; ++w) sum += scratch[0][w];
+                head_ss = sum;
+            }
+        }
+        cluster.sync();
+        float total = 0.f;
+        const int first_block = (rank / TILES) * TILES;
+#pragma unroll
+        for (int j = 0; j < TILES; ++j) total += *cluster.map_shared_rank(&head_ss, first_block + j);
+        // No block may go on (and overwrite head_ss) while another still reads
+        // its head_ss. Past this barrier every block of the cluster has also
+        // read the old conv state.
+        cluster.sync();
+
+        // 6. Global writes come after the barriers: a cluster barrier has
+        //    release semantics, so stores issued before one would be waited
+        //    for there.
+        if (tid < COLS) {
+            const float inv = 1.f / sqrtf(total / DV + a.eps);
+            const int col = col0 + tid;
+            a.out[(size_t)t * a.hv * DV + h * DV + col] = a.norm_w[col] * (o * inv) * siluf_exact(z);
+        }
+        const int ckpt = a.token_ckpt[t];
+        if (ckpt >= 0) store(ckpt);
     }
-    if (tid < COLS) {
-        const float inv = 1.f / sqrtf(total / DV + a.eps);
-        const int col = col0 + tid;
-        a.out[(size_t)t * a.hv * DV + h * DV + col] = a.norm_w[col] * (o * inv) * siluf_exact(z);
-    }
+    store(slot);
 }
 
 }  // namespace
@@ -297,9 +323,10 @@ __device__ __forceinline__ void decode(const DecodeArgs& a) {
         gdn_decode_g##GROUP(                                                                                      \
         float* out, const float* proj, int proj_stride, const __nv_bfloat16* conv_w, float* conv_state,            \
         float* state, const float* a_log, const float* dt_bias, const float* norm_w, const int* seq_start,       \
-        const int* seq_slot, int hk, int hv, float q_scale, float eps) { pdl_begin();                                          \
+        const int* seq_slot, const int* token_ckpt, int hk, int hv, float q_scale, float eps) {                     \
+        pdl_begin();                                                                                              \
         decode<GROUP>(DecodeArgs{out, proj, proj_stride, conv_w, conv_state, state, a_log, dt_bias, norm_w,        \
-                                 seq_start, seq_slot, hk, hv, q_scale, eps});                                     \
+                                 seq_start, seq_slot, token_ckpt, hk, hv, q_scale, eps});                         \
     }
 
 GDN_DECODE(1, 8)

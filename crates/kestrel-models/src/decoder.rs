@@ -16,6 +16,9 @@ use crate::loader::Loader;
 
 /// Largest number of decoding sequences whose steps are keyed for replay.
 pub const MAX_REPLAYED_BATCH: usize = 8;
+/// Largest number of tokens per sequence (one plus the drafts of a verify
+/// step) whose steps are keyed for replay.
+pub const MAX_REPLAYED_CHUNK: usize = 16;
 
 pub enum Mixer<B: Backend> {
     Attention(Attention<B>),
@@ -239,16 +242,23 @@ impl<B: Backend> Decoder<B> {
         (logits, hidden.expect("an unkeyed step runs its closure"))
     }
 
-    /// The replay key of a decode step: this model, the number of sequences
-    /// and which rows get logits. Prefill chunks are not keyed (their shapes
-    /// vary too much for recordings to pay off).
+    /// The replay key of a decode step, or of a verify step whose sequences
+    /// all bring the same number of tokens (at most [`MAX_REPLAYED_CHUNK`]):
+    /// this model, the number of sequences and of tokens each, and which rows
+    /// get logits. Other steps are not keyed (prefill chunks' shapes vary too
+    /// much for recordings to pay off, and so would verify steps with a
+    /// different draft count per sequence).
     fn decode_key(&self, batch: &ForwardBatch, rows: &[usize]) -> Option<StepKey> {
         let n = batch.seqs.len();
-        if n == 0 || n > MAX_REPLAYED_BATCH || batch.seqs.iter().any(|s| s.num_tokens != 1) {
+        let per_seq = batch.seqs.first()?.num_tokens;
+        if n > MAX_REPLAYED_BATCH
+            || !(1..=MAX_REPLAYED_CHUNK).contains(&per_seq)
+            || batch.seqs.iter().any(|s| s.num_tokens != per_seq)
+        {
             return None;
         }
         let mut h = std::hash::DefaultHasher::new();
-        (self as *const Self as usize, n, rows).hash(&mut h);
+        (self as *const Self as usize, n, per_seq, rows).hash(&mut h);
         Some(StepKey(h.finish()))
     }
 

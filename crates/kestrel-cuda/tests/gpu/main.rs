@@ -22,3 +22,4 @@ mod golden;
 
 mod cuda_matches_cpu;
 mod golden_fixtures;
+mod speculative;

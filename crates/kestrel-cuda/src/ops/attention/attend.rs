@@ -58,7 +58,8 @@ impl Attend<'_> {
         self.spec.scale * std::f32::consts::LOG2_E
     }
 
-    /// One token per sequence: split-KV partials, then the combine kernel.
+    /// Every new token as a one-token sequence (the layout's row sections):
+    /// split-KV partials, then the combine kernel.
     pub fn decode(&self, dim_index: usize) {
         let (cx, gpu, l) = (self.cx, self.cx.gpu, self.l);
         let (hq, hkv, d) = (
@@ -66,19 +67,19 @@ impl Attend<'_> {
             self.spec.num_kv_heads,
             self.spec.head_dim,
         );
-        let seqs = l.seqs;
+        let rows = l.tokens;
         let blocks_per_seq = hkv * (hq / hkv).div_ceil(DECODE_HEADS);
-        let splits = decode_splits(decode_target_blocks(gpu), seqs, blocks_per_seq);
+        let splits = decode_splits(decode_target_blocks(gpu), rows, blocks_per_seq);
         // Stream-ordered allocations: part of a recorded graph when captured.
-        let part_o = gpu.alloc::<f32>(seqs * hq * splits * d);
-        let part_ml = gpu.alloc::<f32>(seqs * hq * splits * 2);
+        let part_o = gpu.alloc::<f32>(rows * hq * splits * d);
+        let part_ml = gpu.alloc::<f32>(rows * hq * splits * 2);
         let s = &gpu.stream;
-        let grid = (blocks_per_seq as u32, seqs as u32, splits as u32);
+        let grid = (blocks_per_seq as u32, rows as u32, splits as u32);
         let (threads, smem) = (32 * decode_warps(d) as u32, decode_smem_bytes(d));
         let common = [
-            Arg::Ptr(l.seq_start()),
-            Arg::Ptr(l.seq_len()),
-            Arg::Ptr(l.table_offset()),
+            Arg::Ptr(l.row_start()),
+            Arg::Ptr(l.row_len()),
+            Arg::Ptr(l.row_table_offset()),
             Arg::Ptr(l.block_tables()),
             Arg::I32(hq as i32),
             Arg::I32(hkv as i32),
@@ -130,14 +131,14 @@ impl Attend<'_> {
         }
         gpu.launch(
             &cx.k.attention.decode_combine,
-            (hq as u32, seqs as u32, 1),
+            (hq as u32, rows as u32, 1),
             COMBINE_THREADS,
             0,
             &[
                 Arg::Ptr(self.out),
                 Arg::Ptr(ptr(&part_o, s)),
                 Arg::Ptr(ptr(&part_ml, s)),
-                Arg::Ptr(l.seq_start()),
+                Arg::Ptr(l.row_start()),
                 Arg::I32(hq as i32),
                 Arg::I32(d as i32),
                 Arg::I32(splits as i32),

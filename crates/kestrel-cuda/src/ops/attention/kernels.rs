@@ -21,6 +21,9 @@ pub const MAX_HEAD_DIM: usize = 4 * THREADS as usize;
 /// Mirror `kernels/attention_decode.cu`.
 pub const DECODE_HEADS: usize = 8;
 pub const DECODE_MAX_SPLITS: usize = 128;
+/// Most new tokens of one sequence the decode kernels take (one plus the
+/// drafts of a verify step; a longer chunk is a prefill).
+pub const DECODE_MAX_ROWS: usize = 16;
 pub const COMBINE_THREADS: u32 = 256;
 /// Mirror `kernels/attention_prefill.cu`.
 pub const PREFILL_ROWS: usize = 64;

@@ -1,9 +1,15 @@
 //! Full attention over the paged KV cache: one kernel normalises q/k, applies
 //! RoPE and writes k/v into the pages; then either
-//! - decode (every sequence has one new token): split-KV flash decoding on
-//!   tensor cores plus a combine kernel, replayable as a CUDA graph (the grid
-//!   depends only on the sequence count and the heads; lengths are read on
-//!   the device), or
+//! - decode (every sequence has at most [`DECODE_MAX_ROWS`] new tokens: a
+//!   decode step, or the verify step of speculative decoding): split-KV
+//!   flash decoding on tensor cores plus a combine kernel, every query row
+//!   taken as a one-token sequence that attends to the keys up to its own
+//!   (the step layout's row sections), so that a verify chunk's rows see
+//!   what consecutive decode steps would. Replayable as a CUDA graph (the
+//!   grid depends only on the row count and the heads; lengths are read on
+//!   the device). Only steps of one token per sequence fuse the first
+//!   kernel's work into it (rows of a verify chunk read each other's keys);
+//!   or
 //! - prefill (anything else): causal flash attention on tensor cores: blocks
 //!   of 128-192 queries over double-buffered K/V tiles, on wgmma where the
 //!   GPU has it (compute capability 9.0) and on mma.sync elsewhere (version
@@ -27,7 +33,7 @@ use crate::plan::{AttnDecode, FAST_HEAD_DIMS};
 use crate::precision::Precision;
 use crate::tensor::{CudaTensor, CudaWeight};
 use attend::{Attend, NewTokenArgs};
-use kernels::{MAX_HEAD_DIM, QKN_WARPS};
+use kernels::{DECODE_MAX_ROWS, MAX_HEAD_DIM, QKN_WARPS};
 
 pub fn attention(
     cx: &Cx,
@@ -89,11 +95,12 @@ pub fn attention(
 
     let f32_cache = cache.kv_precision == Precision::F32;
     let fast = FAST_HEAD_DIMS.iter().position(|&x| x == d);
-    // Sequences without new tokens (if any) have no output row: not decode.
-    let decode = l.max_new == 1 && l.tokens == l.seqs;
-    // The fused decode kernel does the first kernel's work itself.
+    let decode = l.tokens > 0 && l.max_new <= DECODE_MAX_ROWS;
+    // The fused decode kernel does the first kernel's work itself: only when
+    // no row reads a key another row of the step writes.
     let fused = fast.is_some_and(|i| cx.plan.attention.decode.get(i) == AttnDecode::Fused)
         && decode
+        && l.max_new == 1
         && !f32_cache;
     // q from the first kernel (the fused decode kernel forms its own).
     let q = (!fused).then(|| gpu.alloc::<f32>(t * q_width));

@@ -24,6 +24,9 @@ pub const MAX_HEAD_V_DIM: usize = 256;
 pub const HEAD_DIM: usize = 128;
 /// The conv kernel size the fused decode kernel is built for.
 pub const DECODE_CONV_KERNEL: usize = 4;
+/// Most new tokens per sequence the decode kernel takes (one plus the drafts
+/// of a verify step; a longer chunk is a prefill).
+pub const DECODE_MAX_TOKENS: usize = 16;
 /// Mirrors `CH` and `CHUNK_FLOATS` of `kernels/gdn_chunk.cu`: chunk length,
 /// and the floats of one (chunk, head) record of the prefill scratch (padded
 /// to whole rows of 128 floats for the state pass's TMA boxes).

@@ -2,15 +2,22 @@
 //! f32 state, and the gated RMSNorm.
 //!
 //! Three paths, chosen from shapes and the step's host hints only:
-//! - decode (every sequence has at most one new token, Dk = Dv = 128,
-//!   Hv/Hk in {1, 2, 4}, conv kernel 4): one fused kernel (`gdn_decode.cu`).
+//! - decode (every sequence has at most [`DECODE_MAX_TOKENS`] new tokens:
+//!   a decode step, or the verify step of speculative decoding; Dk = Dv =
+//!   128, Hv/Hk in {1, 2, 4}, conv kernel 4): one fused kernel
+//!   (`gdn_decode.cu`) that takes each sequence's tokens one after another.
 //!   Its launch depends only on the number of sequences, so it is replayable;
-//! - prefill (Dk = Dv = 128): token-tiled conv, the chunked form in two
+//! - prefill (Dk = Dv = 128, no state checkpoints): token-tiled conv, the chunked form in two
 //!   kernels (`gdn_chunk.cu`, products on tensor cores: one TF32 pass in the
 //!   serving precision, f32-accurate 3xTF32 in the reference one: the
 //!   plan's `gdn`), then the gated norm. Eager only: its grid follows the
 //!   longest sequence;
 //! - anything else: conv, the token-by-token recurrence, the gated norm.
+//!
+//! State checkpoints (`SeqChunk::state_checkpoints`) are written by the
+//! decode kernel and by the conv and recurrence kernels, which is why a step
+//! that has them never takes the chunked form: a verify step mixed with a
+//! long prefill chunk runs its prefill through the recurrence.
 
 mod chunked;
 mod io;
@@ -28,7 +35,8 @@ use crate::tensor::{CudaTensor, CudaWeight};
 use chunked::chunked;
 use io::Io;
 use kernels::{
-    DECODE_CONV_KERNEL, GATED_NORM_ROWS_PER_BLOCK, HEAD_DIM, MAX_CONV_KERNEL, MAX_HEAD_V_DIM,
+    DECODE_CONV_KERNEL, DECODE_MAX_TOKENS, GATED_NORM_ROWS_PER_BLOCK, HEAD_DIM, MAX_CONV_KERNEL,
+    MAX_HEAD_V_DIM,
 };
 use recurrent::{conv, decode, recurrent};
 
@@ -64,14 +72,15 @@ pub fn gated_delta_net(
         batch,
     };
     let square = spec.head_k_dim == HEAD_DIM && spec.head_v_dim == HEAD_DIM;
-    if l.max_new <= 1
+    let checkpoints = batch.seqs.iter().any(|q| !q.state_checkpoints.is_empty());
+    if l.max_new <= DECODE_MAX_TOKENS
         && square
         && spec.conv_kernel == DECODE_CONV_KERNEL
         && let Some(f) = cx.k.gdn.decode(spec.num_v_heads / spec.num_k_heads)
     {
         return decode(cx, &io, f);
     }
-    let core = if square {
+    let core = if square && !checkpoints {
         chunked(cx, &io)
     } else {
         recurrent(cx, &io, &conv(cx, &io))

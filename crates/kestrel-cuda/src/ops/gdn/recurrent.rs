@@ -10,7 +10,8 @@ use crate::device::{blocks, ptr};
 use crate::launch::Arg;
 use crate::tensor::CudaTensor;
 
-/// The fused decode kernel: clusters of 8 blocks per (sequence, key head).
+/// The fused decode kernel: clusters of 8 blocks per (sequence, key head),
+/// each sequence's new tokens one after another (with their checkpoints).
 pub fn decode(cx: &Cx, io: &Io, f: &CudaFunction) -> CudaTensor {
     let gpu = cx.gpu;
     let (spec, s) = (io.spec, &gpu.stream);
@@ -33,6 +34,7 @@ pub fn decode(cx: &Cx, io: &Io, f: &CudaFunction) -> CudaTensor {
             Arg::Ptr(ptr(io.w.norm.f32("gated norm"), s)),
             Arg::Ptr(io.l.seq_start()),
             Arg::Ptr(io.l.seq_slot()),
+            Arg::Ptr(io.l.token_checkpoint()),
             Arg::I32(spec.num_k_heads as i32),
             Arg::I32(spec.num_v_heads as i32),
             Arg::F32(query_scale(spec.head_k_dim)),
@@ -47,7 +49,8 @@ pub fn decode(cx: &Cx, io: &Io, f: &CudaFunction) -> CudaTensor {
     }
 }
 
-/// Causal conv + SiLU of the qkv channels, `[T, conv_dim]`; advances the conv state.
+/// Causal conv + SiLU of the qkv channels, `[T, conv_dim]`; advances the
+/// conv state (and writes the checkpoints of a verify step).
 pub fn conv(cx: &Cx, io: &Io) -> CudaSlice<f32> {
     let gpu = cx.gpu;
     let (c, s) = (io.spec.conv_dim(), &gpu.stream);
@@ -80,6 +83,7 @@ pub fn conv(cx: &Cx, io: &Io) -> CudaSlice<f32> {
             Arg::Ptr(io.conv_state),
             Arg::Ptr(io.l.seq_start()),
             Arg::Ptr(io.l.seq_slot()),
+            Arg::Ptr(io.l.token_checkpoint()),
             Arg::I32(c as i32),
             Arg::I32(io.spec.conv_kernel as i32),
         ],
@@ -87,7 +91,8 @@ pub fn conv(cx: &Cx, io: &Io) -> CudaSlice<f32> {
     out
 }
 
-/// The token-by-token recurrence, `[T, Hv*Dv]` before the gated norm.
+/// The token-by-token recurrence, `[T, Hv*Dv]` before the gated norm (with
+/// the checkpoints of a verify step).
 pub fn recurrent(cx: &Cx, io: &Io, conv_out: &CudaSlice<f32>) -> CudaSlice<f32> {
     let gpu = cx.gpu;
     let (spec, s) = (io.spec, &gpu.stream);
@@ -114,6 +119,7 @@ pub fn recurrent(cx: &Cx, io: &Io, conv_out: &CudaSlice<f32>) -> CudaSlice<f32> 
             Arg::Ptr(io.state),
             Arg::Ptr(io.l.seq_start()),
             Arg::Ptr(io.l.seq_slot()),
+            Arg::Ptr(io.l.token_checkpoint()),
             Arg::I32(spec.num_k_heads as i32),
             Arg::I32(spec.num_v_heads as i32),
             Arg::I32(dk as i32),

@@ -23,6 +23,7 @@ fn gdn_cases(c: &mut Ctx, prefix: &str, tol: f64) {
     gdn_two_layers(c, prefix, tol);
     gated_delta_net_paths(c, prefix, tol);
     gdn_long_prefill(c, prefix, tol);
+    super::gdn_verify::gdn_verify(c, prefix, tol);
 }
 
 /// Prefill, a mixed step, a state snapshot, and a reset, over two GDN layers.
@@ -240,7 +241,10 @@ fn gdn_long_prefill(c: &mut Ctx, prefix: &str, tol: f64) {
 }
 
 /// The layer's weights on backend `b`.
-fn upload<B: Backend>(b: &B, w: &GdnWeights<HostTensor>) -> Result<GdnWeights<B::Weight>> {
+pub(super) fn upload<B: Backend>(
+    b: &B,
+    w: &GdnWeights<HostTensor>,
+) -> Result<GdnWeights<B::Weight>> {
     Ok(GdnWeights {
         conv: b.upload(&w.conv)?,
         a_log: b.upload(&w.a_log)?,
@@ -251,7 +255,7 @@ fn upload<B: Backend>(b: &B, w: &GdnWeights<HostTensor>) -> Result<GdnWeights<B:
 
 /// A layer with `hk` key heads, `hv` value heads, head dims `d` and a
 /// 4-tap convolution.
-fn gdn_spec(hk: usize, hv: usize, d: usize) -> GdnSpec {
+pub(super) fn gdn_spec(hk: usize, hv: usize, d: usize) -> GdnSpec {
     GdnSpec {
         num_k_heads: hk,
         num_v_heads: hv,
@@ -263,7 +267,7 @@ fn gdn_spec(hk: usize, hv: usize, d: usize) -> GdnSpec {
 }
 
 /// Two GDN layers (the cases run layer 1) with `slots` state slots.
-fn gdn_cache(spec: GdnSpec, slots: usize) -> CacheSpec {
+pub(super) fn gdn_cache(spec: GdnSpec, slots: usize) -> CacheSpec {
     CacheSpec {
         attn_layers: 0,
         num_blocks: 0,

@@ -1,0 +1,286 @@
+//! Speculative decoding on the CUDA backend never changes greedy output in
+//! the reference precision: on each golden architecture and the bundled
+//! model, four requests decode together with speculation off, then with
+//! drafts that are all right, all wrong, random, n-gram lookups and (where
+//! the model has one) the MTP head, and every request's tokens must be the
+//! same. In the serving precision (bf16) the verify step's rows are batched
+//! differently from plain decode steps, so outputs may diverge there; that
+//! test reports how many requests did, and asserts only that all-right
+//! drafts are accepted.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use kestrel_cuda::{CudaBackend, Precision};
+use kestrel_engine::spec::{DraftSource, NgramConfig, SpeculativeConfig, SpeculativeMethod};
+use kestrel_engine::{
+    Engine, EngineConfig, EngineEvent, EngineOptions, EngineStats, GenerateRequest,
+};
+use kestrel_models::Model;
+use kestrel_sampling::SamplingParams;
+
+use crate::device::with_gpu;
+
+const MODELS: [&str; 4] = [
+    "testdata/golden/qwen3_5_moe/model",
+    "testdata/golden/qwen3_next/model",
+    "testdata/golden/qwen3_moe/model",
+    "models/kestrel-tiny-qwen35",
+];
+const NEW_TOKENS: usize = 40;
+
+type Reference = Arc<HashMap<String, Vec<u32>>>;
+
+#[derive(Clone, Copy, Debug)]
+enum Drafts {
+    AllRight,
+    AllWrong,
+    Random,
+}
+
+/// Drafts from the reference continuation (the run without speculation).
+struct Adversary {
+    kind: Drafts,
+    reference: Reference,
+    vocab: u32,
+    rng: Mutex<u64>,
+}
+
+impl DraftSource for Adversary {
+    fn drafts(&self, id: &str, tokens: &[u32], prompt_len: usize, max: usize) -> Vec<u32> {
+        let Some(want) = self.reference.get(id) else {
+            return Vec::new();
+        };
+        let right = want.iter().skip(tokens.len() - prompt_len).take(max);
+        let mut rng = self.rng.lock().unwrap();
+        let mut next = || {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            *rng
+        };
+        match self.kind {
+            Drafts::AllRight => right.copied().collect(),
+            Drafts::AllWrong => right.map(|t| (t + 1) % self.vocab).collect(),
+            Drafts::Random => {
+                let k = (next() % 5) as usize;
+                right
+                    .take(k)
+                    .map(|&t| {
+                        if next() % 3 == 0 {
+                            (t + 5) % self.vocab
+                        } else {
+                            t
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        max_num_seqs: 4,
+        max_queued_requests: 64,
+        max_num_batched_tokens: 160,
+        block_size: 16,
+        num_blocks: 96,
+        num_state_slots: 24,
+        enable_prefix_cache: true,
+        max_model_len: 640,
+        force_preempt_at: None,
+        sampled_vocab: None,
+    }
+}
+
+/// Four greedy requests of pseudo-random prompts, one of them repetitive
+/// (so that n-gram lookups find drafts).
+fn requests(vocab: u32) -> Vec<GenerateRequest> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut id = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        3 + (state % u64::from(vocab - 3)) as u32
+    };
+    let mut prompts: Vec<Vec<u32>> = [23, 57, 9]
+        .iter()
+        .map(|&n| (0..n).map(|_| id()).collect())
+        .collect();
+    let phrase: Vec<u32> = (0..6).map(|_| id()).collect();
+    prompts.push(phrase.iter().cycle().take(60).copied().collect());
+    prompts
+        .into_iter()
+        .enumerate()
+        .map(|(i, prompt_ids)| GenerateRequest {
+            request_id: format!("r{i}"),
+            prompt_ids,
+            params: SamplingParams {
+                ignore_eos: true,
+                max_tokens: Some(NEW_TOKENS),
+                ..SamplingParams::greedy()
+            },
+            cache_salt: Vec::new(),
+        })
+        .collect()
+}
+
+/// What a run gives: every request's tokens, the engine's counters once it
+/// is idle, the model's vocabulary and whether it has an MTP head.
+struct Run {
+    tokens: HashMap<String, Vec<u32>>,
+    stats: EngineStats,
+    vocab: u32,
+    has_mtp: bool,
+}
+
+fn run(dir: &std::path::Path, precision: Precision, speculative: Option<SpeculativeConfig>) -> Run {
+    let mut gpu = CudaBackend::new(0).expect("the device opened before opens again");
+    gpu.set_precision(precision);
+    let model = Model::load(dir, &gpu).expect("model loads");
+    let vocab = model.config().vocab_size as u32;
+    let has_mtp = model.mtp.is_some();
+    let options = EngineOptions {
+        speculative,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::spawn_with_options(gpu, model, config(), options).expect("engine starts");
+    let mut streams: Vec<_> = requests(vocab)
+        .into_iter()
+        .map(|r| (r.request_id.clone(), engine.submit(r).expect("submitted")))
+        .collect();
+    let mut out = HashMap::new();
+    for (id, stream) in &mut streams {
+        let mut tokens = Vec::new();
+        loop {
+            match stream.blocking_recv() {
+                Some(EngineEvent::Tokens(t)) => tokens.extend(t),
+                Some(EngineEvent::Finished { .. }) => break,
+                Some(EngineEvent::Error(e)) => panic!("{id} failed: {e}"),
+                None => panic!("{id}: stream closed without a terminal event"),
+            }
+        }
+        out.insert(id.clone(), tokens);
+    }
+    let stats = engine.stats();
+    engine.shutdown();
+    Run {
+        tokens: out,
+        stats,
+        vocab,
+        has_mtp,
+    }
+}
+
+/// The proposers tried on `dir`, each with its speculative token count.
+fn methods(has_mtp: bool, reference: &Reference, vocab: u32) -> Vec<(String, SpeculativeConfig)> {
+    let config = |method, k| SpeculativeConfig {
+        method,
+        num_speculative_tokens: k,
+    };
+    let mut all: Vec<(String, SpeculativeConfig)> =
+        [Drafts::AllRight, Drafts::AllWrong, Drafts::Random]
+            .into_iter()
+            .map(|kind| {
+                let source = Adversary {
+                    kind,
+                    reference: Arc::clone(reference),
+                    vocab,
+                    rng: Mutex::new(0x2545_F491_4F6C_DD1D),
+                };
+                (
+                    format!("{kind:?}"),
+                    config(SpeculativeMethod::External(Arc::new(source)), 4),
+                )
+            })
+            .collect();
+    all.push((
+        "ngram".into(),
+        config(
+            SpeculativeMethod::Ngram(NgramConfig::new(1, 3, 4).unwrap()),
+            4,
+        ),
+    ));
+    if has_mtp {
+        for k in 1..=4 {
+            all.push((format!("mtp k={k}"), config(SpeculativeMethod::Mtp, k)));
+        }
+    }
+    all
+}
+
+/// Runs every proposer on every model; returns (what, requests that
+/// differed from speculation off).
+fn compare(precision: Precision) -> Vec<(String, usize)> {
+    let mut report = Vec::new();
+    for m in MODELS {
+        let dir = root().join(m);
+        let Run {
+            tokens: off,
+            vocab,
+            has_mtp,
+            ..
+        } = run(&dir, precision, None);
+        let reference: Reference = Arc::new(off.clone());
+        for (name, spec) in methods(has_mtp, &reference, vocab) {
+            let Run {
+                tokens: on, stats, ..
+            } = run(&dir, precision, Some(spec));
+            let what = format!("{m} / {name}");
+            let differ = off.iter().filter(|(id, t)| on.get(*id) != Some(t)).count();
+            if name == "AllRight" && precision == Precision::F32 {
+                assert_eq!(
+                    stats.spec_decode_num_accepted_tokens_total,
+                    stats.spec_decode_num_draft_tokens_total,
+                    "{what}: right drafts are all accepted"
+                );
+            }
+            assert!(
+                !name.starts_with("AllRight") || stats.spec_decode_num_draft_tokens_total > 0,
+                "{what}: drafts were verified"
+            );
+            println!(
+                "{what}: {differ} of {} requests differ; drafts {}, accepted {}",
+                off.len(),
+                stats.spec_decode_num_draft_tokens_total,
+                stats.spec_decode_num_accepted_tokens_total
+            );
+            report.push((what, differ));
+        }
+    }
+    report
+}
+
+#[test]
+fn greedy_output_is_the_same_with_speculation_on_and_off_in_f32() {
+    with_gpu(|_gpu| {
+        let differ: Vec<String> = compare(Precision::F32)
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(what, n)| format!("{what}: {n} requests"))
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "speculation changed the output:\n{}",
+            differ.join("\n")
+        );
+    });
+}
+
+#[test]
+fn bf16_divergence_with_speculation_is_reported() {
+    with_gpu(|_gpu| {
+        let report = compare(Precision::Bf16);
+        let differ: usize = report.iter().map(|(_, n)| n).sum();
+        println!(
+            "bf16: {differ} of {} request runs differ from speculation off",
+            report.len() * 4
+        );
+    });
+}
