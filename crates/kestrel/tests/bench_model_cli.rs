@@ -76,3 +76,24 @@ fn bench_model_times_verify_steps_and_replayed_speculation() {
         assert_eq!(run["outputs_same_as_plain"], run["requests"]);
     }
 }
+
+#[test]
+fn a_bad_acceptance_profile_is_refused_before_anything_loads() {
+    for (profile, says) in [
+        (
+            "0.5,0.7",
+            "rates must not increase (position 2 has 0.7 after 0.5)",
+        ),
+        ("0.9,1.5", "rate 1.5 of position 2 is not in [0, 1]"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+            .args(["bench-model", "--backend", "cpu", "--speculative", "replay"])
+            .args(["--acceptance", profile])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{profile}: {stderr}");
+        assert!(stderr.contains(says), "{profile}: {stderr}");
+        assert!(!stderr.contains("loaded"), "{profile}: {stderr}");
+    }
+}

@@ -141,7 +141,7 @@ pub struct Args {
 
 impl Args {
     /// The replay runs asked for, with a checked profile.
-    fn replay_settings(&self) -> Result<Option<ReplaySettings>> {
+    fn replay_settings(&self, sampled_vocab: Option<usize>) -> Result<Option<ReplaySettings>> {
         let Some(BenchProposer::Replay) = self.speculative else {
             return Ok(None);
         };
@@ -152,6 +152,7 @@ impl Args {
             max_tokens: self.replay_tokens,
             max_batched_tokens: self.max_batched_tokens,
             sampling: self.sampling,
+            sampled_vocab,
             seed: self.seed,
         }))
     }
@@ -182,7 +183,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.replay_batches.contains(&0) || args.replay_tokens < 2 {
         bail!("--replay-batches must be at least 1 and --replay-tokens at least 2");
     }
-    args.replay_settings()?;
+    args.replay_settings(None)?;
     if args.context == 0 {
         bail!("--context must be at least 1 (each sequence is prefilled before decoding)");
     }

@@ -35,6 +35,8 @@ pub struct ReplaySettings {
     pub max_tokens: usize,
     pub max_batched_tokens: usize,
     pub sampling: SamplingMode,
+    /// Ids the requests may produce (`EngineConfig::sampled_vocab`).
+    pub sampled_vocab: Option<usize>,
     pub seed: u64,
 }
 
@@ -82,7 +84,7 @@ pub fn run<B: Backend>(
     let max_len = settings.context + settings.max_tokens + k + 1;
     let source = Arc::new(ReplaySource::new(
         settings.profile.clone(),
-        vocab,
+        settings.sampled_vocab.unwrap_or(vocab),
         settings.seed,
     ));
     let config = EngineConfig {
@@ -95,7 +97,7 @@ pub fn run<B: Backend>(
         enable_prefix_cache: false,
         max_model_len: max_len,
         force_preempt_at: None,
-        sampled_vocab: None,
+        sampled_vocab: settings.sampled_vocab,
     };
     let options = EngineOptions {
         speculative: Some(SpeculativeConfig {
@@ -341,6 +343,7 @@ mod tests {
             max_tokens: 25,
             max_batched_tokens: 256,
             sampling: SamplingMode::Greedy,
+            sampled_vocab: None,
             seed: 3,
         };
         let mut results = run(b, model, &settings).unwrap();

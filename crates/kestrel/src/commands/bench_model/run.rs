@@ -62,6 +62,7 @@ pub fn bench<B: Backend>(
     };
     eprintln!("memory bandwidth {bandwidth_gbs:.1} GB/s ({bandwidth_source})");
 
+    let sampled_vocab = sampled_vocab(source, cfg.vocab_size)?;
     let max_len = cfg.max_position_embeddings;
     let mut skipped = Vec::new();
     let mut prefills = Vec::new();
@@ -87,7 +88,15 @@ pub fn bench<B: Backend>(
             continue;
         }
         eprintln!("decode batch {batch} ...");
-        let (d, breakdown) = steps::decode(b, &model, batch, storage, bandwidth_gbs, args)?;
+        let (d, breakdown) = steps::decode(
+            b,
+            &model,
+            batch,
+            storage,
+            bandwidth_gbs,
+            sampled_vocab,
+            args,
+        )?;
         eprintln!("  {}", report::decode_json(&d, &breakdown));
         decodes.push((d, breakdown));
     }
@@ -126,7 +135,7 @@ pub fn bench<B: Backend>(
     }
 
     // Last: the engine takes the model.
-    let replay = match args.replay_settings()? {
+    let replay = match args.replay_settings(sampled_vocab)? {
         None => None,
         Some(settings) => {
             let total = settings.context + settings.max_tokens + settings.profile.len() + 1;
@@ -169,6 +178,8 @@ pub fn bench<B: Backend>(
             "replayed_decode_steps": args.backend == super::BackendKind::Cuda && !args.eager,
             "replayed_verify_steps": args.backend == super::BackendKind::Cuda && !args.eager,
             "sampling": format!("{:?}", args.sampling).to_lowercase(),
+            "sampled_vocab": sampled_vocab,
+            "verify_k": args.verify_k, "verify_batches": args.verify_batches,
         },
         "prefill": prefills.iter().map(PrefillResult::to_json).collect::<Vec<Value>>(),
         "decode": decodes.iter().map(|(d, b)| report::decode_json(d, b)).collect::<Vec<Value>>(),
@@ -196,6 +207,23 @@ pub fn bench<B: Backend>(
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// Ids the decode steps may choose: the tokenizer's vocabulary when one lies
+/// next to the model and the embedding is padded beyond it (as the server
+/// masks them); `None` (every id) otherwise.
+fn sampled_vocab(source: &Source, model_vocab: usize) -> Result<Option<usize>> {
+    let dir = if source.path.is_dir() {
+        source.path.clone()
+    } else {
+        source.path.parent().map(Into::into).unwrap_or_default()
+    };
+    let path = dir.join("tokenizer.json");
+    if !path.exists() {
+        return Ok(None);
+    }
+    let vocab = kestrel_text::Tokenizer::from_file(&path)?.vocab_size();
+    Ok((vocab < model_vocab).then_some(vocab))
 }
 
 fn prefill<B: Backend>(

@@ -139,6 +139,19 @@ mod tests {
     }
 
     #[test]
+    fn padded_ids_are_never_chosen() {
+        let b = CpuBackend::new();
+        for mode in [SamplingMode::Greedy, SamplingMode::Qwen] {
+            let mut c = TokenChooser::new(mode, vec![vec![1, 2]; 3], Some(200)).unwrap();
+            for _ in 0..5 {
+                let t = c.choose(&b, &logits(&b)).unwrap();
+                assert_eq!(t[0], 17, "{mode:?}");
+                assert!(t.iter().all(|&t| t < 200), "{mode:?}: {t:?}");
+            }
+        }
+    }
+
+    #[test]
     fn sampling_is_seeded_and_follows_the_filters() {
         let b = CpuBackend::new();
         let x = logits(&b);

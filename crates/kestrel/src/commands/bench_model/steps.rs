@@ -188,13 +188,14 @@ pub fn decode<B: Backend>(
     batch: usize,
     storage: Storage,
     bandwidth_gbs: f64,
+    sampled_vocab: Option<usize>,
     args: &Args,
 ) -> Result<(DecodeResult, Option<Breakdown>)> {
     let cfg = model.config();
     let vocab = cfg.vocab_size;
     let total = args.context + args.warmup + args.steps + args.breakdown_steps;
     let mut seqs = Prefilled::new(b, model, batch, total, 0, args)?;
-    let mut chooser = TokenChooser::new(args.sampling, seqs.histories.clone(), None)?;
+    let mut chooser = TokenChooser::new(args.sampling, seqs.histories.clone(), sampled_vocab)?;
     let mut len = args.context;
     let (times, breakdown) = time_steps(b, args, || {
         let fb = seqs.batch(len, 1);
