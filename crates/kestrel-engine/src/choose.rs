@@ -1,8 +1,9 @@
 //! Choosing tokens from a step's logits: on the device where every row is
 //! plain greedy, from the device's best candidates where they decide the
 //! token, else from the whole row copied to the host. One path for every
-//! driver of the model, so that what `generate` measures is what the server
-//! runs.
+//! driver of the model (the engine, which `generate` and the server run, and
+//! `bench-model`'s own timed loop), so that what they measure is what the
+//! server runs.
 
 use std::cell::Cell;
 
