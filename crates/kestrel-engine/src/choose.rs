@@ -1,15 +1,18 @@
 //! Choosing tokens from a step's logits: on the device where every row is
 //! plain greedy, from the device's best candidates where they decide the
 //! token, else from the whole row copied to the host. One path for every
-//! driver of the model, so that what `generate` measures is what the server
-//! runs.
+//! driver of the model (the engine, which `generate` and the server run, and
+//! `bench-model`'s own timed loop), so that what they measure is what the
+//! server runs.
+
+use std::cell::Cell;
 
 use anyhow::{Context, Result};
 use kestrel_core::{Backend, CandidateRequest, RowCandidates};
 use kestrel_sampling::{SampleError, Sampler};
 
 /// Where a sampled row's token comes from.
-pub(crate) enum RowSource {
+pub enum RowSource {
     /// Picked on the device (plain greedy).
     Argmax(u32),
     /// The device's best candidates, or its draw over a row no filter cuts
@@ -25,11 +28,13 @@ pub(crate) enum RowSource {
 }
 
 /// The logits of one step and the vocabulary its tokens are drawn from.
-pub(crate) struct StepLogits<'a, B: Backend> {
+pub struct StepLogits<'a, B: Backend> {
     pub backend: &'a B,
     pub logits: &'a B::Tensor,
     /// Ids that may be sampled (the tokenizer's vocabulary within the row).
     pub sampled_vocab: usize,
+    /// Rows copied whole to the host so far (see [`Self::rows_copied`]).
+    copied: Cell<usize>,
 }
 
 impl<'a, B: Backend> StepLogits<'a, B> {
@@ -39,7 +44,15 @@ impl<'a, B: Backend> StepLogits<'a, B> {
             backend,
             logits,
             sampled_vocab: sampled_vocab.map_or(vocab, |v| v.min(vocab)),
+            copied: Cell::new(0),
         }
+    }
+
+    /// How many rows were copied whole to the host: the rows without a
+    /// candidate request and those whose candidates could not decide (dummy
+    /// weights give flat distributions, where the second happens often).
+    pub fn rows_copied(&self) -> usize {
+        self.copied.get()
     }
 
     /// Decide, for every row in order, where its token comes from, and do
@@ -114,6 +127,7 @@ impl<'a, B: Backend> StepLogits<'a, B> {
         if rows.is_empty() {
             return Vec::new();
         }
+        self.copied.set(self.copied.get() + rows.len());
         let b = self.backend;
         let (num_rows, vocab) = b.dims(self.logits);
         let all = rows.iter().copied().eq(0..num_rows);

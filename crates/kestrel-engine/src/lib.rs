@@ -18,6 +18,7 @@ mod sequence;
 pub mod spec;
 mod step;
 
+pub use choose::{RowSource, StepLogits};
 pub use client::{EngineHandle, RequestStream};
 pub use engine::{Engine, EngineOptions, LogitsObserver};
 pub use handle::{EngineConfig, EngineEvent, EngineStats, GenerateRequest, SubmitError, Usage};

@@ -16,9 +16,9 @@ use crate::loader::Loader;
 
 /// Largest number of decoding sequences whose steps are keyed for replay.
 pub const MAX_REPLAYED_BATCH: usize = 8;
-/// Largest number of tokens per sequence (one plus the drafts of a verify
-/// step) whose steps are keyed for replay.
-pub const MAX_REPLAYED_CHUNK: usize = 16;
+/// Most new tokens per sequence in a keyed step: a decode step has one, a
+/// speculative verify step one per draft plus one.
+pub const MAX_REPLAYED_TOKENS: usize = 16;
 
 pub enum Mixer<B: Backend> {
     Attention(Attention<B>),
@@ -198,9 +198,10 @@ impl<B: Backend> Decoder<B> {
         })
     }
 
-    /// One step that ends in logits of the given `rows`. Decode steps (one
-    /// new token per sequence, up to [`MAX_REPLAYED_BATCH`] sequences) are
-    /// keyed so that a backend can record them once and replay them.
+    /// One step that ends in logits of the given `rows`. Decode and verify
+    /// steps (up to [`MAX_REPLAYED_BATCH`] sequences, each with the same
+    /// number of new tokens, at most [`MAX_REPLAYED_TOKENS`]) are keyed so
+    /// that a backend can record them once and replay them.
     pub fn step_logits(
         &self,
         b: &B,
@@ -242,23 +243,27 @@ impl<B: Backend> Decoder<B> {
         (logits, hidden.expect("an unkeyed step runs its closure"))
     }
 
-    /// The replay key of a decode step, or of a verify step whose sequences
-    /// all bring the same number of tokens (at most [`MAX_REPLAYED_CHUNK`]):
-    /// this model, the number of sequences and of tokens each, and which rows
-    /// get logits. Other steps are not keyed (prefill chunks' shapes vary too
-    /// much for recordings to pay off, and so would verify steps with a
-    /// different draft count per sequence).
+    /// The replay key of a decode or verify step: this model, the number of
+    /// sequences, their new tokens and state checkpoints, and which rows get
+    /// logits. Prefill chunks are not keyed (their shapes vary too much for
+    /// recordings to pay off), nor are steps whose sequences bring different
+    /// numbers of tokens.
     fn decode_key(&self, batch: &ForwardBatch, rows: &[usize]) -> Option<StepKey> {
         let n = batch.seqs.len();
-        let per_seq = batch.seqs.first()?.num_tokens;
+        let tokens = batch.seqs.first()?.num_tokens;
         if n > MAX_REPLAYED_BATCH
-            || !(1..=MAX_REPLAYED_CHUNK).contains(&per_seq)
-            || batch.seqs.iter().any(|s| s.num_tokens != per_seq)
+            || tokens > MAX_REPLAYED_TOKENS
+            || batch.seqs.iter().any(|s| s.num_tokens != tokens)
         {
             return None;
         }
+        let checkpoints: Vec<usize> = batch
+            .seqs
+            .iter()
+            .map(|s| s.state_checkpoints.len())
+            .collect();
         let mut h = std::hash::DefaultHasher::new();
-        (self as *const Self as usize, n, per_seq, rows).hash(&mut h);
+        (self as *const Self as usize, n, tokens, checkpoints, rows).hash(&mut h);
         Some(StepKey(h.finish()))
     }
 
@@ -356,7 +361,7 @@ mod tests {
     }
 
     #[test]
-    fn only_decode_steps_of_up_to_eight_sequences_are_keyed() {
+    fn decode_and_verify_steps_of_up_to_eight_equal_sequences_are_keyed() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../testdata/golden/qwen3/model");
         let model = Model::load(&dir, &CpuBackend::new()).unwrap();
@@ -369,9 +374,26 @@ mod tests {
         assert!(key(&[1; MAX_REPLAYED_BATCH + 1], &[0]).is_none());
         assert!(
             key(&[1, 2], &[0, 2]).is_none(),
-            "a prefill chunk in the batch"
+            "sequences with different numbers of tokens"
         );
         assert!(key(&[], &[]).is_none());
+        // Verify steps: every sequence with the same k + 1 tokens.
+        assert!(key(&[4, 4], &[0, 1, 2, 3, 4, 5, 6, 7]).is_some());
+        assert!(key(&[MAX_REPLAYED_TOKENS], &[0]).is_some());
+        assert!(
+            key(&[MAX_REPLAYED_TOKENS + 1], &[0]).is_none(),
+            "a prefill chunk"
+        );
+        assert_ne!(key(&[2, 2], &[0, 1]), key(&[1, 1], &[0, 1]));
+        let mut with_checkpoints = batch(&[2, 2]);
+        for s in &mut with_checkpoints.seqs {
+            s.state_checkpoints = vec![7];
+        }
+        assert_ne!(
+            d.decode_key(&with_checkpoints, &[0, 1]),
+            key(&[2, 2], &[0, 1]),
+            "checkpoint writes change the work"
+        );
         // Different batch sizes or logit rows must not share a recording.
         assert_ne!(key(&[1], &[0]), key(&[1, 1], &[0, 1]));
         assert_ne!(key(&[1, 1], &[0, 1]), key(&[1, 1], &[1]));

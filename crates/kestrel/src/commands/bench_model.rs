@@ -1,15 +1,21 @@
 //! `kestrel bench-model`: in-process model benchmark. Prefill of one
-//! sequence at several lengths and decode at several batch sizes, each step
-//! compared with its memory floor (the bytes it must read over the measured
-//! bandwidth), plus a per-operation breakdown from an instrumented pass.
+//! sequence at several lengths, decode at several batch sizes and
+//! speculative verify steps (`--verify-k`), each step compared with its
+//! memory floor (the bytes it must read over the measured bandwidth), plus a
+//! per-operation breakdown from an instrumented pass; and with
+//! `--speculative replay`, whole speculative steps through the engine at a
+//! chosen acceptance profile (see `replay`).
 //!
 //! Works on real checkpoints or, with `--load-format dummy`, on random
 //! weights of a config's real shapes (no download needed).
 
 mod bandwidth;
+mod replay;
+mod replay_bench;
 mod report;
 mod run;
 mod sampling;
+mod steps;
 mod timing;
 mod traffic;
 
@@ -19,6 +25,8 @@ use anyhow::{Context, Result, bail};
 use kestrel_cpu::CpuBackend;
 use kestrel_cuda::CudaBackend;
 
+use replay::Profile;
+use replay_bench::ReplaySettings;
 use sampling::SamplingMode;
 use timing::Timed;
 use traffic::Storage;
@@ -35,6 +43,14 @@ pub enum LoadFormat {
 pub enum BackendKind {
     Cpu,
     Cuda,
+}
+
+/// `--speculative`: the proposers bench-model can time through the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchProposer {
+    /// The target's own recorded greedy continuation, corrupted at the
+    /// `--acceptance` profile (for dummy weights, where real drafts mean nothing).
+    Replay,
 }
 
 #[derive(clap::Args, Debug)]
@@ -92,6 +108,28 @@ pub struct Args {
     /// times include it.
     #[arg(long, value_enum, default_value = "greedy")]
     sampling: SamplingMode,
+    /// Draft counts k of the verify steps to time (k + 1 new tokens per
+    /// sequence at the decode context); none by default.
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    verify_k: Vec<usize>,
+    /// Numbers of sequences in the verify steps.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "1,2,4,8")]
+    verify_batches: Vec<usize>,
+    /// Time whole speculative steps through the engine with this proposer.
+    #[arg(long, value_enum)]
+    speculative: Option<BenchProposer>,
+    /// The replay proposer's per-position acceptance rates (unconditional,
+    /// as vLLM's per-position metric reports them; non-increasing, in
+    /// [0, 1]); their number is k. The default is the figure published for
+    /// Qwen3.5/3.6 MTP at k = 3.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "0.87,0.74,0.61")]
+    acceptance: Vec<f64>,
+    /// Numbers of requests decoding together in the replay runs.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "1,8")]
+    replay_batches: Vec<usize>,
+    /// Tokens each request generates in the replay runs.
+    #[arg(long, default_value_t = 128)]
+    replay_tokens: usize,
     /// Run every CUDA step eagerly instead of replaying recorded decode steps
     /// (CUDA graphs).
     #[arg(long)]
@@ -99,6 +137,25 @@ pub struct Args {
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+impl Args {
+    /// The replay runs asked for, with a checked profile.
+    fn replay_settings(&self, sampled_vocab: Option<usize>) -> Result<Option<ReplaySettings>> {
+        let Some(BenchProposer::Replay) = self.speculative else {
+            return Ok(None);
+        };
+        Ok(Some(ReplaySettings {
+            profile: Profile::new(self.acceptance.clone())?,
+            batches: self.replay_batches.clone(),
+            context: self.context,
+            max_tokens: self.replay_tokens,
+            max_batched_tokens: self.max_batched_tokens,
+            sampling: self.sampling,
+            sampled_vocab,
+            seed: self.seed,
+        }))
+    }
 }
 
 /// What the model was loaded from, for the report.
@@ -120,6 +177,13 @@ pub fn run(args: Args) -> Result<()> {
     if args.decode_batch.contains(&0) || args.prefill.contains(&0) {
         bail!("--prefill lengths and --decode-batch sizes must be at least 1");
     }
+    if args.verify_k.contains(&0) || args.verify_batches.contains(&0) {
+        bail!("--verify-k and --verify-batches values must be at least 1");
+    }
+    if args.replay_batches.contains(&0) || args.replay_tokens < 2 {
+        bail!("--replay-batches must be at least 1 and --replay-tokens at least 2");
+    }
+    args.replay_settings(None)?;
     if args.context == 0 {
         bail!("--context must be at least 1 (each sequence is prefilled before decoding)");
     }

@@ -173,11 +173,81 @@ impl DecodeResult {
     }
 }
 
+/// A verify step: `batch` sequences with `k` drafts each (k + 1 new tokens).
+pub struct VerifyResult {
+    pub batch: usize,
+    pub k: usize,
+    /// Cached tokens per sequence at every timed step.
+    pub context: usize,
+    pub stats: Stats,
+    pub bytes: StepBytes,
+    pub bandwidth_gbs: f64,
+}
+
+impl VerifyResult {
+    fn achieved_gbs(&self) -> f64 {
+        self.bytes.total / self.stats.median / 1e9
+    }
+    fn floor_s(&self) -> f64 {
+        self.bytes.total / (self.bandwidth_gbs * 1e9)
+    }
+
+    pub fn to_json(&self, breakdown: &Option<Breakdown>) -> Value {
+        json!({
+            "batch": self.batch,
+            "k": self.k,
+            "tokens_per_sequence": self.k + 1,
+            "context": self.context,
+            "step_time": self.stats.to_json(),
+            "bytes_per_step": self.bytes.to_json(),
+            "experts": "expected union, uniform routing",
+            "achieved_gbs": self.achieved_gbs(),
+            "floor_ms": self.floor_s() * 1e3,
+            "fraction_of_floor": self.floor_s() / self.stats.median,
+            "breakdown": breakdown.as_ref().map(Breakdown::to_json),
+        })
+    }
+}
+
+fn print_verifies(verifies: &[(VerifyResult, Option<Breakdown>)]) {
+    let Some((first, _)) = verifies.first() else {
+        return;
+    };
+    println!(
+        "\nverify steps (k drafts + 1 token per sequence, context {}, median of {} steps; \
+         experts: expected union, uniform routing; tokens: device argmax)",
+        first.context,
+        first.stats.all.len()
+    );
+    println!(
+        "  {:>5} {:>3} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8}",
+        "batch", "k", "ms/step", "MB/step", "experts", "GB/s", "floor ms", "% floor"
+    );
+    for (v, _) in verifies {
+        println!(
+            "  {:>5} {:>3} {:>10.3} {:>10.1} {:>9.1} {:>9.1} {:>9.3} {:>7.1}%",
+            v.batch,
+            v.k,
+            v.stats.median * 1e3,
+            v.bytes.total / 1e6,
+            v.bytes.expected_experts_per_layer,
+            v.achieved_gbs(),
+            v.floor_s() * 1e3,
+            100.0 * v.floor_s() / v.stats.median
+        );
+    }
+    for (v, b) in verifies {
+        if let Some(b) = b {
+            b.print(&format!("verify batch {} k {}", v.batch, v.k));
+        }
+    }
+}
+
 pub fn print(
     summary: &Value,
     prefills: &[PrefillResult],
     decodes: &[(DecodeResult, Option<Breakdown>)],
-    skipped: &[String],
+    verifies: &[(VerifyResult, Option<Breakdown>)],
 ) {
     let m = &summary["model"];
     println!(
@@ -248,6 +318,10 @@ pub fn print(
             b.print(&format!("decode batch {}", d.batch));
         }
     }
+    print_verifies(verifies);
+}
+
+pub fn print_skipped(skipped: &[String]) {
     for s in skipped {
         println!("skipped: {s}");
     }

@@ -1,21 +1,21 @@
-//! The measurements: prefill runs and decode steps driven directly through
-//! `Decoder::forward` with hand-built `ForwardBatch`es (no scheduler), so
-//! the numbers are the model's and the backend's alone.
+//! The measurements: prefill runs, decode and verify steps driven directly
+//! through `Decoder::forward` with hand-built `ForwardBatch`es (no
+//! scheduler), so the numbers are the model's and the backend's alone; then,
+//! with `--speculative replay`, whole speculative steps through the engine.
 
 use std::time::Instant;
 
-use anyhow::{Result, bail};
-use kestrel_core::{Backend, ForwardBatch, SeqChunk};
+use anyhow::Result;
+use kestrel_core::Backend;
 use kestrel_models::Model;
 use serde_json::{Value, json};
 
-use super::report::{self, Breakdown, DecodeResult, PrefillResult, Stats};
-use super::sampling::TokenChooser;
+use super::replay_bench;
+use super::report::{self, Breakdown, PrefillResult, Stats, VerifyResult};
+use super::steps::{self, BLOCK_SIZE, prefill_sequence, prompt_ids};
 use super::timing::Timed;
 use super::traffic::{self, Storage};
 use super::{Args, Source, bandwidth};
-
-const BLOCK_SIZE: usize = 16;
 
 /// `plan`: the CUDA backend's kernel plan, written into the JSON (`None`
 /// for the CPU backend, which has none).
@@ -62,6 +62,7 @@ pub fn bench<B: Backend>(
     };
     eprintln!("memory bandwidth {bandwidth_gbs:.1} GB/s ({bandwidth_source})");
 
+    let sampled_vocab = sampled_vocab(source, cfg.vocab_size)?;
     let max_len = cfg.max_position_embeddings;
     let mut skipped = Vec::new();
     let mut prefills = Vec::new();
@@ -87,10 +88,72 @@ pub fn bench<B: Backend>(
             continue;
         }
         eprintln!("decode batch {batch} ...");
-        let (d, breakdown) = decode(b, &model, batch, storage, bandwidth_gbs, args)?;
+        let (d, breakdown) = steps::decode(
+            b,
+            &model,
+            batch,
+            storage,
+            bandwidth_gbs,
+            sampled_vocab,
+            args,
+        )?;
         eprintln!("  {}", report::decode_json(&d, &breakdown));
         decodes.push((d, breakdown));
     }
+    let hybrid = cfg.arch.is_hybrid();
+    let mut verifies = Vec::new();
+    if !args.verify_k.is_empty() && hybrid && !b.supports_state_checkpoints() {
+        skipped.push(format!(
+            "verify steps: a hybrid model needs state checkpoints, which the {} backend does \
+             not support yet",
+            b.name()
+        ));
+    } else {
+        for &batch in &args.verify_batches {
+            for &k in &args.verify_k {
+                let total = args.context + k + 1;
+                if total > max_len {
+                    skipped.push(format!(
+                        "verify batch {batch} k {k}: {total} positions exceed the model's {max_len}"
+                    ));
+                    continue;
+                }
+                eprintln!("verify batch {batch} k {k} ...");
+                let (stats, breakdown) = steps::verify(b, &model, batch, k, args)?;
+                let v = VerifyResult {
+                    batch,
+                    k,
+                    context: args.context,
+                    stats,
+                    bytes: traffic::verify_bytes(&cfg, storage, batch, args.context as f64, k),
+                    bandwidth_gbs,
+                };
+                eprintln!("  {}", v.to_json(&breakdown));
+                verifies.push((v, breakdown));
+            }
+        }
+    }
+
+    // Last: the engine takes the model.
+    let replay = match args.replay_settings(sampled_vocab)? {
+        None => None,
+        Some(settings) => {
+            let total = settings.context + settings.max_tokens + settings.profile.len() + 1;
+            if let Some(why) = replay_bench::unsupported(b, &model) {
+                skipped.push(why);
+                None
+            } else if total > max_len {
+                skipped.push(format!(
+                    "speculative replay: {total} positions exceed the model's {max_len}"
+                ));
+                None
+            } else {
+                eprintln!("{} through the engine ...", settings.profile.label());
+                let results = replay_bench::run(b.clone(), model, &settings)?;
+                Some((settings, results))
+            }
+        }
+    };
 
     let summary = json!({
         "model": {
@@ -113,16 +176,32 @@ pub fn bench<B: Backend>(
             "prefill_runs": args.prefill_runs, "breakdown_steps": args.breakdown_steps,
             "max_batched_tokens": args.max_batched_tokens, "block_size": BLOCK_SIZE,
             "replayed_decode_steps": args.backend == super::BackendKind::Cuda && !args.eager,
+            "replayed_verify_steps": args.backend == super::BackendKind::Cuda && !args.eager,
             "sampling": format!("{:?}", args.sampling).to_lowercase(),
+            "sampled_vocab": sampled_vocab,
+            "verify_k": args.verify_k, "verify_batches": args.verify_batches,
         },
         "prefill": prefills.iter().map(PrefillResult::to_json).collect::<Vec<Value>>(),
         "decode": decodes.iter().map(|(d, b)| report::decode_json(d, b)).collect::<Vec<Value>>(),
+        "verify": verifies.iter().map(|(v, b)| v.to_json(b)).collect::<Vec<Value>>(),
+        "speculative": replay.as_ref().map(|(settings, results)| json!({
+            "proposer": settings.profile.label(),
+            "profile": settings.profile.rates(),
+            "context": settings.context,
+            "max_tokens": settings.max_tokens,
+            "seed": settings.seed,
+            "runs": results.iter().map(|r| r.to_json(&settings.profile)).collect::<Vec<Value>>(),
+        })),
         "skipped": skipped,
         "unix_time": std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     });
-    report::print(&summary, &prefills, &decodes, &skipped);
+    report::print(&summary, &prefills, &decodes, &verifies);
+    if let Some((settings, results)) = &replay {
+        replay_bench::print(results, &settings.profile, settings);
+    }
+    report::print_skipped(&skipped);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&summary)? + "\n")
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
@@ -130,48 +209,21 @@ pub fn bench<B: Backend>(
     Ok(())
 }
 
-/// Prompt token ids: a fixed pseudo-random sequence inside the vocabulary.
-fn prompt_ids(len: usize, vocab: usize, salt: usize) -> Vec<u32> {
-    (0..len)
-        .map(|i| ((i.wrapping_add(salt * 7919)).wrapping_mul(2_654_435_761) % vocab) as u32)
-        .collect()
-}
-
-/// Feeds `ids` to one sequence from position `start`, in chunks of at most
-/// `budget` tokens, and returns the greedy next token.
-#[allow(clippy::too_many_arguments)]
-fn prefill_sequence<B: Backend>(
-    b: &B,
-    model: &Model<B>,
-    cache: &mut B::Cache,
-    ids: &[u32],
-    pages: &[u32],
-    slot: u32,
-    budget: usize,
-) -> Result<u32> {
-    let mut done = 0;
-    let mut next = 0;
-    while done < ids.len() {
-        let n = budget.min(ids.len() - done);
-        let batch = ForwardBatch {
-            seqs: vec![SeqChunk {
-                num_tokens: n,
-                cached_len: done,
-                block_table: pages[..(done + n).div_ceil(BLOCK_SIZE)].to_vec(),
-                state_slot: slot,
-                state_checkpoints: Vec::new(),
-            }],
-        };
-        let chunk = &ids[done..done + n];
-        done += n;
-        if done == ids.len() {
-            let logits = model.decoder.step_logits(b, chunk, &batch, cache, &[n - 1]);
-            next = b.argmax_rows(&logits, model.config().vocab_size)[0];
-        } else {
-            model.decoder.forward(b, chunk, &batch, cache);
-        }
+/// Ids the decode steps may choose: the tokenizer's vocabulary when one lies
+/// next to the model and the embedding is padded beyond it (as the server
+/// masks them); `None` (every id) otherwise.
+fn sampled_vocab(source: &Source, model_vocab: usize) -> Result<Option<usize>> {
+    let dir = if source.path.is_dir() {
+        source.path.clone()
+    } else {
+        source.path.parent().map(Into::into).unwrap_or_default()
+    };
+    let path = dir.join("tokenizer.json");
+    if !path.exists() {
+        return Ok(None);
     }
-    Ok(next)
+    let vocab = kestrel_text::Tokenizer::from_file(&path)?.vocab_size();
+    Ok((vocab < model_vocab).then_some(vocab))
 }
 
 fn prefill<B: Backend>(
@@ -220,117 +272,4 @@ fn prefill<B: Backend>(
         flops: traffic::prefill_flops(cfg, len),
         breakdown,
     })
-}
-
-fn decode<B: Backend>(
-    b: &Timed<B>,
-    model: &Model<Timed<B>>,
-    batch: usize,
-    storage: Storage,
-    bandwidth_gbs: f64,
-    args: &Args,
-) -> Result<(DecodeResult, Option<Breakdown>)> {
-    let cfg = model.config();
-    let vocab = cfg.vocab_size;
-    let total = args.context + args.warmup + args.steps + args.breakdown_steps;
-    let per_seq = total.div_ceil(BLOCK_SIZE);
-    let spec = model.decoder.cache_spec(per_seq * batch, BLOCK_SIZE, batch);
-    let mut cache = b.new_cache(&spec)?;
-    let tables: Vec<Vec<u32>> = (0..batch)
-        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
-        .collect();
-    // Untimed: every sequence holds `context` tokens of its own prompt.
-    let mut tokens = Vec::with_capacity(batch);
-    let mut histories = Vec::with_capacity(batch);
-    for (s, table) in tables.iter().enumerate() {
-        b.zero_state(&mut cache, s as u32);
-        let mut ids = prompt_ids(args.context, vocab, s + 1);
-        let first = prefill_sequence(
-            b,
-            model,
-            &mut cache,
-            &ids,
-            table,
-            s as u32,
-            args.max_batched_tokens,
-        )?;
-        tokens.push(first);
-        ids.push(first);
-        histories.push(ids);
-    }
-    let mut chooser = TokenChooser::new(args.sampling, histories)?;
-    let mut len = args.context;
-    let mut step = |tokens: &mut Vec<u32>| -> Result<f64> {
-        let fb = ForwardBatch {
-            seqs: tables
-                .iter()
-                .enumerate()
-                .map(|(s, t)| SeqChunk {
-                    num_tokens: 1,
-                    cached_len: len,
-                    block_table: t[..(len + 1).div_ceil(BLOCK_SIZE)].to_vec(),
-                    state_slot: s as u32,
-                    state_checkpoints: Vec::new(),
-                })
-                .collect(),
-        };
-        b.synchronize()?;
-        let start = Instant::now();
-        let rows: Vec<usize> = (0..tokens.len()).collect();
-        let logits = model.decoder.step_logits(b, tokens, &fb, &mut cache, &rows);
-        *tokens = chooser.choose(b, &logits)?;
-        let secs = start.elapsed().as_secs_f64();
-        len += 1;
-        if tokens.iter().any(|&t| t as usize >= vocab) {
-            bail!("a token outside the vocabulary");
-        }
-        Ok(secs)
-    };
-    for _ in 0..args.warmup {
-        step(&mut tokens)?;
-    }
-    let first_timed_context = args.context + args.warmup;
-    let times = (0..args.steps)
-        .map(|_| step(&mut tokens))
-        .collect::<Result<Vec<f64>>>()?;
-    let breakdown = if args.breakdown_steps > 0 {
-        b.record(true);
-        let mut wall = 0.0;
-        for _ in 0..args.breakdown_steps {
-            wall += step(&mut tokens)?;
-        }
-        b.record(false);
-        Some(Breakdown::new(&b.breakdown(), args.breakdown_steps, wall))
-    } else {
-        None
-    };
-    if chooser.sampled > 0 {
-        eprintln!(
-            "decode batch {batch}, sampling {:?}: {} of {} sampled tokens needed their whole row",
-            args.sampling, chooser.full_rows, chooser.sampled
-        );
-    }
-    // The mean cached length over the timed steps.
-    let context = first_timed_context as f64 + (args.steps as f64 - 1.0) / 2.0;
-    let bytes = traffic::step_bytes(cfg, storage, batch, context, 1);
-    let result = DecodeResult {
-        batch,
-        context: first_timed_context,
-        stats: Stats::of(&times),
-        bytes,
-        bandwidth_gbs,
-    };
-    Ok((result, breakdown))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prompt_ids_stay_in_the_vocabulary_and_differ_per_sequence() {
-        let a = prompt_ids(1000, 37, 0);
-        assert!(a.iter().all(|&t| t < 37));
-        assert_ne!(a, prompt_ids(1000, 37, 1));
-    }
 }

@@ -1,12 +1,14 @@
-//! How a timed decode step picks its tokens: the device argmax (greedy), or
-//! the server's sampling path, so that its cost shows in the step time: the
-//! sampler's candidate request, the device's best candidates
+//! How a timed decode step picks its tokens: through the engine's token
+//! chooser (`kestrel_engine::StepLogits`), so that bench-model measures the
+//! path the server runs: the device argmax where every row is plain greedy,
+//! else the sampler's candidate request, the device's best candidates
 //! (`Backend::top_candidates`), the host's finish, and a copy of the whole
 //! row when the candidates cannot decide (counted: dummy weights give flat
 //! distributions, where that happens more often than on trained ones).
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use kestrel_core::Backend;
+use kestrel_engine::StepLogits;
 use kestrel_sampling::{DEFAULT_MAX_CANDIDATES, Sampler, SamplingParams};
 
 /// `--sampling`.
@@ -21,28 +23,34 @@ pub enum SamplingMode {
 }
 
 impl SamplingMode {
-    fn params(self, seed: u64) -> Option<SamplingParams> {
+    /// The parameters of a sequence sampled this way, seeded with `seed`.
+    pub fn params(self, seed: u64) -> SamplingParams {
         let base = SamplingParams {
             seed: Some(seed),
             ..SamplingParams::default()
         };
         match self {
-            SamplingMode::Greedy => None,
-            SamplingMode::Qwen => Some(SamplingParams {
+            SamplingMode::Greedy => SamplingParams {
+                temperature: 0.0,
+                ..base
+            },
+            SamplingMode::Qwen => SamplingParams {
                 temperature: 0.7,
                 top_p: 0.8,
                 top_k: 20,
                 ..base
-            }),
-            SamplingMode::Plain => Some(base),
+            },
+            SamplingMode::Plain => base,
         }
     }
 }
 
 /// One decoding batch's token choice.
 pub struct TokenChooser {
-    /// Per sequence, its sampler and its tokens so far; empty when greedy.
+    /// Per sequence, its sampler and its tokens so far.
     seqs: Vec<(Sampler, Vec<u32>)>,
+    /// Ids that may be chosen (`None`: the whole row).
+    sampled_vocab: Option<usize>,
     /// Sampled tokens, and those that needed the whole row copied.
     pub sampled: usize,
     pub full_rows: usize,
@@ -50,18 +58,21 @@ pub struct TokenChooser {
 
 impl TokenChooser {
     /// `histories`: each sequence's prompt and first generated token.
-    pub fn new(mode: SamplingMode, histories: Vec<Vec<u32>>) -> Result<Self> {
+    pub fn new(
+        mode: SamplingMode,
+        histories: Vec<Vec<u32>>,
+        sampled_vocab: Option<usize>,
+    ) -> Result<Self> {
         let mut seqs = Vec::new();
         for (s, history) in histories.into_iter().enumerate() {
-            if let Some(params) = mode.params(s as u64 + 1) {
-                let prompt_len = history.len().saturating_sub(1);
-                let sampler = Sampler::new(&params, prompt_len, &[])
-                    .map_err(|e| anyhow!("sampling parameters: {e}"))?;
-                seqs.push((sampler, history));
-            }
+            let prompt_len = history.len().saturating_sub(1);
+            let sampler = Sampler::new(&mode.params(s as u64 + 1), prompt_len, &[])
+                .map_err(|e| anyhow!("sampling parameters: {e}"))?;
+            seqs.push((sampler, history));
         }
         Ok(Self {
             seqs,
+            sampled_vocab,
             sampled: 0,
             full_rows: 0,
         })
@@ -69,44 +80,38 @@ impl TokenChooser {
 
     /// The next token of every row of `logits` (one row per sequence).
     pub fn choose<B: Backend>(&mut self, b: &B, logits: &B::Tensor) -> Result<Vec<u32>> {
-        let (rows, cols) = b.dims(logits);
-        if self.seqs.is_empty() {
-            return Ok(b.argmax_rows(logits, cols));
-        }
-        let requests: Vec<_> = self
-            .seqs
-            .iter_mut()
-            .enumerate()
-            .take(rows)
-            .map(|(r, (sampler, history))| {
-                sampler.candidate_request(history, r, cols, DEFAULT_MAX_CANDIDATES)
-            })
-            .collect();
-        let asked: Vec<_> = requests.iter().flatten().cloned().collect();
-        let mut found = b.top_candidates(logits, &asked).into_iter();
+        let step = StepLogits::new(b, logits, self.sampled_vocab);
+        let rows = b.dims(logits).0.min(self.seqs.len());
+        let seqs = &mut self.seqs[..rows];
+        let all_plain_argmax = seqs.iter().all(|(s, h)| s.is_plain_argmax(h));
+        let requests = if all_plain_argmax {
+            Vec::new()
+        } else {
+            seqs.iter_mut()
+                .enumerate()
+                .map(|(r, (sampler, history))| {
+                    sampler.candidate_request(
+                        history,
+                        r,
+                        step.sampled_vocab,
+                        DEFAULT_MAX_CANDIDATES,
+                    )
+                })
+                .collect()
+        };
+        let sources = step.sources(requests, all_plain_argmax)?;
         let mut tokens = Vec::with_capacity(rows);
-        for (r, request) in requests.into_iter().enumerate() {
-            let (sampler, history) = &mut self.seqs[r];
-            let decided = match request {
-                Some(request) => {
-                    let candidates = found.next().context("missing candidates")?;
-                    sampler.sample_candidates(&request, &candidates)
-                }
-                None => None,
-            };
-            let token = match decided {
-                Some(token) => token,
-                None => {
-                    self.full_rows += 1;
-                    let mut row = b.to_host(&b.gather_rows(logits, &[r]));
-                    sampler.sample(&mut row, history)
-                }
-            }
-            .map_err(|e| anyhow!("sampling: {e}"))?;
+        for (source, (sampler, history)) in sources.into_iter().zip(seqs.iter_mut()) {
+            let token = step
+                .choose(source, sampler, history, &mut |_| {})?
+                .map_err(|e| anyhow!("sampling: {e}"))?;
             history.push(token);
             tokens.push(token);
-            self.sampled += 1;
         }
+        if !all_plain_argmax {
+            self.sampled += tokens.len();
+        }
+        self.full_rows += step.rows_copied();
         Ok(tokens)
     }
 }
@@ -127,10 +132,23 @@ mod tests {
     #[test]
     fn greedy_takes_the_argmax() {
         let b = CpuBackend::new();
-        let mut c = TokenChooser::new(SamplingMode::Greedy, vec![vec![1, 2]; 3]).unwrap();
+        let mut c = TokenChooser::new(SamplingMode::Greedy, vec![vec![1, 2]; 3], None).unwrap();
         let t = c.choose(&b, &logits(&b)).unwrap();
         assert_eq!(&t[..2], &[17, 250]);
         assert_eq!(c.sampled, 0);
+    }
+
+    #[test]
+    fn padded_ids_are_never_chosen() {
+        let b = CpuBackend::new();
+        for mode in [SamplingMode::Greedy, SamplingMode::Qwen] {
+            let mut c = TokenChooser::new(mode, vec![vec![1, 2]; 3], Some(200)).unwrap();
+            for _ in 0..5 {
+                let t = c.choose(&b, &logits(&b)).unwrap();
+                assert_eq!(t[0], 17, "{mode:?}");
+                assert!(t.iter().all(|&t| t < 200), "{mode:?}: {t:?}");
+            }
+        }
     }
 
     #[test]
@@ -138,7 +156,7 @@ mod tests {
         let b = CpuBackend::new();
         let x = logits(&b);
         let run = |mode| {
-            let mut c = TokenChooser::new(mode, vec![vec![1, 2]; 3]).unwrap();
+            let mut c = TokenChooser::new(mode, vec![vec![1, 2]; 3], None).unwrap();
             let tokens: Vec<Vec<u32>> = (0..5).map(|_| c.choose(&b, &x).unwrap()).collect();
             assert_eq!(c.sampled, 15);
             tokens

@@ -6,10 +6,14 @@
 //! That adds a host round trip per call, so instrumented steps run slower
 //! than real ones: the breakdown tells where time goes, the plain timed
 //! steps tell how long a step takes.
+//!
+//! Clones share the inner backend and the recording, so that the engine
+//! runs (which take their backend by value) use the very backend the timed
+//! steps use.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use kestrel_core::{
@@ -24,17 +28,27 @@ pub struct OpTime {
 }
 
 pub struct Timed<B: Backend> {
-    pub inner: B,
-    on: AtomicBool,
-    times: Mutex<BTreeMap<String, OpTime>>,
+    inner: Arc<B>,
+    on: Arc<AtomicBool>,
+    times: Arc<Mutex<BTreeMap<String, OpTime>>>,
+}
+
+impl<B: Backend> Clone for Timed<B> {
+    fn clone(&self) -> Self {
+        Timed {
+            inner: Arc::clone(&self.inner),
+            on: Arc::clone(&self.on),
+            times: Arc::clone(&self.times),
+        }
+    }
 }
 
 impl<B: Backend> Timed<B> {
     pub fn new(inner: B) -> Self {
         Timed {
-            inner,
-            on: AtomicBool::new(false),
-            times: Mutex::new(BTreeMap::new()),
+            inner: Arc::new(inner),
+            on: Arc::new(AtomicBool::new(false)),
+            times: Arc::new(Mutex::new(BTreeMap::new())),
         }
     }
 
@@ -110,6 +124,10 @@ impl<B: Backend> Backend for Timed<B> {
 
     fn measure_bandwidth_gbs(&self) -> Option<f64> {
         self.inner.measure_bandwidth_gbs()
+    }
+
+    fn supports_state_checkpoints(&self) -> bool {
+        self.inner.supports_state_checkpoints()
     }
 
     fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> B::Tensor {

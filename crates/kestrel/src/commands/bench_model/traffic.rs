@@ -31,6 +31,9 @@ pub struct StepBytes {
     pub lm_head: f64,
     pub kv_cache: f64,
     pub recurrent_state: f64,
+    /// Verify steps on hybrid models: the recurrent and conv state written
+    /// after each draft token (k per sequence and DeltaNet layer).
+    pub state_checkpoints: f64,
     pub total: f64,
 }
 
@@ -43,6 +46,7 @@ impl StepBytes {
             "lm_head": self.lm_head,
             "kv_cache": self.kv_cache,
             "recurrent_state": self.recurrent_state,
+            "state_checkpoints": self.state_checkpoints,
             "total": self.total,
         })
     }
@@ -107,6 +111,27 @@ pub fn step_bytes(
     b
 }
 
+/// Bytes of a verify step: `seqs` sequences of `context` cached tokens each
+/// bringing `k + 1` new tokens (its next token and `k` drafts), so the
+/// routed experts are the expected union over `seqs * (k + 1)` tokens
+/// (uniform routing); on hybrid models each sequence also writes `k` state
+/// checkpoints per DeltaNet layer.
+pub fn verify_bytes(
+    cfg: &ModelConfig,
+    st: Storage,
+    seqs: usize,
+    context: f64,
+    k: usize,
+) -> StepBytes {
+    let mut b = step_bytes(cfg, st, seqs, context, k + 1);
+    if cfg.arch.is_hybrid() {
+        // `recurrent_state` is one state per sequence and layer.
+        b.state_checkpoints = b.recurrent_state * k as f64;
+        b.total += b.state_checkpoints;
+    }
+    b
+}
+
 /// Matrix FLOPs of a prefill of `tokens` tokens (one sequence): two per
 /// multiply-add over the weights each token uses (top-k experts only), plus
 /// causal attention scores and values.
@@ -162,6 +187,26 @@ mod tests {
         assert!((50.0..53.0).contains(&eight.expected_experts_per_layer));
         // KV: 48 layers x 2 x 4 heads x 128 x 2 B = 96 KiB per token.
         assert!((eight.kv_cache - 8.0 * 1025.0 * 98_304.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn verify_steps_count_the_expert_union_of_all_tokens_and_the_checkpoints() {
+        let cfg = config("qwen3.6-35b-a3b");
+        let decode = step_bytes(&cfg, BF16, 2, 1024.0, 1);
+        let verify = verify_bytes(&cfg, BF16, 2, 1024.0, 3);
+        // 8 tokens x top-8 of 256 experts: 256 * (1 - (1 - 8/256)^8) = 57.4.
+        assert!((57.3..57.5).contains(&verify.expected_experts_per_layer));
+        assert!((decode.expected_experts_per_layer - 15.75).abs() < 0.01);
+        assert!((verify.state_checkpoints - 3.0 * decode.recurrent_state).abs() < 1.0);
+        let parts = verify.dense_weights
+            + verify.expert_weights
+            + verify.lm_head
+            + verify.kv_cache
+            + verify.recurrent_state
+            + verify.state_checkpoints;
+        assert!((verify.total - parts).abs() < 1.0);
+        let dense = verify_bytes(&config("qwen3-30b-a3b"), BF16, 2, 1024.0, 3);
+        assert_eq!(dense.state_checkpoints, 0.0, "no DeltaNet layers");
     }
 
     #[test]
