@@ -139,6 +139,13 @@ impl CudaBackend {
         self.plan = Plan::resolve(&self.device, &self.overrides);
     }
 
+    /// Batch-invariant arithmetic from now on ([`Plan::batch_invariant`]);
+    /// starts as `KESTREL_BATCH_INVARIANT` says.
+    pub fn set_batch_invariant(&mut self, on: bool) {
+        self.overrides.batch_invariant = on;
+        self.plan = Plan::resolve(&self.device, &self.overrides);
+    }
+
     pub fn precision(&self) -> Precision {
         self.plan.precision
     }

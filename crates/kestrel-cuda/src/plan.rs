@@ -168,6 +168,14 @@ pub struct Plan {
     pub launch: Launch,
     /// Decode steps recorded once and replayed.
     pub graphs: bool,
+    /// Every row's result independent of the other rows of its step and of
+    /// how many rows its sequence brings (decode, verify, prefill chunk):
+    /// every step takes the decode arithmetic (products through `gemv`
+    /// eight rows at a time, the MoE decode path, the GDN recurrence, the
+    /// attention decode kernels with a fixed split count, no norm fusion).
+    /// Prefill is much slower; speculation on and off, a prompt alone and
+    /// batched, give the same tokens.
+    pub batch_invariant: bool,
 }
 
 impl Plan {
@@ -187,8 +195,11 @@ impl Plan {
                 AttnPrefill::V1
             }
         });
+        let bi = o.batch_invariant;
         let decode = PerHeadDim::from_fn(|i| {
-            if device.attn_decode_fused[i] && o.attn_decode_fused {
+            // The fused kernel forms q itself, so it is kept out of a mode
+            // where prefill rows take the same kernels as decode rows.
+            if device.attn_decode_fused[i] && o.attn_decode_fused && !bi {
                 AttnDecode::Fused
             } else {
                 AttnDecode::Unfused
@@ -205,7 +216,7 @@ impl Plan {
                 Mma::MmaSync
             }
         };
-        let moe_prefill = if o.precision == Precision::F32 {
+        let moe_prefill = if o.precision == Precision::F32 || bi {
             MoePrefill::DecodeChunks
         } else if o.moe_prefill_host {
             MoePrefill::HostRouted
@@ -229,10 +240,11 @@ impl Plan {
                 chunk_math,
                 state_pass: wgmma_if(o.gdn_state_wgmma && chunk_math == ChunkMath::Tf32),
             },
-            norm_fusion: o.norm_fusion,
+            norm_fusion: o.norm_fusion && !bi,
             dense_gemm: dense_gemm(o),
             launch: launch(o),
             graphs: o.graphs,
+            batch_invariant: bi,
         }
     }
 }
@@ -290,10 +302,11 @@ impl fmt::Display for Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         writeln!(
             f,
-            "cuda plan: compute {}, {} SMs, {} arithmetic, graphs {}, dense products {}, launch {}",
+            "cuda plan: compute {}, {} SMs, {} arithmetic, batch-invariant {}, graphs {}, dense products {}, launch {}",
             self.compute_capability,
             self.sms,
             name(&self.precision),
+            on(self.batch_invariant),
             on(self.graphs),
             name(&self.dense_gemm),
             name(&self.launch),

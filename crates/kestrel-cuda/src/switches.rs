@@ -63,6 +63,7 @@ pub const MOE_PREFILL: &str = "KESTREL_MOE_PREFILL";
 pub const DENSE_GEMM: &str = "KESTREL_DENSE_GEMM";
 pub const LT_ALGO: &str = "KESTREL_LT_ALGO";
 pub const PDL: &str = "KESTREL_CUDA_PDL";
+pub const BATCH_INVARIANT: &str = "KESTREL_BATCH_INVARIANT";
 
 /// Every `KESTREL_*` variable the project reads.
 pub const REGISTRY: &[Switch] = &[
@@ -75,6 +76,7 @@ pub const REGISTRY: &[Switch] = &[
     switch(MOE_GEMM, Scope::Backend, &["wgmma", "mma"]),
     switch(MOE_TILES, Scope::Backend, &["wide", "narrow"]),
     switch(NORM_FUSION, Scope::Backend, &["on", "off"]),
+    switch(BATCH_INVARIANT, Scope::Backend, &["0", "1"]),
     switch(MOE_PREFILL, Scope::Experiment, &["device", "host"]),
     switch(DENSE_GEMM, Scope::Experiment, &["cublas", "lt"]),
     switch(LT_ALGO, Scope::Experiment, &[]),
@@ -141,6 +143,8 @@ pub struct Overrides {
     pub lt_algo: usize,
     /// Programmatic dependent launch (experiments only).
     pub pdl: bool,
+    /// Every row's result independent of the other rows of its step.
+    pub batch_invariant: bool,
 }
 
 impl Default for Overrides {
@@ -159,6 +163,7 @@ impl Default for Overrides {
             dense_gemm_lt: false,
             lt_algo: 0,
             pdl: false,
+            batch_invariant: false,
         }
     }
 }
@@ -262,6 +267,7 @@ impl Overrides {
             moe_gemm_wgmma: r.choice(MOE_GEMM) != Some("mma"),
             moe_wide_tiles: r.choice(MOE_TILES) != Some("narrow"),
             norm_fusion: r.choice(NORM_FUSION) != Some("off"),
+            batch_invariant: r.choice(BATCH_INVARIANT) == Some("1"),
             moe_prefill_host: r.choice(MOE_PREFILL) == Some("host"),
             dense_gemm_lt: r.choice(DENSE_GEMM) == Some("lt"),
             lt_algo: r.number(LT_ALGO).unwrap_or(d.lt_algo),

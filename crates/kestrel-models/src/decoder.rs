@@ -251,9 +251,12 @@ impl<B: Backend> Decoder<B> {
     fn decode_key(&self, batch: &ForwardBatch, rows: &[usize]) -> Option<StepKey> {
         let n = batch.seqs.len();
         let tokens = batch.seqs.first()?.num_tokens;
+        // Logits of a subset of the rows (a prefill chunk's last) gather
+        // them by an uploaded index list, which a recording cannot replay.
         if n > MAX_REPLAYED_BATCH
             || tokens > MAX_REPLAYED_TOKENS
             || batch.seqs.iter().any(|s| s.num_tokens != tokens)
+            || !rows.iter().copied().eq(0..batch.num_tokens())
         {
             return None;
         }

@@ -140,9 +140,36 @@ struct Run {
     has_mtp: bool,
 }
 
-fn run(dir: &std::path::Path, precision: Precision, speculative: Option<SpeculativeConfig>) -> Run {
+/// The arithmetic a run takes.
+#[derive(Clone, Copy, PartialEq, Debug)]
+struct Mode {
+    precision: Precision,
+    batch_invariant: bool,
+}
+
+const F32: Mode = Mode {
+    precision: Precision::F32,
+    batch_invariant: false,
+};
+const BF16: Mode = Mode {
+    precision: Precision::Bf16,
+    batch_invariant: false,
+};
+const BF16_INVARIANT: Mode = Mode {
+    precision: Precision::Bf16,
+    batch_invariant: true,
+};
+
+/// Runs the requests (`only`: just that one) on a fresh engine.
+fn run(
+    dir: &std::path::Path,
+    mode: Mode,
+    speculative: Option<SpeculativeConfig>,
+    only: Option<usize>,
+) -> Run {
     let mut gpu = CudaBackend::new(0).expect("the device opened before opens again");
-    gpu.set_precision(precision);
+    gpu.set_precision(mode.precision);
+    gpu.set_batch_invariant(mode.batch_invariant);
     let model = Model::load(dir, &gpu).expect("model loads");
     let vocab = model.config().vocab_size as u32;
     let has_mtp = model.mtp.is_some();
@@ -153,6 +180,9 @@ fn run(dir: &std::path::Path, precision: Precision, speculative: Option<Speculat
     let engine = Engine::spawn_with_options(gpu, model, config(), options).expect("engine starts");
     let mut streams: Vec<_> = requests(vocab)
         .into_iter()
+        .enumerate()
+        .filter(|(i, _)| only.is_none_or(|o| o == *i))
+        .map(|(_, r)| r)
         .map(|r| (r.request_id.clone(), engine.submit(r).expect("submitted")))
         .collect();
     let mut out = HashMap::new();
@@ -217,7 +247,7 @@ fn methods(has_mtp: bool, reference: &Reference, vocab: u32) -> Vec<(String, Spe
 
 /// Runs every proposer on every model; returns (what, requests that
 /// differed from speculation off).
-fn compare(precision: Precision) -> Vec<(String, usize)> {
+fn compare(mode: Mode) -> Vec<(String, usize)> {
     let mut report = Vec::new();
     for m in MODELS {
         let dir = root().join(m);
@@ -226,15 +256,15 @@ fn compare(precision: Precision) -> Vec<(String, usize)> {
             vocab,
             has_mtp,
             ..
-        } = run(&dir, precision, None);
+        } = run(&dir, mode, None, None);
         let reference: Reference = Arc::new(off.clone());
         for (name, spec) in methods(has_mtp, &reference, vocab) {
             let Run {
                 tokens: on, stats, ..
-            } = run(&dir, precision, Some(spec));
+            } = run(&dir, mode, Some(spec), None);
             let what = format!("{m} / {name}");
             let differ = off.iter().filter(|(id, t)| on.get(*id) != Some(t)).count();
-            if name == "AllRight" && precision == Precision::F32 {
+            if name == "AllRight" && mode != BF16 {
                 assert_eq!(
                     stats.spec_decode_num_accepted_tokens_total,
                     stats.spec_decode_num_draft_tokens_total,
@@ -260,7 +290,7 @@ fn compare(precision: Precision) -> Vec<(String, usize)> {
 #[test]
 fn greedy_output_is_the_same_with_speculation_on_and_off_in_f32() {
     with_gpu(|_gpu| {
-        let differ: Vec<String> = compare(Precision::F32)
+        let differ: Vec<String> = compare(F32)
             .into_iter()
             .filter(|(_, n)| *n > 0)
             .map(|(what, n)| format!("{what}: {n} requests"))
@@ -276,11 +306,49 @@ fn greedy_output_is_the_same_with_speculation_on_and_off_in_f32() {
 #[test]
 fn bf16_divergence_with_speculation_is_reported() {
     with_gpu(|_gpu| {
-        let report = compare(Precision::Bf16);
+        let report = compare(BF16);
         let differ: usize = report.iter().map(|(_, n)| n).sum();
         println!(
             "bf16: {differ} of {} request runs differ from speculation off",
             report.len() * 4
         );
+    });
+}
+
+#[test]
+fn greedy_output_is_the_same_with_speculation_on_and_off_in_bf16_batch_invariant() {
+    with_gpu(|_gpu| {
+        let differ: Vec<String> = compare(BF16_INVARIANT)
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(what, n)| format!("{what}: {n} requests"))
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "speculation changed the output:\n{}",
+            differ.join("\n")
+        );
+    });
+}
+
+/// In the batch-invariant mode a request's tokens are the same alone and
+/// beside the others (whose prompts prefill in the same steps as its decode).
+#[test]
+fn a_request_alone_and_batched_gives_the_same_tokens_in_bf16_batch_invariant() {
+    with_gpu(|_gpu| {
+        for m in MODELS {
+            let dir = root().join(m);
+            let together = run(&dir, BF16_INVARIANT, None, None).tokens;
+            for i in 0..together.len() {
+                let alone = run(&dir, BF16_INVARIANT, None, Some(i)).tokens;
+                let id = format!("r{i}");
+                assert_eq!(
+                    alone.get(&id),
+                    together.get(&id),
+                    "{m}: {id} alone vs batched"
+                );
+            }
+            println!("{m}: every request alone equals batched");
+        }
     });
 }

@@ -71,6 +71,10 @@ pub struct Args {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Batch-invariant arithmetic on CUDA: a sequence's output does not
+    /// depend on what it is batched with (slower; docs/cuda.md).
+    #[arg(long)]
+    batch_invariant: bool,
     /// Prompt lengths to prefill (one sequence each); longer than the model allows are
     /// skipped. Given without a value, no prefill is measured.
     #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1024,8192,32768")]
@@ -224,6 +228,9 @@ pub fn run(args: Args) -> Result<()> {
         BackendKind::Cuda => {
             let mut cuda = CudaBackend::new(args.device).context("cannot open the CUDA backend")?;
             cuda.set_graphs(!args.eager);
+            if args.batch_invariant {
+                cuda.set_batch_invariant(true);
+            }
             eprintln!("{}", cuda.plan());
             let plan = serde_json::to_value(cuda.plan())?;
             let b = Timed::new(cuda);

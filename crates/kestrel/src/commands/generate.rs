@@ -62,6 +62,10 @@ pub struct Args {
     /// CUDA device ordinal (with --backend cuda).
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Batch-invariant arithmetic on CUDA: a sequence's output does not
+    /// depend on what it is batched with (slower; docs/cuda.md).
+    #[arg(long)]
+    batch_invariant: bool,
     #[command(flatten)]
     speculative: SpeculativeArgs,
 }
@@ -76,8 +80,11 @@ pub fn run(args: Args) -> Result<()> {
     match args.backend {
         BackendKind::Cpu => generate(&args, CpuBackend::new()),
         BackendKind::Cuda => {
-            let cuda = kestrel_cuda::CudaBackend::new(args.device)
+            let mut cuda = kestrel_cuda::CudaBackend::new(args.device)
                 .context("cannot open the CUDA backend")?;
+            if args.batch_invariant {
+                cuda.set_batch_invariant(true);
+            }
             eprintln!("{}", cuda.plan());
             generate(&args, cuda)
         }

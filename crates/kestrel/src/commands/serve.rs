@@ -57,6 +57,10 @@ pub struct Args {
     /// CUDA device ordinal (with --backend cuda).
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Batch-invariant arithmetic on CUDA: a sequence's output does not
+    /// depend on what it is batched with (slower; docs/cuda.md).
+    #[arg(long)]
+    batch_invariant: bool,
     /// `dummy`: random weights with the real shapes (the folder needs only
     /// config.json and the tokenizer), for benchmarking without downloads.
     #[arg(long, value_enum, default_value = "auto")]
@@ -115,8 +119,11 @@ pub fn run(args: Args) -> Result<()> {
     match args.backend {
         Backend::Cpu => runtime.block_on(kestrel_server::run(config, CpuBackend::new())),
         Backend::Cuda => {
-            let cuda = kestrel_cuda::CudaBackend::new(args.device)
+            let mut cuda = kestrel_cuda::CudaBackend::new(args.device)
                 .context("cannot open the CUDA backend")?;
+            if args.batch_invariant {
+                cuda.set_batch_invariant(true);
+            }
             eprintln!("{}", cuda.plan());
             runtime.block_on(kestrel_server::run(config, cuda))
         }

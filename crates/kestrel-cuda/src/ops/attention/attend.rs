@@ -60,16 +60,39 @@ impl Attend<'_> {
 
     /// Every new token as a one-token sequence (the layout's row sections):
     /// split-KV partials, then the combine kernel.
+    ///
+    /// In the batch-invariant mode the split count is a constant (a row's
+    /// result then depends on its own length only), and the rows run in
+    /// launches of at most [`BATCH_INVARIANT_ROWS`] (prefill chunks bring
+    /// thousands; their partials are bounded so).
     pub fn decode(&self, dim_index: usize) {
+        let (hq, hkv) = (self.spec.num_q_heads, self.spec.num_kv_heads);
+        let rows = self.l.tokens;
+        let blocks_per_seq = hkv * (hq / hkv).div_ceil(DECODE_HEADS);
+        if self.cx.plan.batch_invariant {
+            for first in (0..rows).step_by(BATCH_INVARIANT_ROWS) {
+                let n = BATCH_INVARIANT_ROWS.min(rows - first);
+                self.decode_rows(dim_index, first, n, BATCH_INVARIANT_SPLITS);
+            }
+        } else {
+            let splits = decode_splits(decode_target_blocks(self.cx.gpu), rows, blocks_per_seq);
+            self.decode_rows(dim_index, 0, rows, splits);
+        }
+    }
+
+    /// Rows `first .. first + rows` of the step in `splits` splits each.
+    fn decode_rows(&self, dim_index: usize, first: usize, rows: usize, splits: usize) {
         let (cx, gpu, l) = (self.cx, self.cx.gpu, self.l);
         let (hq, hkv, d) = (
             self.spec.num_q_heads,
             self.spec.num_kv_heads,
             self.spec.head_dim,
         );
-        let rows = l.tokens;
         let blocks_per_seq = hkv * (hq / hkv).div_ceil(DECODE_HEADS);
-        let splits = decode_splits(decode_target_blocks(gpu), rows, blocks_per_seq);
+        // The kernels index q, the output and the new token's sections by
+        // the row's absolute index (`row_start`); only the per-row sections
+        // start at `first`.
+        let at = |section: u64| section + (first * 4) as u64;
         // Stream-ordered allocations: part of a recorded graph when captured.
         let part_o = gpu.alloc::<f32>(rows * hq * splits * d);
         let part_ml = gpu.alloc::<f32>(rows * hq * splits * 2);
@@ -77,9 +100,9 @@ impl Attend<'_> {
         let grid = (blocks_per_seq as u32, rows as u32, splits as u32);
         let (threads, smem) = (32 * decode_warps(d) as u32, decode_smem_bytes(d));
         let common = [
-            Arg::Ptr(l.row_start()),
-            Arg::Ptr(l.row_len()),
-            Arg::Ptr(l.row_table_offset()),
+            Arg::Ptr(at(l.row_start())),
+            Arg::Ptr(at(l.row_len())),
+            Arg::Ptr(at(l.row_table_offset())),
             Arg::Ptr(l.block_tables()),
             Arg::I32(hq as i32),
             Arg::I32(hkv as i32),
@@ -138,7 +161,7 @@ impl Attend<'_> {
                 Arg::Ptr(self.out),
                 Arg::Ptr(ptr(&part_o, s)),
                 Arg::Ptr(ptr(&part_ml, s)),
-                Arg::Ptr(l.row_start()),
+                Arg::Ptr(at(l.row_start())),
                 Arg::I32(hq as i32),
                 Arg::I32(d as i32),
                 Arg::I32(splits as i32),

@@ -24,6 +24,10 @@ pub const DECODE_MAX_SPLITS: usize = 128;
 /// Most new tokens of one sequence the decode kernels take (one plus the
 /// drafts of a verify step; a longer chunk is a prefill).
 pub const DECODE_MAX_ROWS: usize = 16;
+/// Splits of every decode launch in the batch-invariant mode.
+pub const BATCH_INVARIANT_SPLITS: usize = 16;
+/// Most rows per decode launch in the batch-invariant mode.
+pub const BATCH_INVARIANT_ROWS: usize = 256;
 pub const COMBINE_THREADS: u32 = 256;
 /// Mirror `kernels/attention_prefill.cu`.
 pub const PREFILL_ROWS: usize = 64;

@@ -73,14 +73,14 @@ pub fn gated_delta_net(
     };
     let square = spec.head_k_dim == HEAD_DIM && spec.head_v_dim == HEAD_DIM;
     let checkpoints = batch.seqs.iter().any(|q| !q.state_checkpoints.is_empty());
-    if l.max_new <= DECODE_MAX_TOKENS
+    if (l.max_new <= DECODE_MAX_TOKENS || cx.plan.batch_invariant)
         && square
         && spec.conv_kernel == DECODE_CONV_KERNEL
         && let Some(f) = cx.k.gdn.decode(spec.num_v_heads / spec.num_k_heads)
     {
         return decode(cx, &io, f);
     }
-    let core = if square && !checkpoints {
+    let core = if square && !checkpoints && !cx.plan.batch_invariant {
         chunked(cx, &io)
     } else {
         recurrent(cx, &io, &conv(cx, &io))

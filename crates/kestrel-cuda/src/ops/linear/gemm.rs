@@ -88,7 +88,8 @@ pub fn gemm_bf16(cx: &Cx, x: u64, rows: usize, k: usize, w: u64, n: usize, out: 
 /// bf16: then a kernel producing such rows should also write their bf16
 /// copy ([`CudaTensor::bf16`]).
 pub fn takes_bf16(cx: &Cx, rows: usize, k: usize) -> bool {
-    let f32_rows = cx.plan.precision == Precision::F32 && gemv_fits(1, k);
+    let f32_rows =
+        (cx.plan.precision == Precision::F32 || cx.plan.batch_invariant) && gemv_fits(1, k);
     !(gemv_fits(rows, k) || (f32_rows && rows > 0))
 }
 

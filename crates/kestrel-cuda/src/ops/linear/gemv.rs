@@ -71,7 +71,15 @@ pub fn gemv(
     if n == 0 {
         return;
     }
-    let split = gemv_split(rows, k, n);
+    // The split sets each lane's share of K, so the order of a dot product:
+    // the batch-invariant mode takes the split of a full 8-row launch for
+    // every row count.
+    let split_rows = if cx.plan.batch_invariant {
+        GEMV_MAX_ROWS
+    } else {
+        rows
+    };
+    let split = gemv_split(split_rows, k, n);
     let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
     let kernels = match half {
         Half::Bf16 => &cx.k.linear.gemv,
@@ -156,7 +164,15 @@ pub fn gemv_norm(
     // the new one, so it goes to a fresh buffer. The old one is freed after
     // the launch (stream-ordered), never before.
     let residual_out = pre.delta.map(|_| gpu.alloc::<f32>(rows * k));
-    let split = gemv_split(rows, k, n);
+    // The split sets each lane's share of K, so the order of a dot product:
+    // the batch-invariant mode takes the split of a full 8-row launch for
+    // every row count.
+    let split_rows = if cx.plan.batch_invariant {
+        GEMV_MAX_ROWS
+    } else {
+        rows
+    };
+    let split = gemv_split(split_rows, k, n);
     let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
     // Each block normalises the rows once and then takes row groups in turn:
     // as many blocks as fit on the device at once.

@@ -3,7 +3,7 @@
 
 use kestrel_core::{MoeSpec, MoeWeights};
 
-use super::routing::{MoeInput, SharedExpert, top_k};
+use super::routing::{DECODE_MAX_TOKENS, MoeInput, SharedExpert, top_k};
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
@@ -96,7 +96,11 @@ pub fn moe_decode(
     // token itself (softmax + top-k, as `moe_topk` would, bit for bit)
     // instead of a separate launch on the critical path, and leaves the picks
     // in ids / weights for `moe_down`; with more tokens `moe_topk` runs first.
-    let (ids, weights, route_logits) = if t <= ROUTE_IN_GATE_UP_MAX_TOKENS {
+    // The batch-invariant mode takes one launch shape for every token count
+    // (the routing always in `moe_topk`), so that no choice a row's result
+    // might depend on follows the size of its step.
+    let bi = cx.plan.batch_invariant;
+    let (ids, weights, route_logits) = if t <= ROUTE_IN_GATE_UP_MAX_TOKENS && !bi {
         let ids = gpu.alloc::<i32>(t * k);
         let weights = gpu.alloc::<f32>(t * k);
         (ids, weights, ptr(&logits, s))
@@ -105,7 +109,7 @@ pub fn moe_decode(
         (ids, weights, 0)
     };
     let act = gpu.alloc::<f32>(t * items * act_ld);
-    let gu_rows = gate_up_rows(t);
+    let gu_rows = gate_up_rows(if bi { DECODE_MAX_TOKENS } else { t });
     gpu.launch(
         gate_up_kernel,
         (t as u32, blocks(act_ld, gu_rows), 1),
@@ -133,7 +137,7 @@ pub fn moe_decode(
 
     // out = down projections, weighted and added in ascending expert order.
     let out = gpu.alloc::<f32>(t * h);
-    let dn_rows = down_rows(t);
+    let dn_rows = down_rows(if bi { DECODE_MAX_TOKENS } else { t });
     gpu.launch(
         down_kernel,
         (t as u32, blocks(h, dn_rows), 1),
