@@ -13,10 +13,11 @@ use crate::env::{self, CheckLevel, EnvReport, PreflightCheck};
 use crate::launcher::{self, ServerProcess};
 use crate::lock::{LockedModel, ReleaseLock};
 use crate::manifest::{Manifest, VerifyReport, verify_dir};
-use crate::outcome::{Outcome, classify};
+use crate::outcome::{Outcome, Tolerances, classify};
 use crate::profile::Profile;
 use crate::report::{Report, write_evidence};
 use crate::runner::{RunConfig, run_workload};
+use crate::spread::grade_unreferenced;
 use crate::workload::Workload;
 
 /// Room kept free for results and logs next to the model.
@@ -197,15 +198,19 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 /// Run a subcommand, print its result, and return the process exit code:
-/// 0 success / REPRODUCED, 1 failure / NOT_REPRODUCED, 2 INVALID_RUN,
+/// 0 success / REPRODUCED / MEASURED, 1 failure / NOT_REPRODUCED, 2 INVALID_RUN,
 /// 3 PERFORMANCE_PASS_BASELINE_DIVERGENCE, 4 COMPATIBILITY_RUN.
 pub fn run_command(cmd: &BenchCommand) -> Result<i32> {
     match cmd {
         BenchCommand::Run(a) => {
             let r = run_bench(a)?;
             println!("{}", crate::report::summary_markdown(&r, None));
-            println!("evidence: {}", r.evidence_dir.display());
-            Ok(if r.result.failures.is_empty() { 0 } else { 1 })
+            let outcome = r
+                .classification
+                .as_ref()
+                .map_or(Outcome::NotReproduced, |c| c.outcome);
+            println!("OUTCOME: {outcome}\nevidence: {}", r.evidence_dir.display());
+            Ok(exit_code(outcome))
         }
         BenchCommand::Reproduce(a) => {
             let r = run_reproduce(a)?;
@@ -288,6 +293,7 @@ pub fn exit_code(o: Outcome) -> i32 {
         Outcome::InvalidRun => 2,
         Outcome::PerformancePassBaselineDivergence => 3,
         Outcome::CompatibilityRun => 4,
+        Outcome::Measured => 0,
     }
 }
 
@@ -395,13 +401,14 @@ pub async fn bench(a: &BenchArgs) -> Result<Report> {
         api_key(&a.server),
     )
     .await?;
+    let classification = grade_unreferenced(&result, &Tolerances::default());
     let report = Report {
         result,
         environment,
         preflight,
         server_command: target.command,
         date_utc: crate::report::now_utc(),
-        classification: None,
+        classification: Some(classification),
         evidence_dir: out,
     };
     write_evidence(&report, None)?;

@@ -18,6 +18,7 @@ pub mod profile;
 pub mod report;
 pub mod runner;
 pub mod server_metrics;
+pub mod spread;
 pub mod stats;
 pub mod workload;
 

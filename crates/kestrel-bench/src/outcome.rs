@@ -33,6 +33,9 @@ pub enum Outcome {
     NotReproduced,
     InvalidRun,
     CompatibilityRun,
+    /// A run without a reference whose figures are steady across rounds
+    /// (see [`crate::spread`]); never the outcome of a locked run.
+    Measured,
 }
 
 impl Outcome {
@@ -43,6 +46,7 @@ impl Outcome {
             Outcome::NotReproduced => "NOT_REPRODUCED",
             Outcome::InvalidRun => "INVALID_RUN",
             Outcome::CompatibilityRun => "COMPATIBILITY_RUN",
+            Outcome::Measured => "MEASURED",
         }
     }
 }
@@ -214,19 +218,7 @@ pub fn classify(input: &ClassifyInput) -> Classification {
             checks,
         };
     }
-    let noisy: Vec<String> = checks
-        .iter()
-        .filter(|c| !c.cv_ok)
-        .map(|c| match c.cv {
-            Some(cv) => format!(
-                "{}: CV {:.2}% > {:.2}%",
-                name(c),
-                cv * 100.0,
-                tol.cv_max * 100.0
-            ),
-            None => format!("{}: CV undefined over {} round(s)", name(c), c.values.len()),
-        })
-        .collect();
+    let noisy = crate::spread::noisy_reasons(&checks, tol);
     if !noisy.is_empty() {
         return Classification {
             outcome: Outcome::InvalidRun,

@@ -301,14 +301,14 @@ impl<B: Backend> EngineLoop<B> {
                     id,
                     request,
                     events.clone(),
-                    &self.scheduler.config,
+                    self.scheduler.config(),
                     &self.shared.eos_token_ids,
                 );
                 match built {
                     Ok(seq) => self.scheduler.enqueue(seq),
                     Err(message) => {
                         self.shared.dequeued();
-                        self.scheduler.counters.failed += 1;
+                        self.scheduler.record_rejected();
                         let _ = events.send(EngineEvent::Error(message));
                     }
                 }
@@ -331,7 +331,7 @@ impl<B: Backend> EngineLoop<B> {
             }
             Command::Shutdown => {
                 self.shutting_down = true;
-                self.scheduler.stopping = true;
+                self.scheduler.stop_admitting();
             }
         }
     }
@@ -347,17 +347,10 @@ impl<B: Backend> EngineLoop<B> {
         self.propose_drafts();
         let plan = self.scheduler.schedule()?;
         if plan.chunks.is_empty() {
-            if self.scheduler.running.is_empty()
-                && let Some(head) = self.scheduler.waiting.front()
-            {
-                // Nothing runs and the head still does not fit: it never will.
-                let id = head.id;
-                self.scheduler
-                    .fail(id, "the request does not fit in the engine's cache");
-            }
+            self.scheduler.fail_unrunnable_head();
             return Ok(());
         }
-        self.scheduler.counters.steps += 1;
+        self.scheduler.record_step();
         step::execute(
             &self.backend,
             &self.model,

@@ -26,7 +26,9 @@ pub struct EngineConfig {
     /// Requests waiting for admission before `submit` answers `QueueFull`.
     pub max_queued_requests: usize,
     /// Tokens per forward step (prefill chunks + decode tokens), vLLM
-    /// `--max-num-batched-tokens`; 32768 by default.
+    /// `--max-num-batched-tokens`; 32768 by default. One sequence's prefill
+    /// chunk is the smaller of [`crate::prefill::MAX_PREFILL_CHUNK_TOKENS`]
+    /// and this less a decode token per other sequence (see [`crate::prefill`]).
     pub max_num_batched_tokens: usize,
     /// Tokens per KV page.
     pub block_size: usize,

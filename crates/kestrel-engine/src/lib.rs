@@ -17,6 +17,7 @@ mod scheduler;
 mod sequence;
 pub mod spec;
 mod step;
+mod timing;
 
 pub use choose::{RowSource, StepLogits};
 pub use client::{EngineHandle, RequestStream};

@@ -8,12 +8,19 @@
 //! sequence alone, never of the step's token budget or of other requests:
 //!
 //! * inside the prompt, chunks end at every multiple of the grid `G` (a
-//!   multiple of the block size), at the prompt's last full-block boundary
-//!   `L` (the deepest point a prefix-cache hit can reach) and at the prompt's end;
+//!   multiple of the block size) and at the prompt's end; on hybrid models
+//!   also at the prompt's last full-block boundary `L` (the deepest point a
+//!   prefix-cache hit can reach, where the recurrent state is snapshotted);
 //! * tokens generated before a preemption are replayed as they were first
 //!   computed: one per step on hybrid models (as decode steps did), in grid
 //!   chunks otherwise;
 //! * a chunk is scheduled whole or not at all in a step.
+//!
+//! Attention-only models need no split at `L`: every cached block is exact
+//! whatever the passes were, so a prompt no longer than the grid prefills in
+//! one forward pass. On hybrid models the split at `L` costs one extra pass
+//! over the prompt's last 1-16 tokens; that pass is what lets a repeated
+//! prompt resume from `L` exactly.
 //!
 //! A hybrid-model prefix-cache hit may only resume at a point where this
 //! sequence would split anyway, and where the run that cached the state split
@@ -26,7 +33,12 @@ use crate::handle::EngineConfig;
 
 /// Upper bound on the grid: prefill chunks of one sequence, and the spacing
 /// of the hybrid-model state snapshots that multi-turn prompts resume from.
-pub const MAX_PREFILL_CHUNK_TOKENS: usize = 4096;
+/// 8192 is what vLLM (`max_num_batched_tokens` for the OpenAI server) and
+/// SGLang (`chunked_prefill_size`) use on GPUs of 80 GB and more: a prompt up
+/// to that length prefills in one pass (plus the hybrid tail at `L`), and a
+/// longer one stalls the other sequences' decode steps for one such pass at
+/// a time.
+pub const MAX_PREFILL_CHUNK_TOKENS: usize = 8192;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkPolicy {
@@ -77,9 +89,9 @@ impl ChunkPolicy {
     pub fn chunk_end(&self, computed: usize, len: usize, prompt_len: usize) -> usize {
         let next_grid = (computed / self.grid + 1) * self.grid;
         let end = if computed < prompt_len {
-            let last_full = self.last_full_block(prompt_len);
             let mut end = next_grid.min(prompt_len);
-            if last_full > computed {
+            let last_full = self.last_full_block(prompt_len);
+            if self.hybrid && last_full > computed {
                 end = end.min(last_full);
             }
             end
@@ -157,6 +169,28 @@ mod tests {
         assert_eq!(p.prompt_chunk_ends(96), vec![48, 80, 96]);
         assert_eq!(p.prompt_chunk_ends(10), vec![10]);
         assert_eq!(p.prompt_chunk_ends(17), vec![16, 17]);
+    }
+
+    #[test]
+    fn attention_only_prompts_split_at_the_grid_alone() {
+        let p = ChunkPolicy::new(&config(64, 4, 16), false).unwrap();
+        assert_eq!(p.prompt_chunk_ends(130), vec![48, 96, 130]);
+        assert_eq!(p.prompt_chunk_ends(17), vec![17]);
+        assert!(p.is_resume_point(112, 130), "any block boundary is exact");
+    }
+
+    #[test]
+    fn a_long_8k_prompt_prefills_in_as_few_passes_as_it_can() {
+        // The server's defaults: 32768 tokens a step, 64 sequences.
+        let hybrid = ChunkPolicy::new(&config(32768, 64, 16), true).unwrap();
+        assert_eq!(
+            hybrid.prompt_chunk_ends(7261),
+            vec![7248, 7261],
+            "one pass, then the tail after the last full block"
+        );
+        let attn = ChunkPolicy::new(&config(32768, 64, 16), false).unwrap();
+        assert_eq!(attn.prompt_chunk_ends(7261), vec![7261]);
+        assert_eq!(attn.prompt_chunk_ends(20000), vec![8192, 16384, 20000]);
     }
 
     #[test]

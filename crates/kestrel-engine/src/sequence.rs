@@ -7,6 +7,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::cache::SequenceCache;
 use crate::client::SeqId;
 use crate::handle::{EngineConfig, EngineEvent, GenerateRequest, SubmitError, Usage};
+use crate::timing::FirstTokenTiming;
 
 pub(crate) struct Sequence {
     pub id: SeqId,
@@ -28,6 +29,8 @@ pub(crate) struct Sequence {
     /// Draft tokens proposed for the next step (speculative decoding); the
     /// scheduler may shorten them, the step consumes them.
     pub drafts: Vec<u32>,
+    /// Arrival to first token, for the debug-level timing events.
+    pub timing: FirstTokenTiming,
 }
 
 impl Sequence {
@@ -55,6 +58,7 @@ impl Sequence {
             cache: SequenceCache::new(),
             cached_tokens: None,
             drafts: Vec::new(),
+            timing: FirstTokenTiming::new(),
         })
     }
 

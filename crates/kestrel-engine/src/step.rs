@@ -4,6 +4,8 @@
 //! commit the state, snapshot and cache what was computed, finish what
 //! stopped.
 
+use std::time::Instant;
+
 use anyhow::{Context, Result};
 use kestrel_core::{Backend, CandidateRequest, ForwardBatch, SeqChunk};
 use kestrel_models::Model;
@@ -15,6 +17,7 @@ use crate::engine::LogitsObserver;
 use crate::handle::EngineEvent;
 use crate::scheduler::{Scheduler, StateOp, StepPlan};
 use crate::spec::mtp::{CommittedRows, MtpDrafter};
+use crate::timing;
 
 /// What happened to a sequence in this step, applied after all sampling.
 enum Outcome {
@@ -52,7 +55,7 @@ pub(crate) fn execute<B: Backend>(
         }
     }
 
-    let block_size = sched.config.block_size;
+    let block_size = sched.config().block_size;
     let mut ids = Vec::with_capacity(plan.chunks.iter().map(|c| c.end - c.start).sum());
     let mut batch = ForwardBatch::default();
     let mut chunk_rows = Vec::with_capacity(plan.chunks.len());
@@ -88,6 +91,7 @@ pub(crate) fn execute<B: Backend>(
         chunk_rows.push(rows);
     }
 
+    let forward_start = Instant::now();
     // One step either way; ending in logits lets decode steps be replayed.
     // A drafter that reads the hidden states gets them too.
     let wants_hidden = drafter.is_some();
@@ -118,7 +122,7 @@ pub(crate) fn execute<B: Backend>(
     };
     let step_logits = out
         .as_ref()
-        .map(|out| StepLogits::new(backend, out, sched.config.sampled_vocab));
+        .map(|out| StepLogits::new(backend, out, sched.config().sampled_vocab));
     let mut sources: Vec<Option<RowSource>> = match &step_logits {
         None => Vec::new(),
         Some(logits) => {
@@ -137,17 +141,24 @@ pub(crate) fn execute<B: Backend>(
         }
     };
 
+    // The logits are on the host (or their candidates chosen): the pass is over.
+    let forward = forward_start.elapsed();
+    timing::report_step(plan.chunks.len(), ids.len(), forward);
+
     let mut outcomes = Vec::new();
     let mut committed_ends = Vec::with_capacity(plan.chunks.len());
     for (chunk, rows) in plan.chunks.iter().zip(&chunk_rows) {
         let seq = sched
             .running_seq_mut(chunk.id)
             .context("sequence vanished")?;
+        seq.timing.add_pass(forward);
         let known_end = chunk.end - chunk.drafts;
         let Some(rows) = rows else {
             seq.cache.set_num_tokens(chunk.end, block_size)?;
             committed_ends.push(chunk.end);
-            cache_progress(backend, cache, sched, chunk.id, chunk.start, chunk.end)?;
+            sched.cache_progress(chunk.id, chunk.start, chunk.end, |own, snap| {
+                backend.copy_state(cache, own, snap)
+            })?;
             continue;
         };
         let logits = step_logits.as_ref().context("logits vanished")?;
@@ -201,17 +212,24 @@ pub(crate) fn execute<B: Backend>(
                 backend.copy_state(cache, checkpoint, live);
             }
         }
+        if !emitted.is_empty() {
+            let cached = seq.cached_tokens.unwrap_or(0);
+            seq.timing
+                .first_token(&seq.request_id, seq.prompt_len, cached);
+        }
         seq.drafts.clear();
         if chunk.drafts > 0 {
             sched.end_speculation(chunk.id, chunk.drafts, accepted)?;
         }
         if !emitted.is_empty() {
-            sched.counters.generation_tokens += emitted.len() as u64;
+            sched.record_generated(emitted.len());
             let seq = sched.running_seq(chunk.id).context("sequence vanished")?;
             seq.emit(EngineEvent::Tokens(emitted));
         }
         committed_ends.push(committed);
-        cache_progress(backend, cache, sched, chunk.id, chunk.start, committed)?;
+        sched.cache_progress(chunk.id, chunk.start, committed, |own, snap| {
+            backend.copy_state(cache, own, snap)
+        })?;
     }
 
     if let (Some(drafter), Some(hidden)) = (drafter, hidden.as_ref()) {
@@ -281,54 +299,4 @@ fn candidate_requests<B: Backend>(
         ));
     }
     Ok(requests)
-}
-
-/// Offer what a prefill chunk computed to the prefix cache: on hybrid models
-/// a state snapshot at each resume point, on attention-only models the full
-/// prompt blocks (decoded blocks are offered when the sequence ends).
-fn cache_progress<B: Backend>(
-    backend: &B,
-    cache: &mut B::Cache,
-    sched: &mut Scheduler,
-    id: SeqId,
-    start: usize,
-    end: usize,
-) -> Result<()> {
-    if !sched.radix.is_enabled() {
-        return Ok(());
-    }
-    let (prompt_len, slot) = {
-        let seq = sched.running_seq(id).context("sequence vanished")?;
-        (seq.prompt_len, seq.cache.state_slot())
-    };
-    let snapshot = if sched.hybrid {
-        if !sched.policy.is_snapshot_point(end, prompt_len) {
-            return Ok(());
-        }
-        let Some(own) = slot else { return Ok(()) };
-        let Some(snap) = sched.snapshot_slot()? else {
-            return Ok(()); // every slot busy: resumable later from a shallower point
-        };
-        backend.copy_state(cache, own, snap);
-        Some((end / sched.config.block_size - 1, snap))
-    } else if start < prompt_len {
-        None
-    } else {
-        return Ok(());
-    };
-    let seq = sched
-        .running
-        .iter()
-        .find(|s| s.id == id)
-        .context("sequence vanished")?;
-    let snapshots: Vec<(usize, u32)> = snapshot.into_iter().collect();
-    sched.radix.insert(
-        &seq.tokens[..end],
-        &seq.salt,
-        seq.cache.block_table(),
-        &snapshots,
-        &mut sched.blocks,
-        &mut sched.slots,
-    )?;
-    Ok(())
 }

@@ -16,6 +16,7 @@ use kestrel_text::Detokenizer;
 
 use crate::error::{ServerError, ServerResult};
 use crate::state::{AppState, LoadedModel};
+use crate::timing::FirstTokenClock;
 
 /// What a [`TextGeneration`] yields, in order: text pieces, then exactly one
 /// `Finished` or `Failed`.
@@ -59,13 +60,15 @@ pub struct TextGeneration {
     queue: VecDeque<Step>,
     started: Instant,
     last_token_at: Option<Instant>,
+    clock: FirstTokenClock,
     /// Whether the outcome went into the metrics already.
     recorded: bool,
 }
 
 impl TextGeneration {
     /// Submits the request; a full queue is 429, a request the engine can
-    /// never run is 400, a stopped engine 503.
+    /// never run is 400, a stopped engine 503. `received`: when the handler
+    /// got the request (the origin of the timing events).
     pub fn submit(
         state: &Arc<AppState>,
         model: &LoadedModel,
@@ -73,7 +76,9 @@ impl TextGeneration {
         prompt_ids: Vec<u32>,
         params: SamplingParams,
         generation_params: &GenerationParams,
+        received: Instant,
     ) -> ServerResult<Self> {
+        crate::timing::prompt_ready(&request_id, received, prompt_ids.len());
         let detok = Detokenizer::with_context(
             &model.tokenizer,
             generation_params.skip_special_tokens,
@@ -100,6 +105,7 @@ impl TextGeneration {
             queue: VecDeque::new(),
             started: Instant::now(),
             last_token_at: None,
+            clock: FirstTokenClock::new(received),
             recorded: false,
         })
     }
@@ -157,7 +163,14 @@ impl TextGeneration {
         }
     }
 
+    /// The SSE writer is about to send an event that carries text: the
+    /// first one ends the request's server-side TTFT (a debug event).
+    pub fn note_text_event(&mut self) {
+        self.clock.event(&self.request_id);
+    }
+
     fn on_tokens(&mut self, ids: &[u32]) {
+        self.clock.tokens(&self.request_id);
         let now = Instant::now();
         match self.last_token_at {
             None => self.state.metrics.observe_ttft(now - self.started),

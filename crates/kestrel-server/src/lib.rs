@@ -29,6 +29,7 @@ mod routes;
 pub mod shutdown;
 pub mod sse;
 mod state;
+mod timing;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

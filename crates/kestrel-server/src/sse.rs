@@ -163,7 +163,13 @@ impl<A: SseAssembler> Driver<A> {
                 Ok(step) => step,
             };
             match step {
-                Some(Step::Text(t)) => self.pending.extend(self.assembler.text(&t)),
+                Some(Step::Text(t)) => {
+                    let events = self.assembler.text(&t);
+                    if !events.is_empty() {
+                        self.generation.note_text_event();
+                    }
+                    self.pending.extend(events);
+                }
                 Some(Step::Finished { reason, usage }) => {
                     self.pending.extend(self.assembler.finish(reason, usage));
                     self.done = true;

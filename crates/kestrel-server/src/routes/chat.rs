@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -30,6 +31,7 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ServerResult<Response> {
+    let received = Instant::now();
     let body = json_body(&headers, body)?;
     let req = parse_chat_request(&body, &validation_options())?;
     let model_name = state.resolve_model_name(req.model.as_deref())?;
@@ -92,6 +94,7 @@ pub async fn chat_completions(
         prompt_ids,
         params,
         &generation_params,
+        received,
     )?;
 
     if req.stream {

@@ -1,6 +1,7 @@
 //! `POST /v1/completions`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -27,6 +28,7 @@ pub async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ServerResult<Response> {
+    let received = Instant::now();
     let body = json_body(&headers, body)?;
     let req = parse_completion_request(&body, &validation_options())?;
     let model_name = state.resolve_model_name(req.model.as_deref())?;
@@ -74,6 +76,7 @@ pub async fn completions(
         prompt_ids,
         params,
         &generation_params,
+        received,
     )?;
 
     if req.stream {

@@ -30,7 +30,12 @@ pub struct Args {
     /// Waiting requests before new ones get 429.
     #[arg(long, default_value_t = 256)]
     max_queued_requests: usize,
-    /// Tokens per forward step (prefill chunks + decode tokens).
+    /// Tokens per forward step (prefill chunks + decode tokens). One
+    /// sequence's prefill chunk is at most 8192 tokens (or this budget less
+    /// a decode token per other sequence, if smaller), so a prompt up to
+    /// 8192 tokens prefills in one forward pass, as vLLM and SGLang do on
+    /// large GPUs; hybrid models add a pass over the prompt's last partial
+    /// page, where the prefix cache snapshots their recurrent state.
     #[arg(long, default_value_t = 32768)]
     max_num_batched_tokens: usize,
     /// KV pages in the pool (overrides --kv-cache-tokens).
