@@ -114,7 +114,7 @@ mod tests {
 
     #[test]
     fn a_ttft_cv_of_nine_and_a_half_percent_is_an_invalid_run() {
-        // Mean 0.19 s, sample std 0.01805 s: CV 9.5%, as measured on the H200.
+        // Mean 0.19 s, sample std 0.01805 s: CV 9.5%, the spread the issue reports.
         let r = result(&[0.17195, 0.19, 0.20805], &[390.0, 391.0, 389.0]);
         let c = grade_unreferenced(&r, &Tolerances::default());
         assert_eq!(c.outcome, Outcome::InvalidRun);

@@ -46,10 +46,11 @@ KESTREL_EXTERN void swiglu_f32(float* __restrict__ out, const float* __restrict_
     out[(size_t)t * inter + j] = g / (1.f + __expf(-g)) * row[inter + j];
 }
 
-// Eight values per thread: two 16-byte loads, one 16-byte store. With one
-// value and a 2-byte store per thread, the conversions of an 8K-token prefill's
-// [8192, 4096] projection inputs made Qwen3-30B's `matmul 4096->2048` about
-// 45 % slower. x and out 16-byte aligned.
+// Eight values per thread: two 16-byte loads, one 16-byte store. One value
+// and a 2-byte store per thread made the conversion of a prefill's projection
+// inputs a large share of the product it feeds
+// (docs/benchmarks/2026-12-01-code-comment-measurements.md). x and out
+// 16-byte aligned.
 // Grid ceil(n / 8 / 256), block 256.
 KESTREL_EXTERN void f32_to_bf16_kernel(__nv_bfloat16* __restrict__ out, const float* __restrict__ x, size_t n) { pdl_begin();
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;

@@ -287,20 +287,23 @@ fn compare(mode: Mode) -> Vec<(String, usize)> {
     report
 }
 
+/// Fails listing every (model, proposer) whose output speculation changed.
+fn assert_unchanged(mode: Mode) {
+    let differ: Vec<String> = compare(mode)
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!("{what}: {n} requests"))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "speculation changed the output in {mode:?}:\n{}",
+        differ.join("\n")
+    );
+}
+
 #[test]
 fn greedy_output_is_the_same_with_speculation_on_and_off_in_f32() {
-    with_gpu(|_gpu| {
-        let differ: Vec<String> = compare(F32)
-            .into_iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(what, n)| format!("{what}: {n} requests"))
-            .collect();
-        assert!(
-            differ.is_empty(),
-            "speculation changed the output:\n{}",
-            differ.join("\n")
-        );
-    });
+    with_gpu(|_gpu| assert_unchanged(F32));
 }
 
 #[test]
@@ -317,18 +320,7 @@ fn bf16_divergence_with_speculation_is_reported() {
 
 #[test]
 fn greedy_output_is_the_same_with_speculation_on_and_off_in_bf16_batch_invariant() {
-    with_gpu(|_gpu| {
-        let differ: Vec<String> = compare(BF16_INVARIANT)
-            .into_iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(what, n)| format!("{what}: {n} requests"))
-            .collect();
-        assert!(
-            differ.is_empty(),
-            "speculation changed the output:\n{}",
-            differ.join("\n")
-        );
-    });
+    with_gpu(|_gpu| assert_unchanged(BF16_INVARIANT));
 }
 
 /// In the batch-invariant mode a request's tokens are the same alone and

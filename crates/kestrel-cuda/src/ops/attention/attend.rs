@@ -17,8 +17,8 @@ use crate::step::StepLayout;
 /// most of the device idle): enough to stream the cache of a single long
 /// sequence at full bandwidth, while a batch that fills the device on its own
 /// is not split (fewer partials to merge).
-fn decode_splits(target_blocks: usize, seqs: usize, blocks_per_seq: usize) -> usize {
-    (target_blocks / (seqs * blocks_per_seq)).clamp(1, DECODE_MAX_SPLITS)
+fn decode_splits(target_blocks: usize, rows: usize, blocks_per_row: usize) -> usize {
+    (target_blocks / (rows * blocks_per_row)).clamp(1, DECODE_MAX_SPLITS)
 }
 
 /// Decode blocks that fit on the device at once (two per SM at 96 KiB of
@@ -66,18 +66,24 @@ impl Attend<'_> {
     /// launches of at most [`BATCH_INVARIANT_ROWS`] (prefill chunks bring
     /// thousands; their partials are bounded so).
     pub fn decode(&self, dim_index: usize) {
-        let (hq, hkv) = (self.spec.num_q_heads, self.spec.num_kv_heads);
         let rows = self.l.tokens;
-        let blocks_per_seq = hkv * (hq / hkv).div_ceil(DECODE_HEADS);
         if self.cx.plan.batch_invariant {
             for first in (0..rows).step_by(BATCH_INVARIANT_ROWS) {
                 let n = BATCH_INVARIANT_ROWS.min(rows - first);
                 self.decode_rows(dim_index, first, n, BATCH_INVARIANT_SPLITS);
             }
         } else {
-            let splits = decode_splits(decode_target_blocks(self.cx.gpu), rows, blocks_per_seq);
+            let target = decode_target_blocks(self.cx.gpu);
+            let splits = decode_splits(target, rows, self.decode_blocks_per_row());
             self.decode_rows(dim_index, 0, rows, splits);
         }
+    }
+
+    /// Decode blocks of one query row and split: a block per (kv head,
+    /// group of up to `DECODE_HEADS` q heads).
+    fn decode_blocks_per_row(&self) -> usize {
+        let (hq, hkv) = (self.spec.num_q_heads, self.spec.num_kv_heads);
+        hkv * (hq / hkv).div_ceil(DECODE_HEADS)
     }
 
     /// Rows `first .. first + rows` of the step in `splits` splits each.
@@ -88,7 +94,7 @@ impl Attend<'_> {
             self.spec.num_kv_heads,
             self.spec.head_dim,
         );
-        let blocks_per_seq = hkv * (hq / hkv).div_ceil(DECODE_HEADS);
+        let blocks_per_row = self.decode_blocks_per_row();
         // The kernels index q, the output and the new token's sections by
         // the row's absolute index (`row_start`); only the per-row sections
         // start at `first`.
@@ -97,7 +103,7 @@ impl Attend<'_> {
         let part_o = gpu.alloc::<f32>(rows * hq * splits * d);
         let part_ml = gpu.alloc::<f32>(rows * hq * splits * 2);
         let s = &gpu.stream;
-        let grid = (blocks_per_seq as u32, rows as u32, splits as u32);
+        let grid = (blocks_per_row as u32, rows as u32, splits as u32);
         let (threads, smem) = (32 * decode_warps(d) as u32, decode_smem_bytes(d));
         let common = [
             Arg::Ptr(at(l.row_start())),

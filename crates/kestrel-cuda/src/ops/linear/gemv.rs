@@ -36,7 +36,15 @@ fn gemv_rows_per_warp(rows: usize) -> usize {
 /// has too few rows in flight (at most 2048 warps) and every lane still gets
 /// a 16-byte chunk of each row. Over K 512..4096 and N 512..248320 this
 /// picked the best split or one within a few percent (docs/benchmarks/).
-fn gemv_split(rows: usize, k: usize, n: usize) -> usize {
+/// The split sets each lane's share of K, so the order of a dot product: the
+/// batch-invariant mode takes the split of a full 8-row launch for every row
+/// count.
+fn gemv_split(cx: &Cx, rows: usize, k: usize, n: usize) -> usize {
+    let rows = if cx.plan.batch_invariant {
+        GEMV_MAX_ROWS
+    } else {
+        rows
+    };
     let per_warp = gemv_rows_per_warp(rows);
     let target = (GEMV_TARGET_ROWS / per_warp).min(2048);
     let groups = n.div_ceil(per_warp);
@@ -71,15 +79,7 @@ pub fn gemv(
     if n == 0 {
         return;
     }
-    // The split sets each lane's share of K, so the order of a dot product:
-    // the batch-invariant mode takes the split of a full 8-row launch for
-    // every row count.
-    let split_rows = if cx.plan.batch_invariant {
-        GEMV_MAX_ROWS
-    } else {
-        rows
-    };
-    let split = gemv_split(split_rows, k, n);
+    let split = gemv_split(cx, rows, k, n);
     let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
     let kernels = match half {
         Half::Bf16 => &cx.k.linear.gemv,
@@ -164,15 +164,7 @@ pub fn gemv_norm(
     // the new one, so it goes to a fresh buffer. The old one is freed after
     // the launch (stream-ordered), never before.
     let residual_out = pre.delta.map(|_| gpu.alloc::<f32>(rows * k));
-    // The split sets each lane's share of K, so the order of a dot product:
-    // the batch-invariant mode takes the split of a full 8-row launch for
-    // every row count.
-    let split_rows = if cx.plan.batch_invariant {
-        GEMV_MAX_ROWS
-    } else {
-        rows
-    };
-    let split = gemv_split(split_rows, k, n);
+    let split = gemv_split(cx, rows, k, n);
     let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
     // Each block normalises the rows once and then takes row groups in turn:
     // as many blocks as fit on the device at once.
