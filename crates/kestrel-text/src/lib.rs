@@ -46,6 +46,7 @@
 
 mod detokenizer;
 mod model_files;
+pub mod parallel_encode;
 mod template;
 mod tokenizer;
 

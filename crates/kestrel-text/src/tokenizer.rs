@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::{Result, anyhow, bail};
 
 use crate::model_files;
+use crate::parallel_encode::{PARALLEL_MIN_BYTES, SplitSafety, encode_in_pieces};
 
 /// A loaded tokenizer. Cloning is cheap (the vocabulary is shared).
 #[derive(Clone)]
@@ -23,6 +24,8 @@ struct Inner {
     /// Added tokens flagged `special` (skipped by `decode(.., true)`).
     special_ids: HashSet<u32>,
     vocab_size: usize,
+    /// Whether long texts may be encoded in parallel pieces (`parallel_encode`).
+    split_safe: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -65,6 +68,9 @@ impl Tokenizer {
             .map(|(id, _)| id)
             .collect();
         let vocab_size = hf.get_vocab_size(true);
+        let split_safe = serde_json::from_slice::<serde_json::Value>(bytes)
+            .map(|doc| SplitSafety::of(&doc) == SplitSafety::Safe)
+            .unwrap_or(false);
         Ok(Self {
             inner: Arc::new(Inner {
                 hf,
@@ -72,6 +78,7 @@ impl Tokenizer {
                 eos_ids: Vec::new(),
                 special_ids,
                 vocab_size,
+                split_safe,
             }),
         })
     }
@@ -84,6 +91,7 @@ impl Tokenizer {
             eos_ids: Vec::new(),
             special_ids: shared.special_ids.clone(),
             vocab_size: shared.vocab_size,
+            split_safe: shared.split_safe,
         });
         Self {
             inner: Arc::new(Inner { eos_ids, ..inner }),
@@ -92,14 +100,33 @@ impl Tokenizer {
 
     /// Token ids of `text`. `add_special` applies the tokenizer's
     /// post-processor (BOS/EOS insertion where the model has one); special
-    /// tokens written in the text are recognised either way.
+    /// tokens written in the text are recognised either way. A long text
+    /// without special-token insertion is encoded in parallel pieces with
+    /// the ids of one pass (`parallel_encode`).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        if !add_special && self.inner.split_safe && text.len() >= PARALLEL_MIN_BYTES {
+            return encode_in_pieces(text, |piece| {
+                self.encode_one_pass(piece, false)
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(|e| anyhow!(e));
+        }
+        self.encode_one_pass(text, add_special)
+    }
+
+    /// [`Tokenizer::encode`] in one pass on the calling thread.
+    pub fn encode_one_pass(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         let encoding = self
             .inner
             .hf
             .encode_fast(text, add_special)
             .map_err(|e| anyhow!("encoding with {} failed: {e}", self.inner.origin))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Whether long texts are encoded in parallel pieces.
+    pub fn encodes_in_parallel(&self) -> bool {
+        self.inner.split_safe
     }
 
     /// Text of `ids`; `skip_special` drops added tokens flagged special

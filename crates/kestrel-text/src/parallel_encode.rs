@@ -1,0 +1,226 @@
+//! Encoding a long text on several cores with exactly the ids of one pass.
+//!
+//! A cold long prompt is tokenised before its first forward pass, so the
+//! tokeniser's time adds to the time to first token one for one (a prompt of
+//! ~7,000 tokens is tens of milliseconds on one core). The text is cut into
+//! pieces that are encoded in parallel and their ids concatenated. That is
+//! exact only where a cut falls on a boundary the tokenizer itself would
+//! never cross, so cuts are made only at a *safe point* and only for a
+//! tokenizer whose pipeline is known to respect it.
+//!
+//! A safe point is the position after a `'\n'` that follows a
+//! non-whitespace character and precedes a printable ASCII character other
+//! than space (`x\ny`, cut between `\n` and `y`). For a tokenizer of the form
+//! accepted by [`SplitSafety::of`]:
+//!
+//! - added tokens are matched first, on the raw text. None of them contains
+//!   `'\n'`, and none strips or requires neighbouring whitespace (`lstrip`,
+//!   `rstrip`, `single_word`), so a match never spans the cut and never
+//!   depends on what lies across it;
+//! - NFC (or no normalizer) cannot compose `'\n'` with what follows, and
+//!   the character after the cut is an ASCII starter;
+//! - the pre-tokenizer is one regex split (the GPT-2 style patterns listed
+//!   in [`SPLIT_SAFE_PATTERNS`]) and a byte-level mapping without a prefix
+//!   space. In those patterns a newline is matched by `\s*[\r\n]+`, by
+//!   the `[\r\n]*` tail of a punctuation run, or by `\s+`; every one of them
+//!   ends at the newline when the next character is not whitespace, no
+//!   alternative lets a letter run start at a newline, and the only
+//!   lookahead (`\s+(?!\S)`) is reached for whitespace runs that the
+//!   non-whitespace character before the newline keeps apart from the cut.
+//!   So the matches of the whole text are those of the pieces;
+//! - BPE works inside a pre-token, and the post-processor runs only when
+//!   special tokens are added, which this path never does.
+//!
+//! Tests compare the pieces' ids with one pass over large mixed texts.
+
+use rayon::prelude::*;
+use serde_json::Value;
+
+/// Below this many bytes a text is encoded in one pass: the pieces would
+/// be too small to pay for the threads.
+pub const PARALLEL_MIN_BYTES: usize = 8 * 1024;
+
+/// Smallest piece worth a thread of its own.
+const MIN_PIECE_BYTES: usize = 2 * 1024;
+
+/// Regex pre-tokenizer patterns for which a safe point is a pre-token
+/// boundary (module docs): Qwen2/Qwen3's and Qwen3.5/3.6's.
+pub const SPLIT_SAFE_PATTERNS: &[&str] = &[
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+];
+
+/// Whether a tokenizer's ids may be computed piece by piece at safe points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitSafety {
+    Safe,
+    /// Why not (shown in debug output only: such a tokenizer just encodes in
+    /// one pass).
+    Unsafe(&'static str),
+}
+
+impl SplitSafety {
+    /// Reads the pipeline from the `tokenizer.json` document.
+    pub fn of(doc: &Value) -> Self {
+        use SplitSafety::Unsafe;
+        match doc.get("normalizer") {
+            None | Some(Value::Null) => {}
+            Some(n) if n.get("type").and_then(Value::as_str) == Some("NFC") => {}
+            Some(_) => return Unsafe("normalizer other than NFC"),
+        }
+        let Some(pre) = doc.get("pre_tokenizer") else {
+            return Unsafe("no pre-tokenizer");
+        };
+        if !pre_tokenizer_is_safe(pre) {
+            return Unsafe("pre-tokenizer not among the known-safe forms");
+        }
+        match doc
+            .get("model")
+            .and_then(|m| m.get("type"))
+            .and_then(Value::as_str)
+        {
+            Some("BPE") => {}
+            _ => return Unsafe("model is not BPE"),
+        }
+        if doc
+            .get("model")
+            .and_then(|m| m.get("dropout"))
+            .is_some_and(|d| !d.is_null())
+        {
+            return Unsafe("BPE dropout");
+        }
+        let added = doc.get("added_tokens").and_then(Value::as_array);
+        for token in added.into_iter().flatten() {
+            let flag = |name: &str| token.get(name).and_then(Value::as_bool).unwrap_or(false);
+            let content = token.get("content").and_then(Value::as_str).unwrap_or("");
+            if content.contains('\n') || flag("lstrip") || flag("rstrip") || flag("single_word") {
+                return Unsafe("an added token contains a newline or strips whitespace");
+            }
+        }
+        SplitSafety::Safe
+    }
+}
+
+fn pre_tokenizer_is_safe(pre: &Value) -> bool {
+    let kind = |v: &Value| v.get("type").and_then(Value::as_str).map(str::to_owned);
+    let byte_level_plain = |v: &Value| {
+        kind(v).as_deref() == Some("ByteLevel")
+            && v.get("add_prefix_space").and_then(Value::as_bool) == Some(false)
+            && v.get("use_regex").and_then(Value::as_bool) == Some(false)
+    };
+    let safe_split = |v: &Value| {
+        kind(v).as_deref() == Some("Split")
+            && v.get("behavior").and_then(Value::as_str) == Some("Isolated")
+            && v.get("invert").and_then(Value::as_bool) == Some(false)
+            && v.get("pattern")
+                .and_then(|p| p.get("Regex"))
+                .and_then(Value::as_str)
+                .is_some_and(|r| SPLIT_SAFE_PATTERNS.contains(&r))
+    };
+    if kind(pre).as_deref() != Some("Sequence") {
+        return false;
+    }
+    match pre.get("pretokenizers").and_then(Value::as_array) {
+        Some(steps) => steps.len() == 2 && safe_split(&steps[0]) && byte_level_plain(&steps[1]),
+        None => false,
+    }
+}
+
+/// Byte offsets of safe points that cut `text` into at most `pieces`
+/// pieces of at least [`MIN_PIECE_BYTES`], near equal in size.
+pub fn cut_points(text: &str, pieces: usize) -> Vec<usize> {
+    let bytes = text.as_bytes();
+    let pieces = pieces.min(bytes.len() / MIN_PIECE_BYTES).max(1);
+    let step = bytes.len() / pieces;
+    let mut cuts = Vec::with_capacity(pieces.saturating_sub(1));
+    let mut from = 0;
+    for i in 1..pieces {
+        let target = (i * step).max(from + MIN_PIECE_BYTES);
+        match next_safe_point(bytes, target) {
+            Some(at) if bytes.len() - at >= MIN_PIECE_BYTES => {
+                cuts.push(at);
+                from = at;
+            }
+            _ => break,
+        }
+    }
+    cuts
+}
+
+/// The first safe point at or after `from`.
+fn next_safe_point(bytes: &[u8], from: usize) -> Option<usize> {
+    // A safe point `at` has bytes[at - 1] == b'\n'; the bytes around it are
+    // ASCII, so it is a char boundary of the UTF-8 text.
+    (from.max(2)..bytes.len()).find(|&at| {
+        bytes[at - 1] == b'\n'
+            && !(bytes[at - 2] as char).is_ascii_whitespace()
+            && bytes[at - 2] < 0x80
+            && (0x21..=0x7e).contains(&bytes[at])
+    })
+}
+
+/// Encodes `text` (without special-token insertion) in pieces cut at safe
+/// points, in parallel, with `encode` applied to each piece.
+pub fn encode_in_pieces<E>(text: &str, encode: E) -> Result<Vec<u32>, String>
+where
+    E: Fn(&str) -> Result<Vec<u32>, String> + Sync,
+{
+    let cuts = cut_points(text, rayon::current_num_threads());
+    if cuts.is_empty() {
+        return encode(text);
+    }
+    let bounds: Vec<(usize, usize)> = std::iter::once(0)
+        .chain(cuts.iter().copied())
+        .zip(cuts.iter().copied().chain(std::iter::once(text.len())))
+        .collect();
+    let parts: Vec<Vec<u32>> = bounds
+        .par_iter()
+        .map(|&(a, b)| encode(&text[a..b]))
+        .collect::<Result<_, _>>()?;
+    Ok(parts.concat())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_points_fall_after_a_newline_between_non_whitespace() {
+        let line = "def f(x):\n    return x\n";
+        let text = line.repeat(2000);
+        let cuts = cut_points(&text, 8);
+        assert!(!cuts.is_empty() && cuts.len() <= 7, "{} cuts", cuts.len());
+        for &c in &cuts {
+            let b = text.as_bytes();
+            assert_eq!(b[c - 1], b'\n');
+            assert!(
+                !b[c - 2].is_ascii_whitespace(),
+                "cut {c} follows whitespace"
+            );
+            assert!(
+                b[c].is_ascii_graphic(),
+                "cut {c} precedes {:?}",
+                b[c] as char
+            );
+        }
+        assert!(cuts.windows(2).all(|w| w[1] - w[0] >= MIN_PIECE_BYTES));
+    }
+
+    #[test]
+    fn short_or_cutless_texts_stay_whole() {
+        assert!(cut_points("abc\ndef", 8).is_empty());
+        // Newlines only before indentation or a blank line: no safe point.
+        let text = "    x = 1\n\n".repeat(3000);
+        assert!(cut_points(&text, 8).is_empty());
+    }
+
+    #[test]
+    fn cut_points_never_split_a_multibyte_character() {
+        let text = "é€😀;\nxé€😀\n".repeat(2000);
+        let cuts = cut_points(&text, 16);
+        assert!(!cuts.is_empty());
+        for c in cuts {
+            assert!(text.is_char_boundary(c));
+        }
+    }
+}
