@@ -13,6 +13,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The records and constants shared with the launchers (`src/abi.rs`).
+#[allow(dead_code)]
+#[path = "src/abi.rs"]
+mod abi;
+
 /// Targets in every fatbin: Hopper with its `a` features (wgmma, setmaxnreg),
 /// sm_121, and compute_90 PTX so newer GPUs can JIT the kernels.
 const GENCODE: &[&str] = &[
@@ -42,6 +47,16 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed={}", kernel_dir.display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        manifest_dir.join("src/abi.rs").display()
+    );
+
+    // The shared header, written whether or not nvcc is found.
+    let abi_dir = out_dir.join("include");
+    fs::create_dir_all(&abi_dir).expect("create the header folder");
+    fs::write(abi_dir.join("kestrel_abi.h"), abi::header().to_string())
+        .expect("write kestrel_abi.h");
 
     let mut sources: Vec<PathBuf> = fs::read_dir(&kernel_dir)
         .expect("kernels/ directory")
@@ -72,7 +87,9 @@ fn main() {
     let result = find_nvcc(&venv).and_then(|nvcc| {
         modules
             .iter()
-            .map(|src| compile(&nvcc, src, &kernel_dir, &out_dir).map(|fatbin| (*src, fatbin)))
+            .map(|src| {
+                compile(&nvcc, src, &[&kernel_dir, &abi_dir], &out_dir).map(|fatbin| (*src, fatbin))
+            })
             .collect::<Result<Vec<_>, String>>()
     });
 
@@ -131,14 +148,14 @@ fn find_in_venv(venv: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn compile(nvcc: &Path, src: &Path, include: &Path, out_dir: &Path) -> Result<PathBuf, String> {
+fn compile(nvcc: &Path, src: &Path, include: &[&Path], out_dir: &Path) -> Result<PathBuf, String> {
     let stem = src.file_stem().unwrap().to_str().unwrap();
     let out = out_dir.join(format!("{stem}.fatbin"));
     let mut cmd = Command::new(nvcc);
     cmd.arg("--fatbin")
         .args(GENCODE)
         .args(["-O3", "-std=c++17", "-lineinfo"])
-        .arg(format!("-I{}", include.display()))
+        .args(include.iter().map(|dir| format!("-I{}", dir.display())))
         .arg("-o")
         .arg(&out)
         .arg(src);

@@ -22,6 +22,32 @@ pub enum Arg {
     U64(u64),
     /// A tensor map for TMA copies (`CUtensorMap`, 128 bytes), passed by value.
     TensorMap([u64; 16]),
+    /// An argument record of `kestrel_kernels::abi` (at most 128 bytes),
+    /// passed by value; see [`Arg::record`].
+    Record([u64; 16]),
+}
+
+impl Arg {
+    /// A kernel's argument record (a `#[repr(C)]` struct of
+    /// `kestrel_kernels::abi`, which the kernel takes as its
+    /// `const __grid_constant__` parameter of the same layout).
+    pub fn record<T: Copy>(record: &T) -> Self {
+        let size = std::mem::size_of::<T>();
+        assert!(
+            size <= 128,
+            "an argument record of {size} bytes (at most 128)"
+        );
+        let mut words = [0u64; 16];
+        // SAFETY: `T` is plain data of `size` bytes and `words` holds 128.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (record as *const T).cast::<u8>(),
+                words.as_mut_ptr().cast::<u8>(),
+                size,
+            );
+        }
+        Arg::Record(words)
+    }
 }
 
 impl Gpu {
@@ -63,7 +89,7 @@ impl Gpu {
             return;
         }
         // Each parameter pointer must address a value of the kernel's parameter type.
-        // (A tensor map takes 128 bytes; the other values the first 8.)
+        // (A tensor map or a record takes up to 128 bytes; the other values the first 8.)
         let mut values: Vec<[u64; 16]> = args
             .iter()
             .map(|a| {
@@ -72,7 +98,7 @@ impl Gpu {
                     Arg::Ptr(p) | Arg::U64(p) => v.copy_from_slice(&p.to_ne_bytes()),
                     Arg::I32(i) => v[..4].copy_from_slice(&i.to_ne_bytes()),
                     Arg::F32(x) => v[..4].copy_from_slice(&x.to_ne_bytes()),
-                    Arg::TensorMap(m) => return m,
+                    Arg::TensorMap(m) | Arg::Record(m) => return m,
                 }
                 let mut value = [0u64; 16];
                 value[0] = u64::from_ne_bytes(v);

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "gdn.cuh"
+#include "kestrel_abi.h"
 
 constexpr int GDN_CONV_TOKENS = 64;  // tokens per block of gdn_conv
 
@@ -131,7 +132,7 @@ KESTREL_EXTERN void gdn_conv_v4(float* __restrict__ out, const float* __restrict
                         kernel);
 }
 
-constexpr int GDN_COLS = 32;    // value columns per block
+constexpr int GDN_COLS = GDN_COLS_PER_BLOCK;  // value columns per block (src/abi.rs)
 constexpr int GDN_GROUPS = 4;   // key-row groups per block
 // Delta rule per (sequence, value head, 32-column chunk of Dv), tokens in order:
 //   S *= exp(g); delta = (v - S^T k) * beta; S += k delta^T; o = S^T q
@@ -140,12 +141,19 @@ constexpr int GDN_GROUPS = 4;   // key-row groups per block
 // State [slot, Hv, Dk, Dv] f32; token_ckpt[t] >= 0 also receives the state
 // after token t. Grid (ceil(Dv/32), Hv, S), block 128.
 // Dynamic shared memory: (Dk*32 + 2*Dk) floats.
-KESTREL_EXTERN void gdn_recurrent(float* __restrict__ core, const float* __restrict__ qkv,
-                                  const float* __restrict__ proj, int proj_stride, int b_offset, int a_offset,
-                                  const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                                  float* __restrict__ state, const int* __restrict__ seq_start,
-                                  const int* __restrict__ seq_slot, const int* __restrict__ token_ckpt, int hk,
-                                  int hv, int dk, int dv) { pdl_begin();
+KESTREL_EXTERN void gdn_recurrent(const __grid_constant__ GdnRecurrentArgs args) {
+    pdl_begin();
+    float* __restrict__ core = args.core;
+    const float* __restrict__ qkv = args.qkv;
+    const float* __restrict__ proj = args.proj;
+    const float* __restrict__ a_log = args.a_log;
+    const float* __restrict__ dt_bias = args.dt_bias;
+    float* __restrict__ state = args.state;
+    const int* __restrict__ seq_start = args.seq_start;
+    const int* __restrict__ seq_slot = args.seq_slot;
+    const int* __restrict__ token_ckpt = args.token_ckpt;
+    const int proj_stride = args.proj_stride, b_offset = args.b_offset, a_offset = args.a_offset;
+    const int hk = args.hk, hv = args.hv, dk = args.dk, dv = args.dv;
     extern __shared__ float smem[];
     float* S = smem;                // [dk][GDN_COLS]
     float* qs = S + dk * GDN_COLS;  // [dk]

@@ -44,14 +44,15 @@
 // 128 blocks (one per SM), so its time is the chain's latency, while the
 // next chunk's record streams in behind the current chunk's products.
 #include "gdn.cuh"
+#include "kestrel_abi.h"
 #include "tf32_mma.cuh"
 #include "wgmma.cuh"
 
 namespace {
 
-constexpr int CH = 64;  // chunk length
-constexpr int DK = 128;
-constexpr int DV = 128;
+constexpr int CH = GDN_CHUNK;  // chunk length
+constexpr int DK = GDN_HEAD_DIM;
+constexpr int DV = GDN_HEAD_DIM;
 
 // Layout of one (chunk, head) record in the scratch buffer, in floats. The
 // matrices are stored as the state pass's tensor-core fragments read them:
@@ -67,6 +68,7 @@ constexpr int OFF_DECAY = OFF_I + CH * CH;  // exp(cum_last), then 3 zeros
 // Padded to whole rows of 128 floats: the state pass reads records by TMA
 // as rows of 128 (and 64) floats.
 constexpr int CHUNK_FLOATS = OFF_DECAY + 128;
+static_assert(CHUNK_FLOATS == GDN_CHUNK_FLOATS, "src/abi.rs states the record size");
 static_assert(CHUNK_FLOATS % 128 == 0 && OFF_KT % 128 == 0 && OFF_I % 64 == 0 && OFF_U % 128 == 0, "TMA rows");
 
 // Index of sequence s's first chunk among all chunks of the step.
@@ -105,7 +107,7 @@ constexpr int QS = DK + 4;
 constexpr int AS = CH + 4;
 // Dynamic shared memory of gdn_chunk_prep (mirrored as PREP_SMEM_BYTES in ops/gdn/).
 constexpr int PREP_SMEM_BYTES = (2 * CH * QS + CH * AS) * 4;
-static_assert(PREP_SMEM_BYTES == 84992, "ops/gdn/ mirrors this");
+static_assert(PREP_SMEM_BYTES == GDN_PREP_SMEM_BYTES, "src/abi.rs states this");
 
 }  // namespace
 
@@ -125,7 +127,7 @@ struct ConvIn {
     const float* state;      // [conv_dim, kernel - 1] of this sequence's slot
     int kernel;
 };
-constexpr int CONV_FUSED_MAX_KERNEL = 4;  // mirrored in ops/gdn/
+constexpr int CONV_FUSED_MAX_KERNEL = GDN_CONV_FUSED_MAX_KERNEL;
 
 // HIST: the conv's history length kernel - 1 when known at compile time
 // (conv_rows dispatches Qwen3.5's 4 taps: fewer predicated instructions in
@@ -452,6 +454,9 @@ __device__ __forceinline__ void prep_body(float* __restrict__ scratch, const flo
 
 // One body per arithmetic (tc 2: one TF32 pass and the fast SiLU; tc 1:
 // 3xTF32 and the exact SiLU).
+// Positional parameters, not a record (src/abi.rs): this body sits at its
+// 128-register cap, and reading its pointers from a record parameter made it
+// spill.
 KESTREL_EXTERN void __launch_bounds__(PREP_THREADS, 2)
     gdn_chunk_prep(float* __restrict__ scratch, const float* __restrict__ x, int x_stride,
                    const __nv_bfloat16* __restrict__ conv_w, const float* __restrict__ conv_state, int conv_kernel,
@@ -467,7 +472,7 @@ KESTREL_EXTERN void __launch_bounds__(PREP_THREADS, 2)
 }
 
 namespace {
-constexpr int STATE_THREADS = 256;
+constexpr int STATE_THREADS = GDN_STATE_THREADS;
 constexpr int TC = 32;  // state columns per block
 
 // Shared memory of the state pass, in floats. Every matrix a fragment is
@@ -489,7 +494,7 @@ constexpr int SM_VT = SM_ST + TC * RK;
 constexpr int STATE_SMEM_FLOATS = SM_VT + TC * RJ;
 // Mirrored as STATE_SMEM_BYTES in ops/gdn/.
 constexpr int STATE_SMEM_BYTES = 4 * STATE_SMEM_FLOATS;
-static_assert(STATE_SMEM_BYTES == 155648, "ops/gdn/ mirrors this");
+static_assert(STATE_SMEM_BYTES == GDN_STATE_SMEM_BYTES, "src/abi.rs states this");
 static_assert(SM_Q % 4 == 0 && SM_KT % 4 == 0 && SM_I % 4 == 0 && SM_U % 4 == 0 && SM_ST % 4 == 0 &&
                   SM_VT % 4 == 0 && RK % 32 == 4 && RJ % 32 == 4 && RU % 4 == 0,
               "16-byte aligned rows for cp.async and ldmatrix");
@@ -957,22 +962,16 @@ __device__ __forceinline__ void chunk_state(float* __restrict__ core, const floa
 }
 
 KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
-    gdn_chunk_state(float* __restrict__ core, const float* __restrict__ scratch, float* __restrict__ state,
-                    const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hv, int tc,
-                    const float* __restrict__ conv_x, int conv_x_stride, float* __restrict__ conv_state,
-                    int conv_kernel, int hk) {
+    gdn_chunk_state(const __grid_constant__ GdnChunkStateArgs a) {
     pdl_begin();
-    chunk_state<false>(core, scratch, state, seq_start, seq_slot, hv, tc, conv_x, conv_x_stride, conv_state,
-                       conv_kernel, hk, nullptr, nullptr);
+    chunk_state<false>(a.core, a.scratch, a.state, a.seq_start, a.seq_slot, a.hv, a.tc, a.conv_x, a.conv_x_stride,
+                       a.conv_state, a.conv_kernel, a.hk, nullptr, nullptr);
 }
 
 KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
-    gdn_chunk_state_wg(float* __restrict__ core, const float* __restrict__ scratch, float* __restrict__ state,
-                       const int* __restrict__ seq_start, const int* __restrict__ seq_slot, int hv, int tc,
-                       const float* __restrict__ conv_x, int conv_x_stride, float* __restrict__ conv_state,
-                       int conv_kernel, int hk, const __grid_constant__ TmaMap rows128,
+    gdn_chunk_state_wg(const __grid_constant__ GdnChunkStateArgs a, const __grid_constant__ TmaMap rows128,
                        const __grid_constant__ TmaMap rows64) {
     pdl_begin();
-    chunk_state<true>(core, scratch, state, seq_start, seq_slot, hv, tc, conv_x, conv_x_stride, conv_state,
-                      conv_kernel, hk, &rows128, &rows64);
+    chunk_state<true>(a.core, a.scratch, a.state, a.seq_start, a.seq_slot, a.hv, a.tc, a.conv_x, a.conv_x_stride,
+                      a.conv_state, a.conv_kernel, a.hk, &rows128, &rows64);
 }

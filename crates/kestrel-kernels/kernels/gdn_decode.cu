@@ -20,20 +20,21 @@
 #include <cooperative_groups.h>
 
 #include "gdn.cuh"
+#include "kestrel_abi.h"
 
 namespace cg = cooperative_groups;
 
 namespace {
 
-constexpr int DK = 128;
-constexpr int DV = 128;
+constexpr int DK = GDN_HEAD_DIM;
+constexpr int DV = GDN_HEAD_DIM;
 constexpr int THREADS = 128;
 constexpr int NWARPS = THREADS / 32;
 constexpr int CLUSTER = 8;
 
 // The conv kernel size of the Qwen3.5/3.6/Next models; fixing it keeps the
 // conv straight-line code (other sizes take the general kernels).
-constexpr int KSIZE = 4;
+constexpr int KSIZE = GDN_DECODE_CONV_KERNEL;
 constexpr int HIST = KSIZE - 1;
 
 // One channel's conv inputs: the carried inputs (oldest first), the new one,
@@ -76,25 +77,9 @@ __device__ __forceinline__ void next_state(float (&dst)[HIST], const Taps& tp) {
     dst[HIST - 1] = tp.x;
 }
 
-struct DecodeArgs {
-    float* out;                   // [T, Hv*Dv]
-    const float* proj;            // [T, proj_stride]: [qkv | z | b | a]
-    int proj_stride;
-    const __nv_bfloat16* conv_w;  // [conv_dim, kernel]
-    float* conv_state;            // [slots, conv_dim, kernel-1]
-    float* state;                 // [slots, Hv, Dk, Dv]
-    const float* a_log;
-    const float* dt_bias;
-    const float* norm_w;  // [Dv]
-    const int* seq_start;
-    const int* seq_slot;
-    const int* token_ckpt;  // [T]: a slot that also receives the state after the token, or -1
-    int hk, hv;
-    float q_scale, eps;
-};
 
 template <int GROUP>
-__device__ __forceinline__ void decode(const DecodeArgs& a) {
+__device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
     constexpr int TILES = CLUSTER / GROUP;  // column tiles per value head
     constexpr int COLS = DV / TILES;        // columns per block
     constexpr int TPR = COLS / 4;           // threads per state row (float4 each)
@@ -318,15 +303,11 @@ __device__ __forceinline__ void decode(const DecodeArgs& a) {
 // conv kernel 4.
 // MIN_BLOCKS per SM caps registers: as many blocks as the state tile allows
 // without spilling, since resident blocks are what keep HBM busy at large batches.
-#define GDN_DECODE(GROUP, MIN_BLOCKS)                                                                            \
-    KESTREL_EXTERN void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, MIN_BLOCKS)                    \
-        gdn_decode_g##GROUP(                                                                                      \
-        float* out, const float* proj, int proj_stride, const __nv_bfloat16* conv_w, float* conv_state,            \
-        float* state, const float* a_log, const float* dt_bias, const float* norm_w, const int* seq_start,       \
-        const int* seq_slot, const int* token_ckpt, int hk, int hv, float q_scale, float eps) {                     \
-        pdl_begin();                                                                                              \
-        decode<GROUP>(DecodeArgs{out, proj, proj_stride, conv_w, conv_state, state, a_log, dt_bias, norm_w,        \
-                                 seq_start, seq_slot, token_ckpt, hk, hv, q_scale, eps});                         \
+#define GDN_DECODE(GROUP, MIN_BLOCKS)                                                                 \
+    KESTREL_EXTERN void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, MIN_BLOCKS)         \
+        gdn_decode_g##GROUP(const __grid_constant__ GdnDecodeArgs a) {                                     \
+        pdl_begin();                                                                                   \
+        decode<GROUP>(a);                                                                              \
     }
 
 GDN_DECODE(1, 8)

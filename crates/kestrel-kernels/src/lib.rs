@@ -5,6 +5,8 @@
 //! the driver's module loader (`cuModuleLoadData`). When the build found no
 //! nvcc every slice is empty and [`available`] says why.
 
+pub mod abi;
+
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
 /// `Ok` when the kernels were compiled into this build.

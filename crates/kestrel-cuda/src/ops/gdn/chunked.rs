@@ -3,6 +3,7 @@
 //! cores in the plan's arithmetic (`gdn.chunk_math`, `gdn.state_pass`).
 
 use cudarc::driver::CudaSlice;
+use kestrel_kernels::abi::GdnChunkStateArgs;
 
 use super::io::{Io, query_scale};
 use super::kernels::{
@@ -79,21 +80,21 @@ pub fn chunked(cx: &Cx, io: &Io) -> CudaSlice<f32> {
     } else {
         &cx.k.gdn.chunk_state
     };
-    let mut args = vec![
-        Arg::Ptr(ptr(&core, s)),
-        Arg::Ptr(ptr(&scratch, s)),
-        Arg::Ptr(io.state),
-        Arg::Ptr(l.seq_start()),
-        Arg::Ptr(l.seq_slot()),
-        Arg::I32(hv as i32),
-        Arg::I32(tc),
+    let mut args = vec![Arg::record(&GdnChunkStateArgs {
+        core: ptr(&core, s),
+        scratch: ptr(&scratch, s),
+        state: io.state,
+        seq_start: l.seq_start(),
+        seq_slot: l.seq_slot(),
+        hv: hv as i32,
+        tc,
         // The conv state to advance when the preparation computed the conv.
-        Arg::Ptr(x),
-        Arg::I32(x_stride as i32),
-        Arg::Ptr(conv_state),
-        Arg::I32(spec.conv_kernel as i32),
-        Arg::I32(spec.num_k_heads as i32),
-    ];
+        conv_x: x,
+        conv_x_stride: x_stride as i32,
+        conv_state,
+        conv_kernel: spec.conv_kernel as i32,
+        hk: spec.num_k_heads as i32,
+    })];
     if wg {
         // The records as rows of 128 and of 64 floats, for TMA.
         let floats = chunks * hv * CHUNK_FLOATS;

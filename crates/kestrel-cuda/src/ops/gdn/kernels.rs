@@ -1,44 +1,30 @@
 //! The Gated DeltaNet family's kernels (`gdn.cu`, `gdn_decode.cu`,
-//! `gdn_chunk.cu`) and the constants their launches mirror.
+//! `gdn_chunk.cu`); the constants their launches share with them come from
+//! `kestrel_kernels::abi`.
 
 use cudarc::driver::CudaFunction;
 use kestrel_core::Result;
 
 use crate::device::{Gpu, function, function_with_smem};
 
-/// Mirror `GDN_MAX_KERNEL` (gdn.cuh), `GDN_CONV_TOKENS`, `GDN_COLS` and
-/// `GATED_NORM_MAX_PER_LANE` (gdn.cu).
+/// Mirror `GDN_MAX_KERNEL` (gdn.cuh) and `GDN_CONV_TOKENS` (gdn.cu).
 pub const MAX_CONV_KERNEL: usize = 8;
 pub const CONV_TOKENS: usize = 64;
-/// Most conv taps `gdn_chunk_prep` computes itself (`CONV_FUSED_MAX_KERNEL`
-/// in `kernels/gdn_chunk.cu`).
-pub const CONV_FUSED_MAX_KERNEL: usize = 4;
 /// Most conv taps `gdn_conv_v4` takes (its `KMAX`).
 pub const CONV_V4_MAX_KERNEL: usize = 4;
-pub const COLS_PER_BLOCK: usize = 32;
 /// Rows (token, value head) per block of `gdn_gated_norm`: one warp each.
 pub const GATED_NORM_ROWS_PER_BLOCK: usize = 8;
 /// Largest head_v_dim the gated norm keeps in registers (8 values per lane).
 pub const MAX_HEAD_V_DIM: usize = 256;
-/// The head size of the decode and chunked kernels.
-pub const HEAD_DIM: usize = 128;
-/// The conv kernel size the fused decode kernel is built for.
-pub const DECODE_CONV_KERNEL: usize = 4;
-/// Most new tokens per sequence the decode kernel takes (one plus the drafts
-/// of a verify step; a longer chunk is a prefill).
-pub const DECODE_MAX_TOKENS: usize = 16;
-/// Mirrors `CH` and `CHUNK_FLOATS` of `kernels/gdn_chunk.cu`: chunk length,
-/// and the floats of one (chunk, head) record of the prefill scratch (padded
-/// to whole rows of 128 floats for the state pass's TMA boxes).
-pub const CHUNK: usize = 64;
-pub const CHUNK_FLOATS: usize = 4 * HEAD_DIM * CHUNK + CHUNK * CHUNK + 128;
-/// Dynamic shared memory of the chunked kernels (`PREP_SMEM_BYTES` and
-/// `STATE_SMEM_BYTES` in gdn_chunk.cu): the prep's padded q and k rows
-/// (`QS`) and A's (`AS`); the state pass's seven padded tiles.
-pub const PREP_SMEM_BYTES: usize = (2 * CHUNK * (HEAD_DIM + 4) + CHUNK * (CHUNK + 4)) * 4;
-pub const STATE_SMEM_BYTES: usize = 155_648;
-/// Threads of a `gdn_chunk_state` block (its `STATE_THREADS`).
-pub const STATE_THREADS: u32 = 256;
+pub use kestrel_kernels::abi::{
+    GDN_CHUNK as CHUNK, GDN_CHUNK_FLOATS as CHUNK_FLOATS, GDN_COLS_PER_BLOCK as COLS_PER_BLOCK,
+    GDN_CONV_FUSED_MAX_KERNEL as CONV_FUSED_MAX_KERNEL,
+    GDN_DECODE_CONV_KERNEL as DECODE_CONV_KERNEL, GDN_DECODE_MAX_TOKENS as DECODE_MAX_TOKENS,
+    GDN_HEAD_DIM as HEAD_DIM, GDN_PREP_SMEM_BYTES as PREP_SMEM_BYTES,
+    GDN_STATE_SMEM_BYTES as STATE_SMEM_BYTES,
+};
+/// Threads of a `gdn_chunk_state` block.
+pub const STATE_THREADS: u32 = kestrel_kernels::abi::GDN_STATE_THREADS as u32;
 
 /// The kernels, with the chunked ones allowed their dynamic shared memory.
 pub struct GdnKernels {

@@ -2,6 +2,7 @@
 //! the recurrence for shapes without a chunked kernel.
 
 use cudarc::driver::{CudaFunction, CudaSlice};
+use kestrel_kernels::abi::{GdnDecodeArgs, GdnRecurrentArgs};
 
 use super::io::{Io, query_scale};
 use super::kernels::{COLS_PER_BLOCK, CONV_TOKENS, CONV_V4_MAX_KERNEL};
@@ -22,24 +23,24 @@ pub fn decode(cx: &Cx, io: &Io, f: &CudaFunction) -> CudaTensor {
         (8, spec.num_k_heads as u32, io.l.seqs as u32),
         128,
         0,
-        &[
-            Arg::Ptr(ptr(&out, s)),
-            Arg::Ptr(ptr(&io.proj.buf, s)),
-            Arg::I32(io.proj.cols as i32),
-            Arg::Ptr(ptr(io.w.conv.bf16("conv1d"), s)),
-            Arg::Ptr(io.conv_state),
-            Arg::Ptr(io.state),
-            Arg::Ptr(ptr(io.w.a_log.f32("A_log"), s)),
-            Arg::Ptr(ptr(io.w.dt_bias.f32("dt_bias"), s)),
-            Arg::Ptr(ptr(io.w.norm.f32("gated norm"), s)),
-            Arg::Ptr(io.l.seq_start()),
-            Arg::Ptr(io.l.seq_slot()),
-            Arg::Ptr(io.l.token_checkpoint()),
-            Arg::I32(spec.num_k_heads as i32),
-            Arg::I32(spec.num_v_heads as i32),
-            Arg::F32(query_scale(spec.head_k_dim)),
-            Arg::F32(spec.norm_eps),
-        ],
+        &[Arg::record(&GdnDecodeArgs {
+            out: ptr(&out, s),
+            proj: ptr(&io.proj.buf, s),
+            proj_stride: io.proj.cols as i32,
+            conv_w: ptr(io.w.conv.bf16("conv1d"), s),
+            conv_state: io.conv_state,
+            state: io.state,
+            a_log: ptr(io.w.a_log.f32("A_log"), s),
+            dt_bias: ptr(io.w.dt_bias.f32("dt_bias"), s),
+            norm_w: ptr(io.w.norm.f32("gated norm"), s),
+            seq_start: io.l.seq_start(),
+            seq_slot: io.l.seq_slot(),
+            token_ckpt: io.l.token_checkpoint(),
+            hk: spec.num_k_heads as i32,
+            hv: spec.num_v_heads as i32,
+            q_scale: query_scale(spec.head_k_dim),
+            eps: spec.norm_eps,
+        })],
     );
     CudaTensor {
         bf16: None,
@@ -107,24 +108,24 @@ pub fn recurrent(cx: &Cx, io: &Io, conv_out: &CudaSlice<f32>) -> CudaSlice<f32> 
         ),
         128,
         ((dk * COLS_PER_BLOCK + 2 * dk) * 4) as u32,
-        &[
-            Arg::Ptr(ptr(&core, s)),
-            Arg::Ptr(ptr(conv_out, s)),
-            Arg::Ptr(ptr(&io.proj.buf, s)),
-            Arg::I32(io.proj.cols as i32),
-            Arg::I32(io.b_offset() as i32),
-            Arg::I32(io.a_offset() as i32),
-            Arg::Ptr(ptr(io.w.a_log.f32("A_log"), s)),
-            Arg::Ptr(ptr(io.w.dt_bias.f32("dt_bias"), s)),
-            Arg::Ptr(io.state),
-            Arg::Ptr(io.l.seq_start()),
-            Arg::Ptr(io.l.seq_slot()),
-            Arg::Ptr(io.l.token_checkpoint()),
-            Arg::I32(spec.num_k_heads as i32),
-            Arg::I32(spec.num_v_heads as i32),
-            Arg::I32(dk as i32),
-            Arg::I32(dv as i32),
-        ],
+        &[Arg::record(&GdnRecurrentArgs {
+            core: ptr(&core, s),
+            qkv: ptr(conv_out, s),
+            proj: ptr(&io.proj.buf, s),
+            proj_stride: io.proj.cols as i32,
+            b_offset: io.b_offset() as i32,
+            a_offset: io.a_offset() as i32,
+            a_log: ptr(io.w.a_log.f32("A_log"), s),
+            dt_bias: ptr(io.w.dt_bias.f32("dt_bias"), s),
+            state: io.state,
+            seq_start: io.l.seq_start(),
+            seq_slot: io.l.seq_slot(),
+            token_ckpt: io.l.token_checkpoint(),
+            hk: spec.num_k_heads as i32,
+            hv: spec.num_v_heads as i32,
+            dk: dk as i32,
+            dv: dv as i32,
+        })],
     );
     core
 }

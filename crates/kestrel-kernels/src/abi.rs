@@ -1,0 +1,283 @@
+//! What the kernels and their launchers must agree on, written once: the
+//! argument records of kernels with many parameters, and the constants
+//! both sides use.
+//!
+//! This file is a module of the crate (the launchers in `kestrel-cuda`
+//! fill the records) and is also included by `build.rs`, which writes
+//! `kestrel_abi.h` from it for the `.cu` files: each record as a C struct
+//! with a `static_assert` on its size and on every field's offset, each
+//! constant as a `constexpr`. A kernel takes its record as one
+//! `const __grid_constant__` parameter, read in place from the parameter
+//! space (a plain by-value struct is copied to local memory, which costs
+//! registers and spills). So a field added on one side only, or a changed
+//! constant, fails the kernel build instead of corrupting a launch.
+//!
+//! It may only use `core`: the build script compiles it on its own.
+
+/// One field of a record: its C type, name and byte offset.
+pub struct AbiField {
+    pub c_type: &'static str,
+    pub name: &'static str,
+    pub offset: usize,
+}
+
+/// One argument record as the header declares it.
+pub struct AbiRecord {
+    pub name: &'static str,
+    pub size: usize,
+    pub align: usize,
+    pub fields: &'static [AbiField],
+}
+
+/// One shared constant.
+pub struct AbiConst {
+    pub name: &'static str,
+    pub value: i64,
+    pub doc: &'static str,
+}
+
+/// Declares `#[repr(C)]` records (device pointers as `u64`, with the C
+/// type each field has in the kernels) and [`RECORDS`] describing them.
+macro_rules! kernel_records {
+    ($(
+        $(#[doc = $doc:literal])*
+        pub struct $name:ident {
+            $( $(#[doc = $fdoc:literal])* pub $field:ident : $ty:ty => $cty:literal ),* $(,)?
+        }
+    )*) => {
+        $(
+            $(#[doc = $doc])*
+            #[repr(C)]
+            #[derive(Clone, Copy, Debug, Default, PartialEq)]
+            pub struct $name { $( $(#[doc = $fdoc])* pub $field: $ty ),* }
+        )*
+        /// Every record, for the header and the layout test.
+        pub const RECORDS: &[AbiRecord] = &[$(
+            AbiRecord {
+                name: stringify!($name),
+                size: core::mem::size_of::<$name>(),
+                align: core::mem::align_of::<$name>(),
+                fields: &[$( AbiField {
+                    c_type: $cty,
+                    name: stringify!($field),
+                    offset: core::mem::offset_of!($name, $field),
+                } ),*],
+            }
+        ),*];
+    };
+}
+
+/// Declares integer constants shared with the kernels and [`CONSTANTS`].
+macro_rules! shared_constants {
+    ($( $(#[doc = $doc:literal])* pub const $name:ident : $ty:ty = $value:expr; )*) => {
+        $( $(#[doc = $doc])* pub const $name: $ty = $value; )*
+        /// Every shared constant, for the header.
+        pub const CONSTANTS: &[AbiConst] = &[$(
+            AbiConst { name: stringify!($name), value: $name as i64, doc: concat!($($doc),*) }
+        ),*];
+    };
+}
+
+shared_constants! {
+    /// Head size (Dk = Dv) of the fused GDN decode and chunked kernels.
+    pub const GDN_HEAD_DIM: usize = 128;
+    /// Tokens per chunk of the chunked GDN form.
+    pub const GDN_CHUNK: usize = 64;
+    /// Floats of one (chunk, value head) record of the chunked form's
+    /// scratch: W, q, k^T and U (each chunk x head dim), the intra-chunk
+    /// matrix, and the decay, padded to whole rows of 128 floats for the
+    /// state pass's TMA boxes.
+    pub const GDN_CHUNK_FLOATS: usize = 4 * GDN_HEAD_DIM * GDN_CHUNK + GDN_CHUNK * GDN_CHUNK + 128;
+    /// Most conv taps the chunk preparation computes itself.
+    pub const GDN_CONV_FUSED_MAX_KERNEL: usize = 4;
+    /// Threads of a chunk state-pass block.
+    pub const GDN_STATE_THREADS: usize = 256;
+    /// Dynamic shared memory of the chunk state pass: seven padded tiles.
+    pub const GDN_STATE_SMEM_BYTES: usize = 155_648;
+    /// Dynamic shared memory of the chunk preparation: q and k rows padded
+    /// by 4 floats, and A's.
+    pub const GDN_PREP_SMEM_BYTES: usize =
+        (2 * GDN_CHUNK * (GDN_HEAD_DIM + 4) + GDN_CHUNK * (GDN_CHUNK + 4)) * 4;
+    /// Most new tokens per sequence the fused GDN decode kernel takes.
+    pub const GDN_DECODE_MAX_TOKENS: usize = 16;
+    /// The conv kernel size the fused GDN decode kernel is built for.
+    pub const GDN_DECODE_CONV_KERNEL: usize = 4;
+    /// State columns per block of the token-by-token GDN recurrence.
+    pub const GDN_COLS_PER_BLOCK: usize = 32;
+}
+
+kernel_records! {
+    /// `gdn_decode_g*`: a decode or verify step of one GDN layer.
+    pub struct GdnDecodeArgs {
+        /// `[T, Hv*Dv]`, after the gated norm.
+        pub out: u64 => "float*",
+        /// `[T, proj_stride]`: qkv | z | b | a.
+        pub proj: u64 => "const float*",
+        pub proj_stride: i32 => "int",
+        /// `[conv_dim, kernel]`.
+        pub conv_w: u64 => "const __nv_bfloat16*",
+        /// `[slots, conv_dim, kernel - 1]`.
+        pub conv_state: u64 => "float*",
+        /// `[slots, Hv, Dk, Dv]`.
+        pub state: u64 => "float*",
+        pub a_log: u64 => "const float*",
+        pub dt_bias: u64 => "const float*",
+        /// `[Dv]`.
+        pub norm_w: u64 => "const float*",
+        /// `[S + 1]`: each sequence's first new-token row.
+        pub seq_start: u64 => "const int*",
+        /// `[S]`: each sequence's state slot.
+        pub seq_slot: u64 => "const int*",
+        /// `[T]`: a slot that also receives the state after the token, or -1.
+        pub token_ckpt: u64 => "const int*",
+        pub hk: i32 => "int",
+        pub hv: i32 => "int",
+        pub q_scale: f32 => "float",
+        pub eps: f32 => "float",
+    }
+
+    /// `gdn_recurrent`: the token-by-token delta rule after the conv.
+    pub struct GdnRecurrentArgs {
+        /// `[T, Hv*Dv]`, before the gated norm.
+        pub core: u64 => "float*",
+        /// `[T, conv_dim]`: the conv output.
+        pub qkv: u64 => "const float*",
+        /// `[T, proj_stride]`, for b and a.
+        pub proj: u64 => "const float*",
+        pub proj_stride: i32 => "int",
+        pub b_offset: i32 => "int",
+        pub a_offset: i32 => "int",
+        pub a_log: u64 => "const float*",
+        pub dt_bias: u64 => "const float*",
+        pub state: u64 => "float*",
+        pub seq_start: u64 => "const int*",
+        pub seq_slot: u64 => "const int*",
+        pub token_ckpt: u64 => "const int*",
+        pub hk: i32 => "int",
+        pub hv: i32 => "int",
+        pub dk: i32 => "int",
+        pub dv: i32 => "int",
+    }
+
+    /// `gdn_chunk_state` and `gdn_chunk_state_wg`: the pass over chunks.
+    pub struct GdnChunkStateArgs {
+        pub core: u64 => "float*",
+        pub scratch: u64 => "const float*",
+        pub state: u64 => "float*",
+        pub seq_start: u64 => "const int*",
+        pub seq_slot: u64 => "const int*",
+        pub hv: i32 => "int",
+        pub tc: i32 => "int",
+        /// The conv inputs whose state to advance when the preparation
+        /// computed the conv (else `conv_state` is null).
+        pub conv_x: u64 => "const float*",
+        pub conv_x_stride: i32 => "int",
+        pub conv_state: u64 => "float*",
+        pub conv_kernel: i32 => "int",
+        pub hk: i32 => "int",
+    }
+}
+
+/// The header `build.rs` writes for the kernels.
+pub fn header() -> HeaderText {
+    HeaderText
+}
+
+/// Formats `kestrel_abi.h` (see [`header`]).
+pub struct HeaderText;
+
+impl core::fmt::Display for HeaderText {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        writeln!(
+            f,
+            "// Generated by kestrel-kernels' build script from src/abi.rs: do not edit."
+        )?;
+        writeln!(f, "#pragma once")?;
+        writeln!(f, "#include <cstddef>")?;
+        writeln!(f, "#include <cuda_bf16.h>")?;
+        writeln!(f)?;
+        for c in CONSTANTS {
+            writeln!(f, "// {}", c.doc.trim())?;
+            writeln!(f, "constexpr int {} = {};", c.name, c.value)?;
+        }
+        for r in RECORDS {
+            writeln!(f)?;
+            writeln!(f, "struct {} {{", r.name)?;
+            for field in r.fields {
+                writeln!(f, "    {} {};", field.c_type, field.name)?;
+            }
+            writeln!(f, "}};")?;
+            writeln!(
+                f,
+                "static_assert(sizeof({0}) == {1} && alignof({0}) == {2}, \"{0}: size or alignment differs from src/abi.rs\");",
+                r.name, r.size, r.align
+            )?;
+            for field in r.fields {
+                writeln!(
+                    f,
+                    "static_assert(offsetof({0}, {1}) == {2}, \"{0}.{1}: offset differs from src/abi.rs\");",
+                    r.name, field.name, field.offset
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_packed_in_declaration_order_and_fit_a_launch_argument() {
+        for r in RECORDS {
+            let mut end = 0;
+            for f in r.fields {
+                let width = match f.c_type {
+                    "int" | "float" => 4,
+                    t if t.ends_with('*') => 8,
+                    t => panic!("{}.{}: C type {t} has no known width", r.name, f.name),
+                };
+                assert!(
+                    f.offset >= end,
+                    "{}.{} overlaps the field before it",
+                    r.name,
+                    f.name
+                );
+                assert!(
+                    f.offset.is_multiple_of(width),
+                    "{}.{} is misaligned",
+                    r.name,
+                    f.name
+                );
+                // Padding only where C would put it: before an 8-byte field.
+                assert!(
+                    f.offset - end < width,
+                    "{}.{}: unexpected padding",
+                    r.name,
+                    f.name
+                );
+                end = f.offset + width;
+            }
+            assert_eq!(r.size, end.next_multiple_of(r.align), "{}: size", r.name);
+            // What `Arg::record` carries (and far below the kernel limit of 4 KB).
+            assert!(r.size <= 128, "{} is {} bytes", r.name, r.size);
+        }
+    }
+
+    #[test]
+    fn the_header_declares_every_record_and_constant_with_its_checks() {
+        let h = header().to_string();
+        for r in RECORDS {
+            assert!(h.contains(&format!("struct {} {{", r.name)), "{}", r.name);
+            assert!(h.contains(&format!("sizeof({}) == {}", r.name, r.size)));
+            for f in r.fields {
+                assert!(h.contains(&format!("    {} {};", f.c_type, f.name)));
+                assert!(h.contains(&format!("offsetof({}, {}) == {}", r.name, f.name, f.offset)));
+            }
+        }
+        for c in CONSTANTS {
+            assert!(h.contains(&format!("constexpr int {} = {};", c.name, c.value)));
+        }
+    }
+}
