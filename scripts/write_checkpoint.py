@@ -22,11 +22,15 @@ No tokenizer is written: `kestrel bench-model` needs none (it feeds token ids). 
 
 Usage:
   python3 scripts/write_checkpoint.py --config configs/qwen3.6-35b-a3b/config.json --out DIR \
-      [--layers N] [--shard-gb 4] [--seed 0] [--stacked-experts] [--no-mtp]
+      [--layers N] [--shard-gb 4] [--seed 0] [--stacked-experts] [--no-mtp] [--shard-dirs A,B]
 
 `--layers N` keeps the first N layers of the config (its `layer_types` cut to N entries; if none
 of them is full attention the last one is made full attention, so that every block kind is
 present) and writes that config.json.
+
+`--shard-dirs A,B` writes the shards into those folders in turn, each linked from `--out` by a
+symbolic link of its own name: for a host where no one filesystem holds the whole checkpoint
+(the full Qwen3.6-35B-A3B is 71 GB).
 """
 
 import argparse
@@ -254,7 +258,11 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stacked-experts", action="store_true")
     ap.add_argument("--no-mtp", action="store_true", help="leave out the MTP head's weights")
+    ap.add_argument("--shard-dirs", help="comma-separated folders to write the shards into in turn")
     args = ap.parse_args()
+    shard_dirs = args.shard_dirs.split(",") if args.shard_dirs else [args.out]
+    for d in shard_dirs:
+        os.makedirs(d, exist_ok=True)
 
     with open(args.config) as f:
         root = json.load(f)
@@ -273,7 +281,13 @@ def main():
     weight_map, total = {}, 0
     for k, entries in enumerate(shards):
         name = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        with open(os.path.join(args.out, name), "wb") as f:
+        path = os.path.join(shard_dirs[k % len(shard_dirs)], name)
+        if os.path.abspath(os.path.dirname(path)) != os.path.abspath(args.out):
+            link = os.path.join(args.out, name)
+            if os.path.lexists(link):
+                os.remove(link)
+            os.symlink(os.path.abspath(path), link)
+        with open(path, "wb") as f:
             f.write(header(entries))
             for tensor, shape, fill in entries:
                 write_values(f, fill, 2 * prod(shape), pool, rng, zero_centred)
