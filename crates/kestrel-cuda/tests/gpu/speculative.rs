@@ -239,7 +239,7 @@ fn methods(has_mtp: bool, reference: &Reference, vocab: u32) -> Vec<(String, Spe
     ));
     if has_mtp {
         for k in 1..=4 {
-            all.push((format!("mtp k={k}"), config(SpeculativeMethod::Mtp, k)));
+            all.push((format!("mtp k={k}"), config(SpeculativeMethod::mtp(), k)));
         }
     }
     all
