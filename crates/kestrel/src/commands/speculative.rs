@@ -93,6 +93,9 @@ impl SpeculativeArgs {
             if k.is_some() {
                 bail!("--num-speculative-tokens needs --speculative (ngram or mtp)");
             }
+            if draft_vocab.is_some() {
+                bail!("--draft-vocab needs --speculative mtp");
+            }
             return Ok(None);
         };
         let k = k.unwrap_or(DEFAULT_DRAFTS);
@@ -210,6 +213,10 @@ mod tests {
         .config()
         .unwrap_err();
         assert!(err.to_string().contains("MTP"), "{err}");
+        let err = args(|a| a.draft_vocab = Some(file.clone()))
+            .config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--speculative mtp"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
