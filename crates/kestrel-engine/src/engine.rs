@@ -112,7 +112,8 @@ impl Engine {
                     backend.name()
                 );
             }
-            spec::check(spec, model.mtp.is_some()).map_err(anyhow::Error::msg)?;
+            let vocab = config.sampled_vocab.unwrap_or(model_config.vocab_size);
+            spec::check(spec, model.mtp.is_some(), vocab).map_err(anyhow::Error::msg)?;
         }
         let vocab_size = model_config.vocab_size;
         let shared = Arc::new(Shared::new(

@@ -162,7 +162,7 @@ fn check_all_proposers(model: TestModel, s: &Scenario) {
         4,
     ));
     if model.has_mtp_head() {
-        methods.push(("mtp".into(), SpeculativeMethod::Mtp, 3));
+        methods.push(("mtp".into(), SpeculativeMethod::mtp(), 3));
     }
     for (name, method, k) in methods {
         let on = run(model, s, Some(method), k);
@@ -362,7 +362,7 @@ fn mtp_at_every_depth_is_lossless() {
         let s = &scenarios(model)[0];
         let off = run(model, s, None, 0);
         for k in [1, 2, 4] {
-            let on = run(model, s, Some(SpeculativeMethod::Mtp), k);
+            let on = run(model, s, Some(SpeculativeMethod::mtp()), k);
             let what = format!("{model:?} / MTP k = {k}");
             assert_eq!(on.outputs, off.outputs, "{what}");
             assert_same_logits(&on.logits, &off.logits, &what);
@@ -378,7 +378,7 @@ fn mtp_at_every_depth_is_lossless() {
 fn mtp_is_refused_without_an_mtp_head() {
     let options = EngineOptions {
         speculative: Some(SpeculativeConfig {
-            method: SpeculativeMethod::Mtp,
+            method: SpeculativeMethod::mtp(),
             num_speculative_tokens: 2,
         }),
         ..EngineOptions::default()

@@ -55,7 +55,7 @@ fn mtp_drafts_are_accepted_on_code() {
         (3, 0.6, 0.15),
         (4, 0.6, 0.07),
     ] {
-        let s = measure(CODE, SpeculativeMethod::Mtp, k, 96);
+        let s = measure(CODE, SpeculativeMethod::mtp(), k, 96);
         let (rate, per_pos) = acceptance(&s);
         let length = 1.0 + per_pos.iter().sum::<f64>();
         println!(

@@ -7,11 +7,13 @@
 //! - [`blocks`]: attention, Gated DeltaNet, dense and MoE feed-forward.
 //! - [`decoder`]: the layer stack shared by all four architectures.
 //! - [`mtp`]: the Qwen3.5/3.6 multi-token-prediction head.
+//! - [`draft_head`]: the lm_head drafting scores with, whole or reduced.
 
 pub mod blocks;
 mod buffers;
 pub mod config;
 pub mod decoder;
+pub mod draft_head;
 pub mod eval;
 pub mod loader;
 pub mod mtp;
@@ -27,6 +29,7 @@ use kestrel_core::Backend;
 
 pub use config::{Arch, LayerKind, ModelConfig};
 pub use decoder::Decoder;
+pub use draft_head::DraftHead;
 pub use mtp::MtpHead;
 pub use pipeline::{LoadMode, LoadStats};
 pub use weights::WeightFiles;

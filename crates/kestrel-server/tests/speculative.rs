@@ -51,7 +51,7 @@ async fn complete(base: &str, stream: bool, seed: Option<u64>) -> (String, Value
 async fn speculation_changes_nothing_a_client_sees() {
     let plain = spawn_server(|_| {});
     let methods = [
-        SpeculativeMethod::Mtp,
+        SpeculativeMethod::mtp(),
         SpeculativeMethod::Ngram(NgramConfig::new(1, 3, 4).unwrap()),
     ];
     for method in methods {

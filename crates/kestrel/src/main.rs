@@ -27,6 +27,9 @@ enum Command {
     Serve(commands::serve::Args),
     /// Benchmark prefill and decode in-process against the memory-bandwidth floor.
     BenchModel(commands::bench_model::Args),
+    /// Make a draft-vocabulary file for MTP speculation (`--draft-vocab`):
+    /// the N most frequent token ids of a text corpus.
+    DraftVocab(commands::draft_vocab::Args),
     /// Measure loading a model folder: time, bytes read, GB/s, peak resident memory.
     BenchLoad(commands::bench_load::Args),
     /// Benchmark an OpenAI-compatible server; lock, reproduce and verify results.
@@ -47,6 +50,7 @@ fn main() {
         Command::Eval(args) => commands::eval::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::BenchModel(args) => commands::bench_model::run(args),
+        Command::DraftVocab(args) => commands::draft_vocab::run(args),
         Command::BenchLoad(args) => commands::bench_load::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Reproduce(args) => commands::bench::reproduce(args),

@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use kestrel_cuda::{CudaBackend, Precision};
-use kestrel_engine::spec::{DraftSource, NgramConfig, SpeculativeConfig, SpeculativeMethod};
+use kestrel_engine::spec::{
+    DraftSource, DraftVocab, MtpOptions, NgramConfig, SpeculativeConfig, SpeculativeMethod,
+};
 use kestrel_engine::{
     Engine, EngineConfig, EngineEvent, EngineOptions, EngineStats, GenerateRequest,
 };
@@ -239,8 +241,15 @@ fn methods(has_mtp: bool, reference: &Reference, vocab: u32) -> Vec<(String, Spe
     ));
     if has_mtp {
         for k in 1..=4 {
-            all.push((format!("mtp k={k}"), config(SpeculativeMethod::Mtp, k)));
+            all.push((format!("mtp k={k}"), config(SpeculativeMethod::mtp(), k)));
         }
+        // A reduced draft vocabulary (half the ids): the head's rows are
+        // gathered on the device; output must not change.
+        let half = DraftVocab::first(vocab as usize / 2).unwrap();
+        let reduced = SpeculativeMethod::Mtp(MtpOptions {
+            draft_vocab: Some(Arc::new(half)),
+        });
+        all.push(("mtp k=3 draft vocab".into(), config(reduced, 3)));
     }
     all
 }

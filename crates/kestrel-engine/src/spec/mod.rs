@@ -23,6 +23,7 @@
 //! the last accepted token. Verify chunks start after the prompt, so nothing
 //! speculative is offered to the prefix cache.
 
+pub mod draft_vocab;
 pub(crate) mod mtp;
 pub mod ngram;
 
@@ -31,6 +32,7 @@ use std::sync::Arc;
 use kestrel_core::Backend;
 use kestrel_models::Model;
 
+pub use draft_vocab::DraftVocab;
 pub use ngram::NgramConfig;
 
 use crate::handle::EngineConfig;
@@ -44,7 +46,7 @@ pub enum SpeculativeMethod {
     Ngram(NgramConfig),
     /// The model's multi-token-prediction head, chained (vLLM's
     /// `qwen3_next_mtp`).
-    Mtp,
+    Mtp(MtpOptions),
     /// Drafts from outside the engine: adversarial drafts in tests, the
     /// replayed continuation of `bench-model`.
     External(Arc<dyn DraftSource>),
@@ -54,10 +56,25 @@ impl std::fmt::Debug for SpeculativeMethod {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SpeculativeMethod::Ngram(c) => write!(f, "Ngram({c:?})"),
-            SpeculativeMethod::Mtp => write!(f, "Mtp"),
+            SpeculativeMethod::Mtp(o) => write!(f, "Mtp({o:?})"),
             SpeculativeMethod::External(_) => write!(f, "External"),
         }
     }
+}
+
+impl SpeculativeMethod {
+    /// MTP drafting over the whole vocabulary.
+    pub fn mtp() -> Self {
+        SpeculativeMethod::Mtp(MtpOptions::default())
+    }
+}
+
+/// Settings of MTP drafting.
+#[derive(Clone, Debug, Default)]
+pub struct MtpOptions {
+    /// Draft only these ids, scoring only their rows of the lm_head;
+    /// `None`: every id.
+    pub draft_vocab: Option<Arc<DraftVocab>>,
 }
 
 /// Speculative decoding settings (vLLM's `--speculative-config`).
@@ -85,12 +102,22 @@ pub(crate) struct Proposer<B: Backend> {
 }
 
 /// The settings a configuration must pass before the engine starts.
-pub(crate) fn check(config: &SpeculativeConfig, has_mtp_head: bool) -> Result<(), String> {
+/// `vocab`: the ids sampling may choose.
+pub(crate) fn check(
+    config: &SpeculativeConfig,
+    has_mtp_head: bool,
+    vocab: usize,
+) -> Result<(), String> {
     if config.num_speculative_tokens == 0 {
         return Err("num_speculative_tokens must be at least 1".into());
     }
-    if matches!(config.method, SpeculativeMethod::Mtp) && !has_mtp_head {
-        return Err("MTP speculation needs a model with an MTP head (mtp.* weights)".into());
+    if let SpeculativeMethod::Mtp(options) = &config.method {
+        if !has_mtp_head {
+            return Err("MTP speculation needs a model with an MTP head (mtp.* weights)".into());
+        }
+        if let Some(v) = &options.draft_vocab {
+            v.check(vocab)?;
+        }
     }
     Ok(())
 }
@@ -102,15 +129,17 @@ impl<B: Backend> Proposer<B> {
         model: &Model<B>,
         engine: &EngineConfig,
     ) -> anyhow::Result<Self> {
-        check(config, model.mtp.is_some()).map_err(anyhow::Error::msg)?;
-        let mtp = match config.method {
-            SpeculativeMethod::Mtp => Some(MtpDrafter::new(
+        let vocab = engine.sampled_vocab.unwrap_or(model.config().vocab_size);
+        check(config, model.mtp.is_some(), vocab).map_err(anyhow::Error::msg)?;
+        let mtp = match &config.method {
+            SpeculativeMethod::Mtp(options) => Some(MtpDrafter::new(
                 backend,
                 model,
                 engine.num_blocks,
                 engine.block_size,
                 config.num_speculative_tokens,
-                engine.sampled_vocab.unwrap_or(model.config().vocab_size),
+                vocab,
+                options.draft_vocab.as_deref(),
             )?),
             _ => None,
         };
@@ -133,7 +162,7 @@ impl<B: Backend> Proposer<B> {
             SpeculativeMethod::External(source) => {
                 source.drafts(&seq.request_id, &seq.tokens, seq.prompt_len, limit)
             }
-            SpeculativeMethod::Mtp => self
+            SpeculativeMethod::Mtp(_) => self
                 .mtp
                 .as_ref()
                 .map(|m| m.drafts(seq.id).to_vec())

@@ -15,13 +15,18 @@
 //! one written by the sequence that computed the cached pages: the same
 //! except at a page's last position, whose next token may differ. Drafts
 //! only ever cost speed, never output.
+//!
+//! With a reduced draft vocabulary the drafts are chosen among its ids only,
+//! scoring only their rows of the lm_head (`DraftHead`); the catch-up and
+//! the chained steps are the same.
 
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use kestrel_core::{Backend, ForwardBatch, SeqChunk};
-use kestrel_models::{Model, MtpHead};
+use kestrel_models::{DraftHead, Model, MtpHead};
 
+use super::DraftVocab;
 use crate::client::SeqId;
 
 /// One sequence's rows in a step, as the drafter needs them.
@@ -43,8 +48,8 @@ pub(crate) struct MtpDrafter<B: Backend> {
     cache: B::Cache,
     block_size: usize,
     depth: usize,
-    /// Ids that may be drafted (the sampled vocabulary).
-    vocab: usize,
+    /// The lm_head rows drafts are chosen among.
+    draft_head: DraftHead<B>,
     drafts: HashMap<SeqId, Vec<u32>>,
 }
 
@@ -56,10 +61,16 @@ impl<B: Backend> MtpDrafter<B> {
         block_size: usize,
         depth: usize,
         vocab: usize,
+        draft_vocab: Option<&DraftVocab>,
     ) -> Result<Self> {
         if model.mtp.is_none() {
             anyhow::bail!("--speculative mtp needs a model with an MTP head (mtp.* weights)");
         }
+        let draft_head = match draft_vocab {
+            None => DraftHead::full(vocab),
+            Some(v) => DraftHead::reduced(backend, &model.decoder, v.ids())
+                .context("cannot build the reduced draft head")?,
+        };
         let spec = MtpHead::cache_spec(&model.decoder, num_blocks, block_size);
         Ok(Self {
             cache: backend
@@ -67,7 +78,7 @@ impl<B: Backend> MtpDrafter<B> {
                 .context("cannot allocate the MTP head's cache")?,
             block_size,
             depth,
-            vocab,
+            draft_head,
             drafts: HashMap::new(),
         })
     }
@@ -130,6 +141,7 @@ impl<B: Backend> MtpDrafter<B> {
             .collect();
         let mut state = b.gather_rows(&out, &last_rows);
         let mut chains: Vec<Vec<u32>> = self
+            .draft_head
             .argmax(b, decoder, &state)
             .into_iter()
             .map(|t| vec![t])
@@ -164,7 +176,7 @@ impl<B: Backend> MtpDrafter<B> {
                 .map(|&i| *chains[i].last().expect("a first draft"))
                 .collect();
             state = head.forward(b, decoder, &state, &ids, &batch, &mut self.cache);
-            for (&i, token) in live.iter().zip(self.argmax(b, decoder, &state)) {
+            for (&i, token) in live.iter().zip(self.draft_head.argmax(b, decoder, &state)) {
                 chains[i].push(token);
             }
         }
@@ -172,15 +184,5 @@ impl<B: Backend> MtpDrafter<B> {
             self.drafts.insert(s.id, chain);
         }
         Ok(())
-    }
-
-    fn argmax(
-        &self,
-        b: &B,
-        decoder: &kestrel_models::decoder::Decoder<B>,
-        x: &B::Tensor,
-    ) -> Vec<u32> {
-        let logits = b.matmul(x, decoder.lm_head());
-        b.argmax_rows(&logits, self.vocab.min(b.dims(&logits).1))
     }
 }

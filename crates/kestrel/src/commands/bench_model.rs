@@ -1,6 +1,7 @@
 //! `kestrel bench-model`: in-process model benchmark. Prefill of one
 //! sequence at several lengths, decode at several batch sizes and
-//! speculative verify steps (`--verify-k`), each step compared with its
+//! speculative verify steps (`--verify-k`) and MTP draft phases
+//! (`--mtp-draft-k`, with and without a reduced draft vocabulary), each step compared with its
 //! memory floor (the bytes it must read over the measured bandwidth), plus a
 //! per-operation breakdown from an instrumented pass; and with
 //! `--speculative replay`, whole speculative steps through the engine at a
@@ -10,6 +11,7 @@
 //! weights of a config's real shapes (no download needed).
 
 mod bandwidth;
+mod mtp_draft;
 mod replay;
 mod replay_bench;
 mod report;
@@ -119,6 +121,20 @@ pub struct Args {
     /// Numbers of sequences in the verify steps.
     #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "1,2,4,8")]
     verify_batches: Vec<usize>,
+    /// Draft depths k of the MTP draft phases to time (catch-up plus k - 1
+    /// chained head steps per sequence); none by default.
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    mtp_draft_k: Vec<usize>,
+    /// Numbers of sequences in the MTP draft phases.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "1,2,4,8")]
+    mtp_draft_batches: Vec<usize>,
+    /// Also time the draft phases over this reduced draft vocabulary (one
+    /// token id per line, or a JSON array).
+    #[arg(long, value_name = "FILE", conflicts_with = "draft_vocab_size")]
+    draft_vocab: Option<PathBuf>,
+    /// Also time the draft phases over the ids 0..N (for dummy weights).
+    #[arg(long, value_name = "N")]
+    draft_vocab_size: Option<usize>,
     /// Time whole speculative steps through the engine with this proposer.
     #[arg(long, value_enum)]
     speculative: Option<BenchProposer>,
@@ -183,6 +199,9 @@ pub fn run(args: Args) -> Result<()> {
     }
     if args.verify_k.contains(&0) || args.verify_batches.contains(&0) {
         bail!("--verify-k and --verify-batches values must be at least 1");
+    }
+    if args.mtp_draft_k.contains(&0) || args.mtp_draft_batches.contains(&0) {
+        bail!("--mtp-draft-k and --mtp-draft-batches values must be at least 1");
     }
     if args.replay_batches.contains(&0) || args.replay_tokens < 2 {
         bail!("--replay-batches must be at least 1 and --replay-tokens at least 2");

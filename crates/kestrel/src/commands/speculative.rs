@@ -1,10 +1,16 @@
 //! The speculative-decoding flags of `serve` and `generate`: kestrel's own
 //! (`--speculative ngram|mtp --num-speculative-tokens K`) and vLLM's
 //! `--speculative-config '{"method": ..., "num_speculative_tokens": ...}'`,
-//! accepted as vLLM users write it.
+//! accepted as vLLM users write it, plus `--draft-vocab FILE` (in the JSON:
+//! `"draft_vocab"`) for MTP drafting over a reduced vocabulary.
+
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Result, bail};
-use kestrel_engine::spec::{NgramConfig, SpeculativeConfig, SpeculativeMethod};
+use kestrel_engine::spec::{
+    DraftVocab, MtpOptions, NgramConfig, SpeculativeConfig, SpeculativeMethod,
+};
 use serde_json::Value;
 
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -25,6 +31,10 @@ pub struct SpeculativeArgs {
     /// Longest n-gram prompt lookup matches (vLLM `prompt_lookup_max`).
     #[arg(long)]
     prompt_lookup_max: Option<usize>,
+    /// MTP drafts only these token ids (a file: one id per line, or a JSON
+    /// array), scoring only their rows of the lm_head. Output is unchanged.
+    #[arg(long, value_name = "FILE")]
+    draft_vocab: Option<PathBuf>,
 }
 
 /// Drafts a step when no count is given: what both peers' Qwen3.6 recipes use for MTP (2-3).
@@ -35,6 +45,7 @@ impl SpeculativeArgs {
         let mut method = self.speculative.clone();
         let mut k = self.num_speculative_tokens;
         let (mut min, mut max) = (self.prompt_lookup_min, self.prompt_lookup_max);
+        let mut draft_vocab = self.draft_vocab.clone();
         if let Some(json) = &self.speculative_config {
             let v: Value = serde_json::from_str(json)
                 .map_err(|e| anyhow::anyhow!("--speculative-config is not JSON: {e}"))?;
@@ -63,6 +74,12 @@ impl SpeculativeArgs {
                     "num_speculative_tokens" => k = Some(as_count()?),
                     "prompt_lookup_min" => min = Some(as_count()?),
                     "prompt_lookup_max" => max = Some(as_count()?),
+                    "draft_vocab" => {
+                        let path = value.as_str().ok_or_else(|| {
+                            anyhow::anyhow!("--speculative-config: draft_vocab must be a file path")
+                        })?;
+                        draft_vocab = Some(path.into());
+                    }
                     other => {
                         eprintln!("warning: --speculative-config: `{other}` is not used by kestrel")
                     }
@@ -76,6 +93,9 @@ impl SpeculativeArgs {
             if k.is_some() {
                 bail!("--num-speculative-tokens needs --speculative (ngram or mtp)");
             }
+            if draft_vocab.is_some() {
+                bail!("--draft-vocab needs --speculative mtp");
+            }
             return Ok(None);
         };
         let k = k.unwrap_or(DEFAULT_DRAFTS);
@@ -86,11 +106,19 @@ impl SpeculativeArgs {
             "ngram" | "prompt_lookup" => {
                 SpeculativeMethod::Ngram(NgramConfig::from_vllm(min, max, k)?)
             }
-            "mtp" | "qwen3_next_mtp" | "qwen3_5_mtp" => SpeculativeMethod::Mtp,
+            "mtp" | "qwen3_next_mtp" | "qwen3_5_mtp" => SpeculativeMethod::Mtp(MtpOptions {
+                draft_vocab: match &draft_vocab {
+                    Some(path) => Some(Arc::new(DraftVocab::from_file(path)?)),
+                    None => None,
+                },
+            }),
             other => {
                 bail!("speculative method `{other}` is not supported (kestrel has: ngram, mtp)")
             }
         };
+        if draft_vocab.is_some() && !matches!(method, SpeculativeMethod::Mtp(_)) {
+            bail!("a draft vocabulary is for MTP drafting (--speculative mtp)");
+        }
         Ok(Some(SpeculativeConfig {
             method,
             num_speculative_tokens: k,
@@ -139,7 +167,57 @@ mod tests {
         .config()
         .unwrap()
         .unwrap();
-        assert!(matches!(c.method, SpeculativeMethod::Mtp));
+        assert!(matches!(
+            c.method,
+            SpeculativeMethod::Mtp(MtpOptions { draft_vocab: None })
+        ));
+    }
+
+    #[test]
+    fn a_draft_vocabulary_is_read_from_the_flag_or_the_json() {
+        let dir = std::env::temp_dir().join(format!("kestrel-draft-vocab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("ids.txt");
+        std::fs::write(&file, "9\n4\n").unwrap();
+        let json = format!(
+            r#"{{"method": "mtp", "num_speculative_tokens": 2, "draft_vocab": {}}}"#,
+            serde_json::to_string(&file).unwrap()
+        );
+        let from_json = args(|a| a.speculative_config = Some(json))
+            .config()
+            .unwrap();
+        let from_flag = args(|a| {
+            a.speculative = Some("mtp".into());
+            a.draft_vocab = Some(file.clone());
+        })
+        .config()
+        .unwrap();
+        for c in [from_json, from_flag] {
+            match c.unwrap().method {
+                SpeculativeMethod::Mtp(o) => assert_eq!(o.draft_vocab.unwrap().ids(), &[4, 9]),
+                other => panic!("{other:?}"),
+            }
+        }
+        std::fs::write(&file, "4\n4\n").unwrap();
+        let err = args(|a| {
+            a.speculative = Some("mtp".into());
+            a.draft_vocab = Some(file.clone());
+        })
+        .config()
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("listed twice"), "{err:#}");
+        let err = args(|a| {
+            a.speculative = Some("ngram".into());
+            a.draft_vocab = Some(file.clone());
+        })
+        .config()
+        .unwrap_err();
+        assert!(err.to_string().contains("MTP"), "{err}");
+        let err = args(|a| a.draft_vocab = Some(file.clone()))
+            .config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--speculative mtp"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -33,7 +33,7 @@ impl Stats {
         }
     }
 
-    fn to_json(&self) -> Value {
+    pub fn to_json(&self) -> Value {
         let ms = |s: f64| s * 1e3;
         json!({
             "median_ms": ms(self.median),
@@ -67,7 +67,7 @@ impl Breakdown {
         }
     }
 
-    fn to_json(&self) -> Value {
+    pub fn to_json(&self) -> Value {
         json!({
             "instrumented_steps": self.steps,
             "instrumented_wall_ms_per_step": self.wall_ms_per_step,
@@ -78,7 +78,7 @@ impl Breakdown {
         })
     }
 
-    fn print(&self, title: &str) {
+    pub fn print(&self, title: &str) {
         println!(
             "\n{title}: instrumented {:.3} ms/step (a device sync around each op)",
             self.wall_ms_per_step

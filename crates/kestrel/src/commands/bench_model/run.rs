@@ -15,7 +15,7 @@ use super::report::{self, Breakdown, PrefillResult, Stats, VerifyResult};
 use super::steps::{self, BLOCK_SIZE, prefill_sequence, prompt_ids};
 use super::timing::Timed;
 use super::traffic::{self, Storage};
-use super::{Args, Source, bandwidth};
+use super::{Args, Source, bandwidth, mtp_draft};
 
 /// `plan`: the CUDA backend's kernel plan, written into the JSON (`None`
 /// for the CPU backend, which has none).
@@ -134,6 +134,16 @@ pub fn bench<B: Backend>(
         }
     }
 
+    let drafts = mtp_draft::run_all(
+        b,
+        &model,
+        storage,
+        bandwidth_gbs,
+        sampled_vocab,
+        args,
+        &mut skipped,
+    )?;
+
     // Last: the engine takes the model.
     let replay = match args.replay_settings(sampled_vocab)? {
         None => None,
@@ -180,10 +190,12 @@ pub fn bench<B: Backend>(
             "sampling": format!("{:?}", args.sampling).to_lowercase(),
             "sampled_vocab": sampled_vocab,
             "verify_k": args.verify_k, "verify_batches": args.verify_batches,
+            "mtp_draft_k": args.mtp_draft_k, "mtp_draft_batches": args.mtp_draft_batches,
         },
         "prefill": prefills.iter().map(PrefillResult::to_json).collect::<Vec<Value>>(),
         "decode": decodes.iter().map(|(d, b)| report::decode_json(d, b)).collect::<Vec<Value>>(),
         "verify": verifies.iter().map(|(v, b)| v.to_json(b)).collect::<Vec<Value>>(),
+        "mtp_draft": drafts.iter().map(|(d, b)| d.to_json(b)).collect::<Vec<Value>>(),
         "speculative": replay.as_ref().map(|(settings, results)| json!({
             "proposer": settings.profile.label(),
             "profile": settings.profile.rates(),
@@ -198,6 +210,7 @@ pub fn bench<B: Backend>(
             .map_or(0, |d| d.as_secs()),
     });
     report::print(&summary, &prefills, &decodes, &verifies);
+    mtp_draft::print(&drafts);
     if let Some((settings, results)) = &replay {
         replay_bench::print(results, &settings.profile, settings);
     }

@@ -157,7 +157,7 @@ impl<C> Prefilled<C> {
 
 /// Untimed warm-up steps, the timed ones, and instrumented ones for the
 /// breakdown; `step` returns one step's wall time.
-fn time_steps<B: Backend>(
+pub fn time_steps<B: Backend>(
     b: &Timed<B>,
     args: &Args,
     mut step: impl FnMut() -> Result<f64>,
