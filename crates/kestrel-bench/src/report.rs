@@ -79,6 +79,9 @@ pub fn summary_markdown(r: &Report, lock: Option<&ReleaseLock>) -> String {
         env.kernel.as_deref().unwrap_or("-"),
         env.machine_commitment.as_deref().unwrap_or("-")
     );
+    if let Some(method) = &res.speculative_method {
+        let _ = writeln!(md, "- speculative decoding: {method}");
+    }
     if let Some(p) = &res.output_probe {
         let _ = writeln!(
             md,
@@ -128,16 +131,22 @@ pub fn summary_markdown(r: &Report, lock: Option<&ReleaseLock>) -> String {
         }
     }
     if !res.stream_curve.is_empty() {
-        md.push_str("\n## Stream curve\n\n| streams | aggregate tok/s (median) | CV | TTFT median (s) | tokens per step |\n|---|---|---|---|---|\n");
+        md.push_str("\n## Stream curve\n\n| streams | aggregate tok/s (median) | CV | TTFT median (s) | tokens per step | acceptance per position (median) |\n|---|---|---|---|---|---|\n");
         for s in &res.stream_curve {
+            let per_position: Vec<String> = s
+                .per_position_acceptance
+                .iter()
+                .map(|p| fmt_opt(p.median, 2))
+                .collect();
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} |",
                 s.concurrency,
                 fmt_opt(s.aggregate_tps.median, 1),
                 fmt_cv(&s.aggregate_tps),
                 fmt_opt(s.ttft_s.median, 3),
-                fmt_opt(s.tokens_per_step.median, 2)
+                fmt_opt(s.tokens_per_step.median, 2),
+                per_position.join(" / ")
             );
         }
     }

@@ -1,5 +1,9 @@
 //! Runs a workload against one OpenAI-compatible server: warmup, then rounds of
 //! batch-1 requests per mode and the concurrency ladder of the stream curve.
+//! Warm-up rounds (`warmup_rounds`) run the same requests first, unrecorded:
+//! with `repeat_prompts` they send the measured rounds' prompts, for a server
+//! that learns from them (kestrel's replay proposer records each prompt's
+//! greedy answer).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,7 +18,9 @@ use crate::client::{OpenAiClient, RequestRecord};
 use crate::metrics::{
     RequestMetrics, WindowThroughput, aggregate_window, request_failure, request_metrics,
 };
-use crate::server_metrics::{SpecCounters, parse_spec_counters, tokens_per_step};
+use crate::server_metrics::{
+    SpecSnapshot, acceptance_per_position, parse_spec_snapshot, speculative_method, tokens_per_step,
+};
 use crate::stats;
 use crate::workload::{Mode, PromptParts, Workload, fit_body_to_tokens, random_nonce};
 
@@ -48,6 +54,9 @@ pub struct StreamStep {
     pub window: Option<WindowThroughput>,
     pub failures: Vec<String>,
     pub tokens_per_step: Option<f64>,
+    /// Achieved acceptance of each draft position over the step.
+    #[serde(default)]
+    pub per_position_acceptance: Option<Vec<f64>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -92,6 +101,9 @@ pub struct StreamSummary {
     pub aggregate_tps: SeriesSummary,
     pub ttft_s: SeriesSummary,
     pub tokens_per_step: SeriesSummary,
+    /// Per draft position, its achieved acceptance over the rounds.
+    #[serde(default)]
+    pub per_position_acceptance: Vec<SeriesSummary>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -107,6 +119,10 @@ pub struct BenchResult {
     /// The fixed-nonce request of `output_probe` workloads.
     #[serde(default)]
     pub output_probe: Option<RequestRecord>,
+    /// The speculative method the server names in its metrics (a benchmark
+    /// proposer says so).
+    #[serde(default)]
+    pub speculative_method: Option<String>,
     pub failures: Vec<String>,
 }
 
@@ -155,8 +171,8 @@ struct Runner {
 }
 
 impl Runner {
-    async fn spec_snapshot(&self) -> Option<SpecCounters> {
-        parse_spec_counters(&self.client.metrics_text().await?)
+    async fn spec_snapshot(&self) -> Option<SpecSnapshot> {
+        parse_spec_snapshot(&self.client.metrics_text().await?)
     }
 
     async fn send(
@@ -211,7 +227,9 @@ impl Runner {
             record,
             metrics,
             failure,
-            tokens_per_step: before.zip(after).and_then(|(b, a)| tokens_per_step(&b, &a)),
+            tokens_per_step: before
+                .zip(after)
+                .and_then(|(b, a)| tokens_per_step(&b.counters, &a.counters)),
         }
     }
 
@@ -219,8 +237,13 @@ impl Runner {
         let epoch = Instant::now();
         let prompts: Vec<(String, String)> = (0..c)
             .map(|i| {
+                let nonce = if self.w.repeat_prompts {
+                    format!("c{c}-stream-{i}")
+                } else {
+                    random_nonce()
+                };
                 (
-                    self.parts.with_nonce(&random_nonce()),
+                    self.parts.with_nonce(&nonce),
                     format!("round{round}-c{c}-s{i}"),
                 )
             })
@@ -239,7 +262,13 @@ impl Runner {
             window: aggregate_window(&records),
             records,
             failures,
-            tokens_per_step: before.zip(after).and_then(|(b, a)| tokens_per_step(&b, &a)),
+            tokens_per_step: before
+                .as_ref()
+                .zip(after.as_ref())
+                .and_then(|(b, a)| tokens_per_step(&b.counters, &a.counters)),
+            per_position_acceptance: before
+                .zip(after)
+                .and_then(|(b, a)| acceptance_per_position(&b, &a)),
         }
     }
 }
@@ -318,6 +347,23 @@ pub async fn run_workload(cfg: &RunConfig) -> Result<BenchResult> {
         None
     };
 
+    let speculative_method = runner
+        .client
+        .metrics_text()
+        .await
+        .and_then(|t| speculative_method(&t));
+    for round in 1..=w.warmup_rounds {
+        for &mode in &w.modes {
+            runner.run_mode(mode, 0, &random_nonce()).await;
+        }
+        for &c in &w.stream_curve {
+            let step = runner.run_stream_step(c, 0).await;
+            if let Some(f) = step.failures.first() {
+                bail!("warm-up round {round} failed: {f}");
+            }
+        }
+    }
+
     let mut results = Vec::new();
     for round in 1..=rounds {
         // One nonce per round: cold (cache miss) and primed (cache hit) see the
@@ -344,6 +390,7 @@ pub async fn run_workload(cfg: &RunConfig) -> Result<BenchResult> {
         result.failures.push(f);
     }
     result.output_probe = probe;
+    result.speculative_method = speculative_method;
     Ok(result)
 }
 
@@ -440,6 +487,7 @@ pub fn summarize(
             tokens_per_step: SeriesSummary::of(
                 steps.iter().filter_map(|s| s.tokens_per_step).collect(),
             ),
+            per_position_acceptance: per_position_series(&steps),
         });
     }
     BenchResult {
@@ -452,8 +500,21 @@ pub fn summarize(
         modes,
         stream_curve,
         output_probe: None,
+        speculative_method: None,
         failures,
     }
+}
+
+/// Each draft position's achieved acceptance over the steps that drafted.
+fn per_position_series(steps: &[&StreamStep]) -> Vec<SeriesSummary> {
+    let per_round: Vec<&Vec<f64>> = steps
+        .iter()
+        .filter_map(|s| s.per_position_acceptance.as_ref())
+        .collect();
+    let positions = per_round.iter().map(|p| p.len()).max().unwrap_or(0);
+    (0..positions)
+        .map(|i| SeriesSummary::of(per_round.iter().filter_map(|p| p.get(i).copied()).collect()))
+        .collect()
 }
 
 fn first_difference(a: &str, b: &str) -> usize {

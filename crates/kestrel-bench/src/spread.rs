@@ -108,6 +108,7 @@ mod tests {
             modes: BTreeMap::from([("cold".to_string(), cold)]),
             stream_curve: Vec::new(),
             output_probe: None,
+            speculative_method: None,
             failures: Vec::new(),
         }
     }

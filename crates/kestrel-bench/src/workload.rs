@@ -101,6 +101,17 @@ pub struct Workload {
     /// build), so runs can be compared by its hash.
     #[serde(default)]
     pub output_probe: bool,
+    /// Stream-curve requests carry a fixed nonce per concurrency and stream
+    /// (`c8-stream-0`, ...) instead of a random one: the same bytes every
+    /// round, distinct within a round and between concurrencies (a GPU's
+    /// greedy output may depend on the batch). For servers that learn from
+    /// the prompts they saw (kestrel's replay proposer); with the prefix
+    /// cache on, later rounds hit it.
+    #[serde(default)]
+    pub repeat_prompts: bool,
+    /// Whole rounds run before the measured ones and left out of the results.
+    #[serde(default)]
+    pub warmup_rounds: u32,
     /// SHA-256 of the base prompt (instruction, body and question, no nonce).
     #[serde(default)]
     pub prompt_sha256: Option<String>,

@@ -14,7 +14,7 @@ use crate::client::{Command, EngineHandle, Shared};
 use crate::handle::{EngineConfig, EngineEvent};
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
-use crate::spec::{self, Proposer, SpeculativeConfig};
+use crate::spec::{self, Proposer, SpeculativeConfig, SpeculativeMethod};
 use crate::step;
 
 /// Starts engines; see [`Engine::spawn`].
@@ -122,9 +122,16 @@ impl Engine {
             model_config.eos_token_ids.clone(),
             Default::default(),
         ));
-        let scheduler = Scheduler::new(config.clone(), hybrid, Arc::clone(&shared))
+        let mut scheduler = Scheduler::new(config.clone(), hybrid, Arc::clone(&shared))
             .map_err(anyhow::Error::msg)
             .context("invalid engine configuration")?;
+        if let Some(SpeculativeConfig {
+            method: SpeculativeMethod::External(source),
+            ..
+        }) = &speculative
+        {
+            scheduler.report_retirements_to(Arc::clone(source));
+        }
         shared.publish_stats(scheduler.stats());
 
         let (commands, receiver) = mpsc::channel();

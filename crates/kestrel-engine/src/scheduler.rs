@@ -30,6 +30,7 @@ use crate::client::{SeqId, Shared};
 use crate::handle::{EngineConfig, EngineEvent};
 use crate::prefill::ChunkPolicy;
 use crate::sequence::Sequence;
+use crate::spec::{DraftSource, Retired};
 
 /// Recurrent-state work to do before the forward pass, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +71,9 @@ pub(crate) struct Scheduler {
     /// Refuse new admissions (shutdown in progress).
     stopping: bool,
     shared: Arc<Shared>,
+    /// Told about every request that leaves (a draft source that records
+    /// outputs).
+    retirements: Option<Arc<dyn DraftSource>>,
 }
 
 /// Where [`Scheduler::take`] found a request.
@@ -103,8 +107,26 @@ impl Scheduler {
             counters: Counters::default(),
             stopping: false,
             shared,
+            retirements: None,
             config,
         })
+    }
+
+    /// Tell `source` about every request that leaves from now on.
+    pub fn report_retirements_to(&mut self, source: Arc<dyn DraftSource>) {
+        self.retirements = Some(source);
+    }
+
+    fn report_retired(&self, seq: &Sequence, completed: bool) {
+        if let Some(source) = &self.retirements {
+            source.retired(&Retired {
+                request_id: &seq.request_id,
+                tokens: &seq.tokens,
+                prompt_len: seq.prompt_len,
+                greedy: seq.sampler.params().is_greedy(),
+                completed,
+            });
+        }
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -217,6 +239,7 @@ impl Scheduler {
         }
         seq.cache.release(&mut self.blocks, &mut self.slots)?;
         self.counters.finished_abort += 1;
+        self.report_retired(&seq, false);
         seq.emit(EngineEvent::Finished {
             reason: FinishReason::Abort,
             stop_token: None,
@@ -235,6 +258,7 @@ impl Scheduler {
         }
         seq.cache.release(&mut self.blocks, &mut self.slots)?;
         self.counters.finished_stop += 1;
+        self.report_retired(&seq, false);
         Ok(())
     }
 
@@ -275,6 +299,7 @@ impl Scheduler {
         };
         let _ = seq.cache.release(&mut self.blocks, &mut self.slots);
         self.counters.failed += 1;
+        self.report_retired(&seq, false);
         seq.emit(EngineEvent::Error(message.to_string()));
     }
 
@@ -302,6 +327,7 @@ impl Scheduler {
             FinishReason::Length => self.counters.finished_length += 1,
             FinishReason::Abort => self.counters.finished_abort += 1,
         }
+        self.report_retired(&seq, finish.reason != FinishReason::Abort);
         seq.emit(EngineEvent::Finished {
             reason: finish.reason,
             stop_token: finish.stop_token,

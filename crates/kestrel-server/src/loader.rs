@@ -108,8 +108,8 @@ fn load<B: Backend>(
     );
     if let Some(spec) = &config.speculative {
         tracing::info!(
-            "speculative decoding: {:?}, up to {} drafts a step",
-            spec.method,
+            "speculative decoding: {}, up to {} drafts a step",
+            spec.method.label(),
             spec.num_speculative_tokens
         );
     }

@@ -88,6 +88,8 @@ pub struct ServerMetrics {
     inter_token: Histogram,
     e2e: Histogram,
     finished: Mutex<[u64; 4]>,
+    /// How the speculative method names itself (`kestrel:speculative_method_info`).
+    speculative: Option<String>,
 }
 
 impl Default for ServerMetrics {
@@ -97,11 +99,21 @@ impl Default for ServerMetrics {
             inter_token: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             finished: Mutex::new([0; 4]),
+            speculative: None,
         }
     }
 }
 
 impl ServerMetrics {
+    /// Metrics of a server decoding with the speculative method labelled
+    /// `method` (`None`: without speculation).
+    pub fn with_speculative(method: Option<String>) -> Self {
+        ServerMetrics {
+            speculative: method,
+            ..Self::default()
+        }
+    }
+
     pub fn observe_ttft(&self, d: Duration) {
         self.ttft.observe(d.as_secs_f64());
     }
@@ -245,6 +257,15 @@ impl ServerMetrics {
         {
             let _ = writeln!(out, "{name}{{{labels},position=\"{position}\"}} {v}");
         }
+        if let Some(method) = &self.speculative {
+            let name = "kestrel:speculative_method_info";
+            let _ = writeln!(
+                out,
+                "# HELP {name} The speculative method (a benchmark proposer says so).\n\
+                 # TYPE {name} gauge\n{name}{{{labels},method=\"{}\"}} 1",
+                escape_label(method)
+            );
+        }
 
         let finished = *self.finished.lock().unwrap_or_else(|p| p.into_inner());
         let name = "vllm:request_success_total";
@@ -314,6 +335,17 @@ mod tests {
             )
         );
         assert!(page.contains("vllm:time_to_first_token_seconds_count{model_name=\"m\"} 2"));
+    }
+
+    #[test]
+    fn the_speculative_method_is_named_when_there_is_one() {
+        let page = ServerMetrics::default().render("m", None);
+        assert!(!page.contains("speculative_method_info"));
+        let m = ServerMetrics::with_speculative(Some("replay proposer, profile 1".into()));
+        let page = m.render("m", None);
+        assert!(page.contains(
+            "kestrel:speculative_method_info{model_name=\"m\",method=\"replay proposer, profile 1\"} 1"
+        ));
     }
 
     #[test]

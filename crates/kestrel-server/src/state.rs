@@ -53,8 +53,10 @@ impl AppState {
         AppState {
             model_names: config.model_names(),
             api_keys: ApiKeys::new(&config.api_keys),
+            metrics: ServerMetrics::with_speculative(
+                config.speculative.as_ref().map(|s| s.method.label()),
+            ),
             config,
-            metrics: ServerMetrics::default(),
             created,
             phase: RwLock::new(Phase::Loading {
                 stage: "starting",

@@ -6,7 +6,8 @@
 //! lateness does not accumulate. Prompt tokens = chars / 4; cached tokens =
 //! the longest prefix shared with an earlier prompt in whole 64-char blocks, / 4.
 //! Models: `scripted` (one token per chunk), `spec` (three tokens per chunk,
-//! with speculative counters on /metrics), `empty` (no tokens at all),
+//! with speculative counters on /metrics, per position too, and the method
+//! named), `empty` (no tokens at all),
 //! `divergent` (different text on a cache hit).
 
 use std::convert::Infallible;
@@ -122,8 +123,12 @@ async fn chat(State(st): State<Arc<Shared>>, Json(body): Json<Value>) -> Respons
 
 async fn metrics(State(st): State<Arc<Shared>>) -> String {
     let (d, a) = *st.spec.lock().unwrap();
+    // Every draft step accepts two drafts: positions 0 and 1.
     format!(
-        "# TYPE vllm:spec_decode_num_drafts_total counter\nvllm:spec_decode_num_drafts_total{{engine=\"0\"}} {d}\nvllm:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {a}\n"
+        "# TYPE vllm:spec_decode_num_drafts_total counter\nvllm:spec_decode_num_drafts_total{{engine=\"0\"}} {d}\nvllm:spec_decode_num_accepted_tokens_total{{engine=\"0\"}} {a}\n\
+         vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine=\"0\",position=\"0\"}} {d}\n\
+         vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine=\"0\",position=\"1\"}} {d}\n\
+         kestrel:speculative_method_info{{engine=\"0\",method=\"scripted drafts\"}} 1\n"
     )
 }
 
@@ -285,6 +290,50 @@ async fn speculative_chunks_count_usage_tokens_and_tokens_per_step() {
     let want = 11.0 / (3.0 * TOKEN_MS as f64 / 1000.0);
     assert!(near(decode, want, 0.12), "decode {decode}, want {want}");
     assert_eq!(cold.tokens_per_step.median, Some(3.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_prompts_are_sent_in_warm_up_rounds_and_acceptance_is_per_position() {
+    let addr = start_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "modes = []\nstream_curve = [1, 2]\nrounds = 2\nmax_tokens = 12\n\
+                 repeat_prompts = true\nwarmup_rounds = 1";
+    let r = run(addr, dir.path(), "spec", extra).await;
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.rounds.len(), 2, "warm-up rounds are not results");
+    for step in r.rounds.iter().flat_map(|r| &r.stream_curve) {
+        for rec in &step.records {
+            // The same bytes went out in the warm-up round: all but the
+            // last partial block of the prompt is a prefix-cache hit.
+            let usage = rec.usage.unwrap();
+            let cached = usage.cached_tokens.unwrap();
+            assert!(
+                cached + 16 >= usage.prompt_tokens,
+                "{}: {cached} of {} cached",
+                rec.label,
+                usage.prompt_tokens
+            );
+        }
+        assert_eq!(step.per_position_acceptance, Some(vec![1.0, 1.0]));
+    }
+    for s in &r.stream_curve {
+        let medians: Vec<Option<f64>> =
+            s.per_position_acceptance.iter().map(|p| p.median).collect();
+        assert_eq!(medians, [Some(1.0), Some(1.0)], "c={}", s.concurrency);
+    }
+    assert_eq!(r.speculative_method.as_deref(), Some("scripted drafts"));
+
+    // Without repeat_prompts every stream has a fresh nonce: no hits.
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(
+        addr,
+        dir.path(),
+        "spec",
+        "modes = []\nstream_curve = [2]\nrounds = 1",
+    )
+    .await;
+    let rec = &r.rounds[0].stream_curve[0].records[1];
+    assert!(rec.usage.unwrap().cached_tokens.unwrap() < 16, "{rec:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

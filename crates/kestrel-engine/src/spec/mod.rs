@@ -26,6 +26,8 @@
 pub mod draft_vocab;
 pub(crate) mod mtp;
 pub mod ngram;
+pub mod prompt_replay;
+pub mod replay;
 
 use std::sync::Arc;
 
@@ -57,7 +59,19 @@ impl std::fmt::Debug for SpeculativeMethod {
         match self {
             SpeculativeMethod::Ngram(c) => write!(f, "Ngram({c:?})"),
             SpeculativeMethod::Mtp(o) => write!(f, "Mtp({o:?})"),
-            SpeculativeMethod::External(_) => write!(f, "External"),
+            SpeculativeMethod::External(source) => write!(f, "External({})", source.label()),
+        }
+    }
+}
+
+impl SpeculativeMethod {
+    /// How logs and metrics name the method: `ngram`, `mtp`, or the
+    /// external source's own label.
+    pub fn label(&self) -> String {
+        match self {
+            SpeculativeMethod::Ngram(_) => "ngram".into(),
+            SpeculativeMethod::Mtp(_) => "mtp".into(),
+            SpeculativeMethod::External(source) => source.label(),
         }
     }
 }
@@ -91,6 +105,37 @@ pub struct SpeculativeConfig {
 /// expects next. Any answer is safe: wrong drafts only cost speed.
 pub trait DraftSource: Send + Sync {
     fn drafts(&self, request_id: &str, tokens: &[u32], prompt_len: usize, max: usize) -> Vec<u32>;
+
+    /// Whether sequences that sample (temperature > 0) are asked for
+    /// drafts. A source that only knows greedy continuations says no, and
+    /// those sequences decode plainly.
+    fn drafts_sampled(&self) -> bool {
+        true
+    }
+
+    /// A request left the engine (finished, aborted or failed), with its
+    /// final tokens: a source that learns from outputs records them here.
+    fn retired(&self, _request: &Retired<'_>) {}
+
+    /// How logs and metrics name the source.
+    fn label(&self) -> String {
+        "external drafts".into()
+    }
+}
+
+/// A request as it leaves the engine, for [`DraftSource::retired`].
+#[derive(Clone, Copy, Debug)]
+pub struct Retired<'a> {
+    pub request_id: &'a str,
+    /// Prompt followed by every generated token.
+    pub tokens: &'a [u32],
+    pub prompt_len: usize,
+    /// Sampled greedily (temperature 0): the output is the target's argmax
+    /// continuation.
+    pub greedy: bool,
+    /// Ended by a stop condition of its own (EOS, a stop token,
+    /// `max_tokens`), not aborted, stopped by the client or failed.
+    pub completed: bool,
 }
 
 /// The engine's proposer, built once from the configuration (on the
@@ -159,6 +204,11 @@ impl<B: Backend> Proposer<B> {
         }
         let mut drafts = match &self.method {
             SpeculativeMethod::Ngram(cfg) => ngram::propose(&seq.tokens, cfg, limit).to_vec(),
+            SpeculativeMethod::External(source)
+                if !source.drafts_sampled() && !seq.sampler.params().is_greedy() =>
+            {
+                Vec::new()
+            }
             SpeculativeMethod::External(source) => {
                 source.drafts(&seq.request_id, &seq.tokens, seq.prompt_len, limit)
             }

@@ -168,6 +168,33 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
         ..EngineOptions::default()
     };
     let engine = Engine::spawn_with_options(backend, model, config, options)?;
+    let mut steps_before = 0;
+    if args.speculative.is_replay() {
+        // The replay proposer drafts only for a prompt it has answered:
+        // answer it once first, untimed and unprinted.
+        let mut recording = engine
+            .submit(GenerateRequest {
+                request_id: "generate-recording".into(),
+                prompt_ids: prompt_ids.clone(),
+                params: params.clone(),
+                cache_salt: Vec::new(),
+            })
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        loop {
+            match recording.blocking_recv() {
+                Some(EngineEvent::Tokens(_)) => {}
+                Some(EngineEvent::Finished { .. }) => break,
+                Some(EngineEvent::Error(e)) => bail!("generation failed: {e}"),
+                None => bail!("the engine stopped without finishing the request"),
+            }
+        }
+        // The counters are published after the step that finished it.
+        let deadline = Instant::now() + std::time::Duration::from_secs(1);
+        while engine.stats().num_running > 0 && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        steps_before = engine.stats().engine_steps_total;
+    }
     let mut stream = engine
         .submit(GenerateRequest {
             request_id: "generate".into(),
@@ -209,7 +236,10 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
             "; drafts accepted {}/{} ({:.2} tokens a step)",
             stats.spec_decode_num_accepted_tokens_total,
             stats.spec_decode_num_draft_tokens_total,
-            generated as f64 / stats.engine_steps_total.saturating_sub(1).max(1) as f64
+            generated as f64
+                / (stats.engine_steps_total - steps_before)
+                    .saturating_sub(1)
+                    .max(1) as f64
         )
     } else {
         String::new()

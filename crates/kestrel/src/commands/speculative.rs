@@ -3,11 +3,16 @@
 //! `--speculative-config '{"method": ..., "num_speculative_tokens": ...}'`,
 //! accepted as vLLM users write it, plus `--draft-vocab FILE` (in the JSON:
 //! `"draft_vocab"`) for MTP drafting over a reduced vocabulary.
+//! `--speculative replay --acceptance 0.87,0.74,0.61` is the replay proposer,
+//! a benchmark proposer for dummy weights (kestrel-engine's
+//! `spec::prompt_replay`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
+use kestrel_engine::spec::prompt_replay::PromptReplay;
+use kestrel_engine::spec::replay::Profile;
 use kestrel_engine::spec::{
     DraftVocab, MtpOptions, NgramConfig, SpeculativeConfig, SpeculativeMethod,
 };
@@ -16,7 +21,8 @@ use serde_json::Value;
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct SpeculativeArgs {
     /// Speculative decoding: `ngram` (prompt lookup) or `mtp` (the model's
-    /// multi-token-prediction head). Output is the same with it on or off.
+    /// multi-token-prediction head); `replay` is a benchmark proposer for
+    /// dummy weights (see --acceptance). Output is the same with it on or off.
     #[arg(long, value_name = "METHOD")]
     speculative: Option<String>,
     /// Most draft tokens a sequence verifies per step.
@@ -35,17 +41,35 @@ pub struct SpeculativeArgs {
     /// array), scoring only their rows of the lm_head. Output is unchanged.
     #[arg(long, value_name = "FILE")]
     draft_vocab: Option<PathBuf>,
+    /// Per-position acceptance rates of `--speculative replay`, e.g.
+    /// 0.87,0.74,0.61 (k is their number): a greedy request whose prompt the
+    /// server has answered before gets that answer as drafts, corrupted at
+    /// these rates; a new prompt decodes plainly and is recorded. For
+    /// timing speculative steps on dummy weights.
+    #[arg(long, value_name = "RATES", value_delimiter = ',', num_args = 1..)]
+    acceptance: Option<Vec<f64>>,
 }
 
 /// Drafts a step when no count is given: what both peers' Qwen3.6 recipes use for MTP (2-3).
 const DEFAULT_DRAFTS: usize = 3;
 
 impl SpeculativeArgs {
+    /// Whether the method is the replay proposer (which drafts only for
+    /// prompts it has seen answered).
+    pub fn is_replay(&self) -> bool {
+        let from_json = self.speculative_config.as_deref().and_then(|json| {
+            let v: Value = serde_json::from_str(json).ok()?;
+            Some(v.get("method")?.as_str()? == "replay")
+        });
+        self.speculative.as_deref() == Some("replay") || from_json == Some(true)
+    }
+
     pub fn config(&self) -> Result<Option<SpeculativeConfig>> {
         let mut method = self.speculative.clone();
         let mut k = self.num_speculative_tokens;
         let (mut min, mut max) = (self.prompt_lookup_min, self.prompt_lookup_max);
         let mut draft_vocab = self.draft_vocab.clone();
+        let mut acceptance = self.acceptance.clone();
         if let Some(json) = &self.speculative_config {
             let v: Value = serde_json::from_str(json)
                 .map_err(|e| anyhow::anyhow!("--speculative-config is not JSON: {e}"))?;
@@ -80,6 +104,7 @@ impl SpeculativeArgs {
                         })?;
                         draft_vocab = Some(path.into());
                     }
+                    "acceptance" => acceptance = Some(rates(value)?),
                     other => {
                         eprintln!("warning: --speculative-config: `{other}` is not used by kestrel")
                     }
@@ -96,8 +121,20 @@ impl SpeculativeArgs {
             if draft_vocab.is_some() {
                 bail!("--draft-vocab needs --speculative mtp");
             }
+            if acceptance.is_some() {
+                bail!("--acceptance needs --speculative replay");
+            }
             return Ok(None);
         };
+        if method == "replay" {
+            if draft_vocab.is_some() {
+                bail!("a draft vocabulary is for MTP drafting (--speculative mtp)");
+            }
+            return replay(acceptance, k).map(Some);
+        }
+        if acceptance.is_some() {
+            bail!("--acceptance is for --speculative replay, not {method}");
+        }
         let k = k.unwrap_or(DEFAULT_DRAFTS);
         if k == 0 {
             bail!("--num-speculative-tokens must be at least 1");
@@ -113,7 +150,10 @@ impl SpeculativeArgs {
                 },
             }),
             other => {
-                bail!("speculative method `{other}` is not supported (kestrel has: ngram, mtp)")
+                bail!(
+                    "speculative method `{other}` is not supported (kestrel has: ngram, mtp, \
+                     and replay for benchmarks)"
+                )
             }
         };
         if draft_vocab.is_some() && !matches!(method, SpeculativeMethod::Mtp(_)) {
@@ -124,6 +164,34 @@ impl SpeculativeArgs {
             num_speculative_tokens: k,
         }))
     }
+}
+
+/// The replay proposer at the profile `rates`; k is the number of rates.
+fn replay(rates: Option<Vec<f64>>, k: Option<usize>) -> Result<SpeculativeConfig> {
+    let Some(rates) = rates else {
+        bail!("--speculative replay needs --acceptance (per-position rates, e.g. 0.87,0.74,0.61)");
+    };
+    let profile = Profile::new(rates)?;
+    if let Some(k) = k.filter(|&k| k != profile.len()) {
+        bail!(
+            "--num-speculative-tokens {k} disagrees with --acceptance, which gives {} positions",
+            profile.len()
+        );
+    }
+    Ok(SpeculativeConfig {
+        num_speculative_tokens: profile.len(),
+        method: SpeculativeMethod::External(Arc::new(PromptReplay::new(profile, 0))),
+    })
+}
+
+/// A JSON array of rates (`"acceptance": [0.87, 0.74, 0.61]`).
+fn rates(value: &Value) -> Result<Vec<f64>> {
+    value
+        .as_array()
+        .and_then(|a| a.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>())
+        .ok_or_else(|| {
+            anyhow::anyhow!("--speculative-config: acceptance must be an array of numbers")
+        })
 }
 
 #[cfg(test)]
@@ -218,6 +286,78 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("--speculative mtp"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn replay_takes_k_from_its_profile_and_says_what_it_is() {
+        let c = args(|a| {
+            a.speculative = Some("replay".into());
+            a.acceptance = Some(vec![0.87, 0.74, 0.61]);
+        })
+        .config()
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.num_speculative_tokens, 3);
+        let label = c.method.label();
+        assert!(
+            label.contains("profile 0.87/0.74/0.61")
+                && label.contains("benchmark proposer for dummy weights"),
+            "{label}"
+        );
+        let c = args(|a| {
+            a.speculative_config = Some(r#"{"method": "replay", "acceptance": [1.0, 0.5]}"#.into())
+        })
+        .config()
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.num_speculative_tokens, 2);
+        assert!(
+            args(|a| a.speculative_config = Some(r#"{"method": "replay"}"#.into())).is_replay()
+                && args(|a| a.speculative = Some("replay".into())).is_replay()
+                && !args(|a| a.speculative = Some("ngram".into())).is_replay()
+        );
+        for (f, needle) in [
+            (
+                args(|a| a.speculative = Some("replay".into())),
+                "needs --acceptance",
+            ),
+            (
+                args(|a| {
+                    a.speculative = Some("replay".into());
+                    a.acceptance = Some(vec![0.5, 0.6]);
+                }),
+                "must not increase",
+            ),
+            (
+                args(|a| {
+                    a.speculative = Some("replay".into());
+                    a.acceptance = Some(vec![0.5]);
+                    a.num_speculative_tokens = Some(3);
+                }),
+                "disagrees",
+            ),
+            (
+                args(|a| {
+                    a.speculative = Some("ngram".into());
+                    a.acceptance = Some(vec![0.5]);
+                }),
+                "for --speculative replay",
+            ),
+            (
+                args(|a| a.acceptance = Some(vec![0.5])),
+                "needs --speculative replay",
+            ),
+            (
+                args(|a| {
+                    a.speculative_config =
+                        Some(r#"{"method": "replay", "acceptance": "0.5"}"#.into())
+                }),
+                "array of numbers",
+            ),
+        ] {
+            let err = f.config().unwrap_err();
+            assert!(err.to_string().contains(needle), "{needle}: {err}");
+        }
     }
 
     #[test]

@@ -82,11 +82,7 @@ pub fn run<B: Backend>(
     let k = settings.profile.len();
     let most = settings.batches.iter().copied().max().unwrap_or(1);
     let max_len = settings.context + settings.max_tokens + k + 1;
-    let source = Arc::new(ReplaySource::new(
-        settings.profile.clone(),
-        settings.sampled_vocab.unwrap_or(vocab),
-        settings.seed,
-    ));
+    let source = Arc::new(ReplaySource::new(settings.profile.clone(), settings.seed));
     let config = EngineConfig {
         max_num_seqs: most,
         max_queued_requests: most,
