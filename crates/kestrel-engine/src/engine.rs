@@ -121,9 +121,14 @@ impl Engine {
             model_config.eos_token_ids.clone(),
             Default::default(),
         ));
-        let scheduler = Scheduler::new(config.clone(), hybrid, Arc::clone(&shared))
-            .map_err(anyhow::Error::msg)
-            .context("invalid engine configuration")?;
+        let scheduler = Scheduler::new(
+            config.clone(),
+            hybrid,
+            backend.state_snapshot_alignment(),
+            Arc::clone(&shared),
+        )
+        .map_err(anyhow::Error::msg)
+        .context("invalid engine configuration")?;
         shared.publish_stats(scheduler.stats());
 
         let (commands, receiver) = mpsc::channel();
