@@ -286,6 +286,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
         false
     }
 
+    /// Whether [`Backend::gated_delta_net`] takes a
+    /// [`crate::SeqChunk::state_snapshot`], and where: `Some(a)` when the
+    /// snapshot's `after` must be a multiple of `a` (the backend's state
+    /// form has chunk boundaries only there), `None` when it takes none (the
+    /// engine then ends a pass at each snapshot point instead).
+    fn state_snapshot_alignment(&self) -> Option<usize> {
+        None
+    }
+
     fn new_cache(&self, spec: &CacheSpec) -> Result<Self::Cache>;
     /// Reset a sequence's recurrent and conv state to zero in every GDN layer.
     fn zero_state(&self, cache: &mut Self::Cache, slot: u32);

@@ -25,6 +25,24 @@ pub struct SeqChunk {
     /// the last accepted token back. Only backends whose
     /// [`crate::Backend::supports_state_checkpoints`] is true take them.
     pub state_checkpoints: Vec<u32>,
+    /// A prefix-cache snapshot taken inside this pass (hybrid models): see
+    /// [`StateSnapshot`]. Only backends whose
+    /// [`crate::Backend::state_snapshot_alignment`] is `Some` take one.
+    pub state_snapshot: Option<StateSnapshot>,
+}
+
+/// After the first `after` new tokens of a chunk (`0 < after < num_tokens`),
+/// the state continues over the rest of the chunk exactly as if the chunk
+/// had ended there and the rest were the next pass, and the recurrent and
+/// conv state at that point is also written to `slot`. So a later prompt
+/// that resumes from the snapshot computes what this pass computed after
+/// it, without the first pass having to stop at the snapshot point. Without
+/// a slot (the prefix cache is off, or has no free slot) the boundary still
+/// holds, so that outputs never depend on the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateSnapshot {
+    pub after: usize,
+    pub slot: Option<u32>,
 }
 
 impl SeqChunk {
@@ -41,6 +59,7 @@ impl SeqChunk {
             block_table,
             state_slot,
             state_checkpoints: Vec::new(),
+            state_snapshot: None,
         }
     }
 

@@ -14,7 +14,7 @@ pub use backend::{
     AttentionSpec, AttentionWeights, Backend, CacheSpec, GdnSpec, GdnWeights, MoeSpec, MoeWeights,
     PreNorm, RopeSpec, StepKey, argmax_host,
 };
-pub use batch::{ForwardBatch, SeqChunk};
+pub use batch::{ForwardBatch, SeqChunk, StateSnapshot};
 pub use candidates::{CandidateRequest, RowCandidates, TokenPenalty, top_candidates_host};
 pub use host::{DType, HostTensor};
 

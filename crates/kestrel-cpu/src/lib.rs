@@ -65,6 +65,12 @@ impl Backend for CpuBackend {
         true
     }
 
+    /// Anywhere: the GDN layer runs the tokens before and after a snapshot
+    /// as two runs, each in the form its length picks.
+    fn state_snapshot_alignment(&self) -> Option<usize> {
+        Some(1)
+    }
+
     fn new_cache(&self, spec: &CacheSpec) -> Result<CpuCache> {
         CpuCache::new(spec)
     }

@@ -185,6 +185,7 @@ fn run_case(gpu: &CudaBackend, kernel: &str, c: &Case) {
             block_table: (0..pages as u32).collect(),
             state_slot: 0,
             state_checkpoints: Vec::new(),
+            state_snapshot: None,
         }],
     };
 

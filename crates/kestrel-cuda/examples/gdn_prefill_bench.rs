@@ -111,6 +111,7 @@ fn main() {
                     block_table: vec![],
                     state_slot: i as u32,
                     state_checkpoints: Vec::new(),
+                    state_snapshot: None,
                 })
                 .collect(),
         };

@@ -119,7 +119,22 @@ impl CudaCache {
                 seq.state_checkpoints.len(),
                 seq.num_tokens
             );
-            for &slot in std::iter::once(&seq.state_slot).chain(&seq.state_checkpoints) {
+            if let Some(snap) = seq.state_snapshot {
+                assert!(
+                    0 < snap.after
+                        && snap.after < seq.num_tokens
+                        && seq.state_checkpoints.is_empty(),
+                    "a state snapshot after {} of {} new tokens (with {} checkpoints)",
+                    snap.after,
+                    seq.num_tokens,
+                    seq.state_checkpoints.len()
+                );
+            }
+            let snapshot = seq.state_snapshot.and_then(|snap| snap.slot);
+            for &slot in std::iter::once(&seq.state_slot)
+                .chain(&seq.state_checkpoints)
+                .chain(snapshot.as_ref())
+            {
                 self.check_slot(slot);
                 let slot = slot as usize;
                 assert!(

@@ -282,6 +282,13 @@ impl Backend for CudaBackend {
         true
     }
 
+    /// At the chunk boundaries of the chunked GDN form (the recurrent and
+    /// decode kernels take a checkpoint after any token, so this suits every
+    /// path the plan may pick).
+    fn state_snapshot_alignment(&self) -> Option<usize> {
+        Some(ops::gdn::kernels::CHUNK)
+    }
+
     fn new_cache(&self, spec: &CacheSpec) -> Result<CudaCache> {
         CudaCache::new(&self.gpu, spec, self.plan.precision)
     }

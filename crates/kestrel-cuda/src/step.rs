@@ -142,8 +142,14 @@ fn pack(ids: Option<&[u32]>, batch: &ForwardBatch, block_size: usize) -> Packed 
     }
     v.extend(&offsets);
     for q in &batch.seqs {
+        let first = v.len();
         let checkpoints = q.state_checkpoints.iter().map(|&c| c as i32);
         v.extend(checkpoints.chain(std::iter::repeat(-1)).take(q.num_tokens));
+        if let Some(snap) = q.state_snapshot
+            && let Some(slot) = snap.slot
+        {
+            v[first + snap.after - 1] = slot as i32;
+        }
     }
     v.extend(0..=t as i32);
     v.extend(batch.positions().iter().map(|&p| p as i32 + 1));
@@ -268,6 +274,7 @@ mod tests {
                     block_table: vec![7, 9],
                     state_slot: 4,
                     state_checkpoints: vec![8, 6],
+                    state_snapshot: None,
                 },
                 SeqChunk {
                     num_tokens: 1,
@@ -275,6 +282,7 @@ mod tests {
                     block_table: vec![5],
                     state_slot: 1,
                     state_checkpoints: Vec::new(),
+                    state_snapshot: None,
                 },
             ],
         };

@@ -122,9 +122,14 @@ impl Engine {
             model_config.eos_token_ids.clone(),
             Default::default(),
         ));
-        let mut scheduler = Scheduler::new(config.clone(), hybrid, Arc::clone(&shared))
-            .map_err(anyhow::Error::msg)
-            .context("invalid engine configuration")?;
+        let mut scheduler = Scheduler::new(
+            config.clone(),
+            hybrid,
+            backend.state_snapshot_alignment(),
+            Arc::clone(&shared),
+        )
+        .map_err(anyhow::Error::msg)
+        .context("invalid engine configuration")?;
         if let Some(SpeculativeConfig {
             method: SpeculativeMethod::External(source),
             ..

@@ -22,6 +22,15 @@
 //! over the prompt's last 1-16 tokens; that pass is what lets a repeated
 //! prompt resume from `L` exactly.
 //!
+//! A backend that snapshots the state inside a pass
+//! (`Backend::state_snapshot_alignment`) spares that pass: the chunk that
+//! crosses `L` carries the snapshot (`SeqChunk::state_snapshot`), and its GDN
+//! layers compute the tokens before and after `L` as two runs, exactly as the
+//! two passes would, keeping the state in between. `L` is then also a
+//! multiple of the backend's alignment (the CUDA chunked form has state only
+//! at its 64-token chunk boundaries), and where the pass does not start on
+//! that alignment, the pass ends at `L` as before.
+//!
 //! A hybrid-model prefix-cache hit may only resume at a point where this
 //! sequence would split anyway, and where the run that cached the state split
 //! too: the grid points and `L` (every run splits at grid points; a snapshot
@@ -45,6 +54,10 @@ pub struct ChunkPolicy {
     block_size: usize,
     grid: usize,
     hybrid: bool,
+    /// Hybrid models on a backend that snapshots the state inside a pass
+    /// (`Backend::state_snapshot_alignment`): the alignment, from the pass's
+    /// first token, that such a snapshot needs. `None`: passes end at `L`.
+    in_pass: Option<usize>,
 }
 
 impl ChunkPolicy {
@@ -70,7 +83,17 @@ impl ChunkPolicy {
             block_size,
             grid,
             hybrid,
+            in_pass: None,
         })
+    }
+
+    /// Takes the snapshot at `L` inside the pass that crosses it, where the
+    /// backend can (`alignment` from `Backend::state_snapshot_alignment`),
+    /// instead of ending a pass there. `L` is then the prompt's last
+    /// multiple of both the block size and the alignment.
+    pub fn with_in_pass_snapshots(mut self, alignment: Option<usize>) -> Self {
+        self.in_pass = alignment.filter(|&a| a > 0);
+        self
     }
 
     /// Tokens per grid cell.
@@ -84,15 +107,44 @@ impl ChunkPolicy {
         prompt_len.saturating_sub(1) / self.block_size * self.block_size
     }
 
+    /// `L`: the deepest point of a hybrid-model prompt whose state is
+    /// snapshotted, a block boundary that leaves a token to compute (and, with
+    /// in-pass snapshots, a multiple of their alignment; 0 when there is none).
+    pub fn snapshot_point(&self, prompt_len: usize) -> usize {
+        let step = match self.in_pass {
+            Some(a) => lcm(self.block_size, a),
+            None => self.block_size,
+        };
+        prompt_len.saturating_sub(1) / step * step
+    }
+
+    /// Whether a pass starting at `start` takes the snapshot at `at` inside
+    /// it rather than ending there.
+    fn snapshots_inside(&self, start: usize, at: usize) -> bool {
+        self.in_pass.is_some_and(|a| (at - start).is_multiple_of(a))
+    }
+
+    /// Where the pass `start..end` of a prompt of `prompt_len` tokens takes a
+    /// snapshot inside it (a position strictly between the two), if anywhere.
+    pub fn in_pass_snapshot(&self, start: usize, end: usize, prompt_len: usize) -> Option<usize> {
+        let at = self.snapshot_point(prompt_len);
+        (self.hybrid
+            && start < at
+            && at < end
+            && end <= prompt_len
+            && self.snapshots_inside(start, at))
+        .then_some(at)
+    }
+
     /// End of the next chunk of a sequence of `len` known tokens (the first
     /// `prompt_len` its request's prompt) with `computed` already in the cache.
     pub fn chunk_end(&self, computed: usize, len: usize, prompt_len: usize) -> usize {
         let next_grid = (computed / self.grid + 1) * self.grid;
         let end = if computed < prompt_len {
             let mut end = next_grid.min(prompt_len);
-            let last_full = self.last_full_block(prompt_len);
-            if self.hybrid && last_full > computed {
-                end = end.min(last_full);
+            let at = self.snapshot_point(prompt_len);
+            if self.hybrid && at > computed && !(at < end && self.snapshots_inside(computed, at)) {
+                end = end.min(at);
             }
             end
         } else if self.hybrid {
@@ -121,9 +173,8 @@ impl ChunkPolicy {
             // Attention-only models: every cached block is exact.
             return pos.is_multiple_of(self.block_size);
         }
-        pos > 0
-            && pos <= self.last_full_block(prompt_len)
-            && (pos.is_multiple_of(self.grid) || pos == self.last_full_block(prompt_len))
+        let at = self.snapshot_point(prompt_len);
+        pos > 0 && pos <= at && (pos.is_multiple_of(self.grid) || pos == at)
     }
 
     /// Should the recurrent state be snapshotted after `computed` positions
@@ -131,6 +182,16 @@ impl ChunkPolicy {
     pub fn is_snapshot_point(&self, computed: usize, prompt_len: usize) -> bool {
         self.hybrid && self.is_resume_point(computed, prompt_len)
     }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut x: usize, mut y: usize| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    a / gcd(a, b) * b
 }
 
 #[cfg(test)]
@@ -232,5 +293,68 @@ mod tests {
             !p.is_resume_point(192, 192),
             "the last token must be computed"
         );
+    }
+
+    #[test]
+    fn in_pass_snapshots_leave_a_long_prompt_one_pass() {
+        let anywhere = ChunkPolicy::new(&config(32768, 64, 16), true)
+            .unwrap()
+            .with_in_pass_snapshots(Some(1));
+        assert_eq!(anywhere.prompt_chunk_ends(7261), vec![7261]);
+        assert_eq!(anywhere.snapshot_point(7261), 7248);
+        assert_eq!(anywhere.in_pass_snapshot(0, 7261, 7261), Some(7248));
+        let chunked = ChunkPolicy::new(&config(32768, 64, 16), true)
+            .unwrap()
+            .with_in_pass_snapshots(Some(64));
+        assert_eq!(chunked.prompt_chunk_ends(7261), vec![7261]);
+        assert_eq!(
+            chunked.snapshot_point(7261),
+            7232,
+            "a multiple of 16 and of 64"
+        );
+        assert_eq!(chunked.in_pass_snapshot(0, 7261, 7261), Some(7232));
+        // A pass that starts off the alignment still ends at L.
+        let small = ChunkPolicy::new(&config(64, 4, 16), true)
+            .unwrap()
+            .with_in_pass_snapshots(Some(64));
+        assert_eq!(small.prompt_chunk_ends(130), vec![48, 96, 128, 130]);
+        assert_eq!(small.in_pass_snapshot(96, 130, 130), None);
+        let small_any = ChunkPolicy::new(&config(64, 4, 16), true)
+            .unwrap()
+            .with_in_pass_snapshots(Some(1));
+        assert_eq!(small_any.prompt_chunk_ends(130), vec![48, 96, 130]);
+        assert_eq!(small_any.in_pass_snapshot(96, 130, 130), Some(128));
+        // Attention-only models take no snapshots.
+        let attn = ChunkPolicy::new(&config(64, 4, 16), false)
+            .unwrap()
+            .with_in_pass_snapshots(Some(1));
+        assert_eq!(attn.in_pass_snapshot(96, 130, 130), None);
+    }
+
+    #[test]
+    fn with_in_pass_snapshots_every_resume_point_is_a_split_or_a_snapshot() {
+        for align in [1, 16, 64] {
+            let p = ChunkPolicy::new(&config(64, 4, 16), true)
+                .unwrap()
+                .with_in_pass_snapshots(Some(align));
+            for prompt_len in 1..300 {
+                let ends = p.prompt_chunk_ends(prompt_len);
+                let mut starts = vec![0];
+                starts.extend(&ends[..ends.len() - 1]);
+                let snapshots: Vec<usize> = starts
+                    .iter()
+                    .zip(&ends)
+                    .filter_map(|(&a, &b)| p.in_pass_snapshot(a, b, prompt_len))
+                    .collect();
+                for pos in 1..prompt_len {
+                    if p.is_resume_point(pos, prompt_len) {
+                        assert!(
+                            ends.contains(&pos) || snapshots.contains(&pos),
+                            "align {align}: {pos} of {prompt_len}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

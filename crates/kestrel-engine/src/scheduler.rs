@@ -50,6 +50,10 @@ pub(crate) struct ScheduledChunk {
     pub start: usize,
     pub end: usize,
     pub drafts: usize,
+    /// A prefix-cache snapshot point inside this pass: its position and the
+    /// state slot the snapshot goes to, if the cache takes one (hybrid
+    /// models, see `prefill`).
+    pub snapshot: Option<(usize, Option<u32>)>,
 }
 
 #[derive(Debug, Default)]
@@ -84,8 +88,14 @@ enum Place {
 }
 
 impl Scheduler {
-    pub fn new(config: EngineConfig, hybrid: bool, shared: Arc<Shared>) -> Result<Self, String> {
-        let policy = ChunkPolicy::new(&config, hybrid)?;
+    /// `snapshot_alignment`: the backend's `state_snapshot_alignment`.
+    pub fn new(
+        config: EngineConfig,
+        hybrid: bool,
+        snapshot_alignment: Option<usize>,
+        shared: Arc<Shared>,
+    ) -> Result<Self, String> {
+        let policy = ChunkPolicy::new(&config, hybrid)?.with_in_pass_snapshots(snapshot_alignment);
         let block_size = config.block_size;
         let radix = match (config.enable_prefix_cache, hybrid) {
             (false, _) => RadixCache::disabled(block_size),
@@ -379,6 +389,49 @@ impl Scheduler {
             &seq.salt,
             seq.cache.block_table(),
             &snapshots,
+            &mut self.blocks,
+            &mut self.slots,
+        )?;
+        Ok(())
+    }
+
+    /// The in-pass snapshot point of a prompt chunk `start..end` of `id`,
+    /// where the chunk crosses its prompt's snapshot point, with a slot for
+    /// the snapshot (none when the prefix cache is off or every slot is
+    /// busy: the point is kept anyway, so outputs never depend on the cache).
+    fn plan_snapshot(
+        &mut self,
+        id: SeqId,
+        start: usize,
+        end: usize,
+    ) -> Result<Option<(usize, Option<u32>)>, CacheError> {
+        let Some(prompt_len) = self.running_seq(id).map(|s| s.prompt_len) else {
+            return Ok(None);
+        };
+        let Some(at) = self.policy.in_pass_snapshot(start, end, prompt_len) else {
+            return Ok(None);
+        };
+        let slot = if self.radix.is_enabled() {
+            self.snapshot_slot()?
+        } else {
+            None
+        };
+        Ok(Some((at, slot)))
+    }
+
+    /// Offer the in-pass snapshot a step took for `id` (see
+    /// [`Scheduler::plan_snapshot`]) to the prefix cache, which keeps the
+    /// slot or frees it.
+    pub fn cache_snapshot(&mut self, id: SeqId, at: usize, slot: u32) -> Result<(), CacheError> {
+        let Some(index) = self.running_index(id) else {
+            return self.slots.free(slot);
+        };
+        let seq = &self.running[index];
+        self.radix.insert(
+            &seq.tokens[..at],
+            &seq.salt,
+            seq.cache.block_table(),
+            &[(at / self.config.block_size - 1, slot)],
             &mut self.blocks,
             &mut self.slots,
         )?;

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use kestrel_core::{Backend, CandidateRequest, ForwardBatch, SeqChunk};
+use kestrel_core::{Backend, CandidateRequest, ForwardBatch, SeqChunk, StateSnapshot};
 use kestrel_models::Model;
 use kestrel_sampling::{DEFAULT_MAX_CANDIDATES, Finish};
 
@@ -76,6 +76,10 @@ pub(crate) fn execute<B: Backend>(
             block_table: seq.cache.block_table()[..chunk.end.div_ceil(block_size)].to_vec(),
             state_slot: seq.cache.state_slot().unwrap_or(0),
             state_checkpoints: seq.cache.checkpoint_slots().to_vec(),
+            state_snapshot: chunk.snapshot.map(|(at, slot)| StateSnapshot {
+                after: at - chunk.start,
+                slot,
+            }),
         });
         // Logits only for chunks that end at their sequence's last known token.
         let rows = (known_end == seq.tokens.len()).then(|| {
@@ -148,6 +152,9 @@ pub(crate) fn execute<B: Backend>(
     let mut outcomes = Vec::new();
     let mut committed_ends = Vec::with_capacity(plan.chunks.len());
     for (chunk, rows) in plan.chunks.iter().zip(&chunk_rows) {
+        if let Some((at, Some(slot))) = chunk.snapshot {
+            sched.cache_snapshot(chunk.id, at, slot)?;
+        }
         let seq = sched
             .running_seq_mut(chunk.id)
             .context("sequence vanished")?;

@@ -517,7 +517,7 @@ static_assert(SM_Q % 4 == 0 && SM_KT % 4 == 0 && SM_I % 4 == 0 && SM_U % 4 == 0 
 template <int PASSES>
 __device__ __forceinline__ void state_pass(float* __restrict__ core, const float* __restrict__ scratch,
                                            float* __restrict__ st, float* smem, int start, int n, int base,
-                                           int col0, int h, int hv) {
+                                           int col0, int h, int hv, float* __restrict__ snap_st, int snap_chunk) {
     float* W = smem + SM_W;
     float* Q = smem + SM_Q;
     float* KT = smem + SM_KT;
@@ -640,6 +640,14 @@ __device__ __forceinline__ void state_pass(float* __restrict__ core, const float
             }
         }
         store_st();  // phase 1 of every warp is past (barrier above)
+        if (c == snap_chunk) {
+#pragma unroll
+            for (int t = 0; t < TC / 8; ++t)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr)
+                    st2(snap_st + (size_t)(r0 + g + 8 * hr) * DV + 8 * t + 2 * cq,
+                        make_float2(s[t][2 * hr], s[t][2 * hr + 1]));
+        }
 
         const int L = min(CH, n - c * CH);
 #pragma unroll
@@ -779,7 +787,7 @@ __device__ __forceinline__ int acc_col(int e) { return 8 * (e >> 2) + 2 * (threa
 __device__ __forceinline__ void state_pass_wg(float* __restrict__ core, const float* __restrict__ scratch,
                                               float* __restrict__ st, float* smem_raw, int start, int n, int base,
                                               int col0, int h, int hv, const TmaMap* rows128,
-                                              const TmaMap* rows64) {
+                                              const TmaMap* rows64, float* __restrict__ snap_st, int snap_chunk) {
     const uint32_t raw = smem_addr(smem_raw);
     float* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw) / 4;
     float* W = smem + WG_W;
@@ -887,6 +895,11 @@ __device__ __forceinline__ void state_pass_wg(float* __restrict__ core, const fl
         pin(s);
         pin(acc);
         store_st();  // phase 1 of both warpgroups is past (barrier above)
+        if (c == snap_chunk) {
+#pragma unroll
+            for (int e = 0; e < 16; e += 2)
+                st2(snap_st + (size_t)(64 * wg + acc_row(e)) * DV + acc_col(e), make_float2(s[e], s[e + 1]));
+        }
         if (wg == 1) {
             const int L = min(CH, n - c * CH);
 #pragma unroll
@@ -925,19 +938,36 @@ __device__ __forceinline__ void chunk_state(float* __restrict__ core, const floa
                                             const int* __restrict__ seq_slot, int hv, int tc,
                                             const float* __restrict__ conv_x, int conv_x_stride,
                                             float* __restrict__ conv_state, int conv_kernel, int hk,
-                                            const TmaMap* rows128, const TmaMap* rows64) {
+                                            const int* __restrict__ token_ckpt, const TmaMap* rows128,
+                                            const TmaMap* rows64) {
     extern __shared__ float4 state_smem[];
     float* smem = reinterpret_cast<float*>(state_smem);
     const int col0 = blockIdx.x * TC, h = blockIdx.y, s = blockIdx.z;
     const int start = seq_start[s], n = seq_start[s + 1] - start;
     if (n == 0) return;
+    // A prefix-cache snapshot inside the run (SeqChunk::state_snapshot): the
+    // state after a chunk boundary, at most one per sequence. Every thread
+    // finds it (the same few loads); no checkpoints, no loads.
+    int snap_chunk = -1, snap_slot = -1;
+    if (token_ckpt != nullptr) {
+        for (int c = 0; (c + 1) * CH < n; ++c) {
+            const int slot = token_ckpt[start + (c + 1) * CH - 1];
+            if (slot >= 0) snap_chunk = c, snap_slot = slot;
+        }
+    }
     if (conv_state != nullptr && blockIdx.x == 0 && threadIdx.x < 32) {
         // gdn_chunk_prep computed the conv: advance its state here (warp 0 of
         // column tile 0): q and k channels from the first value head of their
         // key head, v channels from every head.
         const int conv_dim = 2 * hk * DK + hv * DV, lane = threadIdx.x;
         float* st = conv_state + (size_t)seq_slot[s] * conv_dim * (conv_kernel - 1);
+        float* snap = snap_slot >= 0 ? conv_state + (size_t)snap_slot * conv_dim * (conv_kernel - 1) : nullptr;
         auto update = [&](int col) {
+            // The snapshot's window first: its tokens are all new (a chunk or
+            // more), so it never reads the live state that the next line advances.
+            if (snap != nullptr)
+                conv_state_update(snap, conv_x, conv_x_stride, conv_kernel, start, (snap_chunk + 1) * CH, col,
+                                  4 * lane);
             conv_state_update(st, conv_x, conv_x_stride, conv_kernel, start, n, col, 4 * lane);
         };
         if (h % (hv / hk) == 0) {
@@ -949,15 +979,16 @@ __device__ __forceinline__ void chunk_state(float* __restrict__ core, const floa
     }
     const int base = chunk_base(seq_start, s);
     float* st = state + ((size_t)seq_slot[s] * hv + h) * DK * DV + col0;
+    float* snap_st = snap_slot >= 0 ? state + ((size_t)snap_slot * hv + h) * DK * DV + col0 : nullptr;
     if constexpr (WG) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-        state_pass_wg(core, scratch, st, smem, start, n, base, col0, h, hv, rows128, rows64);
+        state_pass_wg(core, scratch, st, smem, start, n, base, col0, h, hv, rows128, rows64, snap_st, snap_chunk);
 #else
         __trap();
 #endif
     } else {
-        if (tc == 2) state_pass<1>(core, scratch, st, smem, start, n, base, col0, h, hv);
-        else state_pass<3>(core, scratch, st, smem, start, n, base, col0, h, hv);
+        if (tc == 2) state_pass<1>(core, scratch, st, smem, start, n, base, col0, h, hv, snap_st, snap_chunk);
+        else state_pass<3>(core, scratch, st, smem, start, n, base, col0, h, hv, snap_st, snap_chunk);
     }
 }
 
@@ -965,7 +996,7 @@ KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
     gdn_chunk_state(const __grid_constant__ GdnChunkStateArgs a) {
     pdl_begin();
     chunk_state<false>(a.core, a.scratch, a.state, a.seq_start, a.seq_slot, a.hv, a.tc, a.conv_x, a.conv_x_stride,
-                       a.conv_state, a.conv_kernel, a.hk, nullptr, nullptr);
+                       a.conv_state, a.conv_kernel, a.hk, a.token_ckpt, nullptr, nullptr);
 }
 
 KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
@@ -973,5 +1004,5 @@ KESTREL_EXTERN void __launch_bounds__(STATE_THREADS, 1)
                        const __grid_constant__ TmaMap rows64) {
     pdl_begin();
     chunk_state<true>(a.core, a.scratch, a.state, a.seq_start, a.seq_slot, a.hv, a.tc, a.conv_x, a.conv_x_stride,
-                      a.conv_state, a.conv_kernel, a.hk, &rows128, &rows64);
+                      a.conv_state, a.conv_kernel, a.hk, a.token_ckpt, &rows128, &rows64);
 }

@@ -175,6 +175,10 @@ kernel_records! {
         pub conv_state: u64 => "float*",
         pub conv_kernel: i32 => "int",
         pub hk: i32 => "int",
+        /// `[T]`, or null when the step has no checkpoints: a slot that
+        /// receives the state after the token; only rows that end a chunk
+        /// before the run's last may have one (`SeqChunk::state_snapshot`).
+        pub token_ckpt: u64 => "const int*",
     }
 }
 

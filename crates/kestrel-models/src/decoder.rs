@@ -358,6 +358,7 @@ mod tests {
                     block_table: vec![i as u32],
                     state_slot: i as u32,
                     state_checkpoints: Vec::new(),
+                    state_snapshot: None,
                 })
                 .collect(),
         }

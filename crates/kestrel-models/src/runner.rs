@@ -72,6 +72,7 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
                 block_table: self.block_table[..pages].to_vec(),
                 state_slot: 0,
                 state_checkpoints: Vec::new(),
+                state_snapshot: None,
             }],
         }
     }
@@ -166,6 +167,7 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
                 block_table: self.block_table[..n.div_ceil(self.block_size)].to_vec(),
                 state_slot: 0,
                 state_checkpoints: Vec::new(),
+                state_snapshot: None,
             }],
         };
         let cache = self

@@ -56,13 +56,18 @@ impl HeadInputs<'_> {
 
     /// The inputs of token `t` alone.
     pub fn token(&self, t: usize) -> HeadInputs<'_> {
+        self.tokens(t, t + 1)
+    }
+
+    /// The inputs of tokens `a..b`.
+    pub fn tokens(&self, a: usize, b: usize) -> HeadInputs<'_> {
         let (dk, dv) = (self.dk, self.dv);
         HeadInputs {
-            q: &self.q[t * dk..(t + 1) * dk],
-            k: &self.k[t * dk..(t + 1) * dk],
-            v: &self.v[t * dv..(t + 1) * dv],
-            g: &self.g[t..t + 1],
-            beta: &self.beta[t..t + 1],
+            q: &self.q[a * dk..b * dk],
+            k: &self.k[a * dk..b * dk],
+            v: &self.v[a * dv..b * dv],
+            g: &self.g[a..b],
+            beta: &self.beta[a..b],
             dk,
             dv,
         }
@@ -148,7 +153,11 @@ fn validate(
     );
     let mut seen = vec![false; slots];
     for (i, s) in batch.seqs.iter().enumerate() {
-        for &slot in std::iter::once(&s.state_slot).chain(&s.state_checkpoints) {
+        let snapshot_slot = s.state_snapshot.and_then(|snap| snap.slot);
+        for &slot in std::iter::once(&s.state_slot)
+            .chain(&s.state_checkpoints)
+            .chain(snapshot_slot.as_ref())
+        {
             let slot = slot as usize;
             assert!(
                 slot < slots,
@@ -166,6 +175,15 @@ fn validate(
             s.state_checkpoints.len(),
             s.num_tokens
         );
+        if let Some(snap) = s.state_snapshot {
+            assert!(
+                0 < snap.after && snap.after < s.num_tokens && s.state_checkpoints.is_empty(),
+                "sequence {i}: a snapshot after {} of {} new tokens (with {} checkpoints)",
+                snap.after,
+                s.num_tokens,
+                s.state_checkpoints.len()
+            );
+        }
         assert!(
             s.state_checkpoints.is_empty() || s.num_tokens < CHUNKED_MIN_TOKENS,
             "sequence {i}: state checkpoints need the token-by-token form (fewer than {CHUNKED_MIN_TOKENS} new tokens)"
@@ -183,6 +201,13 @@ fn conv_windows(
     hist: usize,
     count: usize,
 ) -> Vec<Vec<f32>> {
+    (0..count)
+        .map(|i| conv_window(state, rows, channels, hist, i))
+        .collect()
+}
+
+/// The conv window after new token `i` (see [`conv_windows`]).
+fn conv_window(state: &[f32], rows: &Rows, channels: usize, hist: usize, i: usize) -> Vec<f32> {
     let row = |r: usize| -> &[f32] {
         if r < hist {
             &state[r * channels..(r + 1) * channels]
@@ -191,13 +216,19 @@ fn conv_windows(
             &rows.data[t * rows.stride..t * rows.stride + channels]
         }
     };
-    (0..count)
-        .map(|i| {
-            (i + 1..i + 1 + hist)
-                .flat_map(|r| row(r).iter().copied())
-                .collect()
-        })
+    (i + 1..i + 1 + hist)
+        .flat_map(|r| row(r).iter().copied())
         .collect()
+}
+
+/// The delta rule over a run of tokens that a pass computes together: the
+/// chunked form for long runs, token by token for short ones.
+fn delta_rule_run(inputs: &HeadInputs, state: &mut [f32], out: &mut [f32]) {
+    if inputs.len() >= CHUNKED_MIN_TOKENS {
+        chunked(inputs, state, out)
+    } else {
+        recurrent(inputs, state, out)
+    }
 }
 
 /// Runs one GDN layer over `proj [T, spec.proj_width()]`; returns `[T, Hv*Dv]`.
@@ -244,6 +275,19 @@ pub fn gated_delta_net(
         );
         for (&ckpt, window) in s.state_checkpoints.iter().zip(windows) {
             let c = ckpt as usize;
+            state.conv[c * conv_slot..(c + 1) * conv_slot].copy_from_slice(&window);
+        }
+        if let Some(snap) = s.state_snapshot
+            && let Some(c) = snap.slot
+        {
+            let window = conv_window(
+                &state.conv[slot * conv_slot..(slot + 1) * conv_slot],
+                &rows,
+                conv_dim,
+                kernel - 1,
+                snap.after - 1,
+            );
+            let c = c as usize;
             state.conv[c * conv_slot..(c + 1) * conv_slot].copy_from_slice(&window);
         }
         causal_conv_silu(
@@ -320,13 +364,21 @@ pub fn gated_delta_net(
                         .expect("slots are validated distinct")
                 })
                 .collect();
-            work.push((seq_start, n, h, st, seg, checkpoints));
+            let snapshot = s.state_snapshot.map(|snap| {
+                let dst = snap.slot.map(|slot| {
+                    heads_state[slot as usize * hv + h]
+                        .take()
+                        .expect("slots are validated distinct")
+                });
+                (snap.after, dst)
+            });
+            work.push((seq_start, n, h, st, seg, checkpoints, snapshot));
         }
         seq_start += n;
     }
     let group = hv / hk;
     work.into_par_iter()
-        .for_each(|(t0, n, h, st, seg, mut checkpoints)| {
+        .for_each(|(t0, n, h, st, seg, mut checkpoints, snapshot)| {
             let kh = h / group;
             let inputs = HeadInputs {
                 q: &q[(kh * t_total + t0) * dk..(kh * t_total + t0 + n) * dk],
@@ -346,10 +398,17 @@ pub fn gated_delta_net(
                         ckpt.copy_from_slice(st);
                     }
                 }
-            } else if n >= CHUNKED_MIN_TOKENS {
-                chunked(&inputs, st, seg)
+            } else if let Some((after, dst)) = snapshot {
+                // Two runs, as two passes split at the snapshot would compute
+                // them, with the state in between kept.
+                let (first, rest) = seg.split_at_mut(after * dv);
+                delta_rule_run(&inputs.tokens(0, after), st, first);
+                if let Some(dst) = dst {
+                    dst.copy_from_slice(st);
+                }
+                delta_rule_run(&inputs.tokens(after, n), st, rest);
             } else {
-                recurrent(&inputs, st, seg)
+                delta_rule_run(&inputs, st, seg)
             }
         });
 

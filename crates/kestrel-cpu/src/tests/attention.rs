@@ -70,6 +70,7 @@ fn run_in_chunks(
                 block_table: table.to_vec(),
                 state_slot: 0,
                 state_checkpoints: Vec::new(),
+                state_snapshot: None,
             }],
         };
         let x = be.from_host(n, width, &proj[done * width..(done + n) * width]);
@@ -160,6 +161,7 @@ fn batch_of_two_sequences_equals_each_alone() {
             block_table: a_table.clone(),
             state_slot: 0,
             state_checkpoints: Vec::new(),
+            state_snapshot: None,
         }],
     };
     be.attention(
@@ -178,6 +180,7 @@ fn batch_of_two_sequences_equals_each_alone() {
                 block_table: a_table,
                 state_slot: 0,
                 state_checkpoints: Vec::new(),
+                state_snapshot: None,
             },
             SeqChunk {
                 num_tokens: b_new,
@@ -185,6 +188,7 @@ fn batch_of_two_sequences_equals_each_alone() {
                 block_table: b_table,
                 state_slot: 1,
                 state_checkpoints: Vec::new(),
+                state_snapshot: None,
             },
         ],
     };

@@ -1,7 +1,9 @@
 //! Gated DeltaNet: the two recurrence forms agree, the layer matches a naive f64
 //! reference, and results do not depend on how tokens are split or batched.
 
-use kestrel_core::{Backend, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, SeqChunk};
+use kestrel_core::{
+    Backend, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, SeqChunk, StateSnapshot,
+};
 
 use super::ops::weight;
 use super::{assert_close, naive, rng::Rng};
@@ -120,6 +122,7 @@ fn run(
                 block_table: vec![],
                 state_slot: slot,
                 state_checkpoints: Vec::new(),
+                state_snapshot: None,
             })
             .collect(),
     };
@@ -260,6 +263,7 @@ fn state_checkpoints_hold_the_state_after_each_token_bit_for_bit() {
     let batch = ForwardBatch {
         seqs: vec![SeqChunk {
             state_checkpoints: vec![5, 6, 7],
+            state_snapshot: None,
             ..SeqChunk::new(4, 20, vec![], 0)
         }],
     };
@@ -301,9 +305,80 @@ fn a_checkpoint_may_not_alias_a_live_slot() {
     let batch = ForwardBatch {
         seqs: vec![SeqChunk {
             state_checkpoints: vec![1, 0],
+            state_snapshot: None,
             ..SeqChunk::new(3, 0, vec![], 0)
         }],
     };
     let x = be.from_host(3, s.proj_width(), &rng.vec(3 * s.proj_width()));
     be.gated_delta_net(&x, &w, &s, &mut c, 0, &batch);
+}
+
+#[test]
+fn a_snapshot_inside_a_pass_equals_two_passes_split_there_bit_for_bit() {
+    let be = CpuBackend;
+    let s = spec();
+    let mut rng = Rng::new(36);
+    let w = weights(&mut rng, &s);
+    let width = s.proj_width();
+    // (tokens, snapshot after): runs of both forms on either side.
+    for (n, after) in [(150usize, 100usize), (200, 70), (40, 13), (90, 80)] {
+        let x = rng.vec(n * width);
+        let mut want = cache(&s, 4);
+        let mut want_out = run(
+            &be,
+            &mut want,
+            &w,
+            &s,
+            0,
+            &[(after, 0)],
+            &x[..after * width],
+        );
+        be.copy_state(&mut want, 0, 1);
+        want_out.extend(run(
+            &be,
+            &mut want,
+            &w,
+            &s,
+            0,
+            &[(n - after, 0)],
+            &x[after * width..],
+        ));
+
+        let mut got = cache(&s, 4);
+        let batch = ForwardBatch {
+            seqs: vec![SeqChunk {
+                state_snapshot: Some(StateSnapshot {
+                    after,
+                    slot: Some(2),
+                }),
+                ..SeqChunk::new(n, 0, vec![], 0)
+            }],
+        };
+        let got_out = be.to_host(&be.gated_delta_net(
+            &be.from_host(n, width, &x),
+            &w,
+            &s,
+            &mut got,
+            0,
+            &batch,
+        ));
+        assert_eq!(
+            got_out, want_out,
+            "{n} tokens, snapshot after {after}: outputs"
+        );
+        let (cl, rl) = (got.conv_slot_len(), got.recurrent_slot_len());
+        let (g, r) = (&got.gdn[0], &want.gdn[0]);
+        for (mine, theirs, what) in [(0usize, 0usize, "live state"), (2, 1, "snapshot")] {
+            assert_eq!(
+                g.recurrent[mine * rl..(mine + 1) * rl],
+                r.recurrent[theirs * rl..(theirs + 1) * rl],
+                "{n} tokens, snapshot after {after}: recurrent {what}"
+            );
+            assert_eq!(
+                g.conv[mine * cl..(mine + 1) * cl],
+                r.conv[theirs * cl..(theirs + 1) * cl],
+                "{n} tokens, snapshot after {after}: conv {what}"
+            );
+        }
+    }
 }

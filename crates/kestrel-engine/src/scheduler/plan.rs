@@ -47,11 +47,13 @@ impl Scheduler {
                     continue; // whole chunks only; it fits in a later step
                 }
                 if self.make_room(id, end, &mut plan, &mut budget)? {
+                    let snapshot = self.plan_snapshot(id, start, end)?;
                     plan.chunks.push(ScheduledChunk {
                         id,
                         start,
                         end,
                         drafts: 0,
+                        snapshot,
                     });
                     budget -= end - start;
                 }
@@ -214,14 +216,17 @@ impl Scheduler {
             }
             self.shared.dequeued();
         }
+        let id = seq.id;
+        *budget -= end - start;
+        self.running.push(seq);
+        let snapshot = self.plan_snapshot(id, start, end)?;
         plan.chunks.push(ScheduledChunk {
-            id: seq.id,
+            id,
             start,
             end,
             drafts: 0,
+            snapshot,
         });
-        *budget -= end - start;
-        self.running.push(seq);
         Ok(true)
     }
 }

@@ -94,6 +94,17 @@ pub fn chunked(cx: &Cx, io: &Io) -> CudaSlice<f32> {
         conv_state,
         conv_kernel: spec.conv_kernel as i32,
         hk: spec.num_k_heads as i32,
+        // Prefix-cache snapshots at chunk boundaries (none: no loads).
+        token_ckpt: if io
+            .batch
+            .seqs
+            .iter()
+            .any(|q| q.state_snapshot.is_some_and(|s| s.slot.is_some()))
+        {
+            l.token_checkpoint()
+        } else {
+            0
+        },
     })];
     if wg {
         // The records as rows of 128 and of 64 floats, for TMA.

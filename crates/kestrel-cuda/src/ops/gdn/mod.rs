@@ -17,7 +17,10 @@
 //! State checkpoints (`SeqChunk::state_checkpoints`) are written by the
 //! decode kernel and by the conv and recurrence kernels, which is why a step
 //! that has them never takes the chunked form: a verify step mixed with a
-//! long prefill chunk runs its prefill through the recurrence.
+//! long prefill chunk runs its prefill through the recurrence. A prefix-cache
+//! snapshot inside a pass (`SeqChunk::state_snapshot`) goes through the same
+//! per-token slot list; the chunked form writes it where it falls on a chunk
+//! boundary (the engine places it there: `state_snapshot_alignment`).
 
 mod chunked;
 mod io;
@@ -35,8 +38,8 @@ use crate::tensor::{CudaTensor, CudaWeight};
 use chunked::chunked;
 use io::Io;
 use kernels::{
-    DECODE_CONV_KERNEL, DECODE_MAX_TOKENS, GATED_NORM_ROWS_PER_BLOCK, HEAD_DIM, MAX_CONV_KERNEL,
-    MAX_HEAD_V_DIM,
+    CHUNK, DECODE_CONV_KERNEL, DECODE_MAX_TOKENS, GATED_NORM_ROWS_PER_BLOCK, HEAD_DIM,
+    MAX_CONV_KERNEL, MAX_HEAD_V_DIM,
 };
 use recurrent::{conv, decode, recurrent};
 
@@ -72,7 +75,13 @@ pub fn gated_delta_net(
         batch,
     };
     let square = spec.head_k_dim == HEAD_DIM && spec.head_v_dim == HEAD_DIM;
+    // Per-token checkpoints (verify steps) need a token-at-a-time path; a
+    // prefix-cache snapshot at a chunk boundary is one the chunked form has.
     let checkpoints = batch.seqs.iter().any(|q| !q.state_checkpoints.is_empty());
+    let snapshots_on_chunks = batch.seqs.iter().all(|q| {
+        q.state_snapshot
+            .is_none_or(|s| s.after.is_multiple_of(CHUNK))
+    });
     if (l.max_new <= DECODE_MAX_TOKENS || cx.plan.batch_invariant)
         && square
         && spec.conv_kernel == DECODE_CONV_KERNEL
@@ -80,7 +89,7 @@ pub fn gated_delta_net(
     {
         return decode(cx, &io, f);
     }
-    let core = if square && !checkpoints && !cx.plan.batch_invariant {
+    let core = if square && !checkpoints && snapshots_on_chunks && !cx.plan.batch_invariant {
         chunked(cx, &io)
     } else {
         recurrent(cx, &io, &conv(cx, &io))

@@ -18,6 +18,7 @@ pub(super) fn attention_steps(block_size: usize, pages: &[u32]) -> Vec<ForwardBa
         block_table: table[..(cached + n).div_ceil(block_size)].to_vec(),
         state_slot: slot,
         state_checkpoints: Vec::new(),
+        state_snapshot: None,
     };
     vec![
         ForwardBatch {
@@ -90,6 +91,7 @@ fn attention_prefill_long(c: &mut Ctx, shape: &AttnShape) {
         block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
         state_slot: 0,
         state_checkpoints: Vec::new(),
+        state_snapshot: None,
     };
     let steps = vec![
         ForwardBatch {
@@ -120,6 +122,7 @@ fn attention_decode(c: &mut Ctx, shape: &AttnShape) {
         block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
         state_slot: 0,
         state_checkpoints: Vec::new(),
+        state_snapshot: None,
     };
     let prefill = (0..8)
         .filter(|&i| lens[i] > 1)
@@ -154,6 +157,7 @@ fn attention_prefill(c: &mut Ctx, shape: &AttnShape) {
         block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
         state_slot: 0,
         state_checkpoints: Vec::new(),
+        state_snapshot: None,
     };
     let steps = vec![
         ForwardBatch {

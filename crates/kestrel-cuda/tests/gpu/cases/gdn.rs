@@ -24,6 +24,7 @@ fn gdn_cases(c: &mut Ctx, prefix: &str, tol: f64) {
     gated_delta_net_paths(c, prefix, tol);
     gdn_long_prefill(c, prefix, tol);
     super::gdn_verify::gdn_verify(c, prefix, tol);
+    super::gdn_snapshot::gdn_snapshot(c, prefix, tol);
 }
 
 /// Prefill, a mixed step, a state snapshot, and a reset, over two GDN layers.
@@ -292,6 +293,7 @@ fn batch(seqs: &[(usize, u32)]) -> ForwardBatch {
                 block_table: vec![],
                 state_slot: slot,
                 state_checkpoints: Vec::new(),
+                state_snapshot: None,
             })
             .collect(),
     }

@@ -118,6 +118,7 @@ impl Case {
                     block_table: vec![],
                     state_slot: slot,
                     state_checkpoints: ckpts.to_vec(),
+                    state_snapshot: None,
                 })
                 .collect(),
         };

@@ -9,6 +9,7 @@
 mod attention;
 mod elementwise;
 mod gdn;
+mod gdn_snapshot;
 mod gdn_verify;
 mod matmul;
 mod moe;

@@ -61,6 +61,7 @@ pub fn prefill_sequence<B: Backend>(
                 block_table: pages[..(done + n).div_ceil(BLOCK_SIZE)].to_vec(),
                 state_slot: slot,
                 state_checkpoints: Vec::new(),
+                state_snapshot: None,
             }],
         };
         let chunk = &ids[done..done + n];
@@ -149,6 +150,7 @@ impl<C> Prefilled<C> {
                     state_checkpoints: (0..self.checkpoints)
                         .map(|i| (n + s * self.checkpoints + i) as u32)
                         .collect(),
+                    state_snapshot: None,
                 })
                 .collect(),
         }
