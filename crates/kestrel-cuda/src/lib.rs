@@ -282,11 +282,17 @@ impl Backend for CudaBackend {
         true
     }
 
-    /// At the chunk boundaries of the chunked GDN form (the recurrent and
-    /// decode kernels take a checkpoint after any token, so this suits every
-    /// path the plan may pick).
+    /// Only in the batch-invariant mode, and there anywhere (its GDN path
+    /// takes a checkpoint after any token). In the default mode a pass's
+    /// products and attention round a row differently with the pass's row
+    /// count, so a prompt resumed from an in-pass snapshot would not compute
+    /// what the cold pass computed after it: the engine ends a pass at the
+    /// snapshot point there instead, and a cache hit repeats the miss's
+    /// second pass exactly. (The chunked GDN form can write a snapshot at a
+    /// chunk boundary, `gdn_chunk_state`, for when prefill products become
+    /// row-invariant; the GPU checks cover it.)
     fn state_snapshot_alignment(&self) -> Option<usize> {
-        Some(ops::gdn::kernels::CHUNK)
+        self.plan.batch_invariant.then_some(1)
     }
 
     fn new_cache(&self, spec: &CacheSpec) -> Result<CudaCache> {

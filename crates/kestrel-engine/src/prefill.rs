@@ -27,9 +27,11 @@
 //! crosses `L` carries the snapshot (`SeqChunk::state_snapshot`), and its GDN
 //! layers compute the tokens before and after `L` as two runs, exactly as the
 //! two passes would, keeping the state in between. `L` is then also a
-//! multiple of the backend's alignment (the CUDA chunked form has state only
-//! at its 64-token chunk boundaries), and where the pass does not start on
-//! that alignment, the pass ends at `L` as before.
+//! multiple of the backend's alignment, and where the pass does not start on
+//! that alignment, the pass ends at `L` as before. The CPU backend takes such
+//! snapshots anywhere; CUDA only in its batch-invariant mode, where every row
+//! is computed alike whatever the pass's length (in its default mode a hit
+//! would then not repeat the miss: the products round with the row count).
 //!
 //! A hybrid-model prefix-cache hit may only resume at a point where this
 //! sequence would split anyway, and where the run that cached the state split
