@@ -5,7 +5,8 @@
 # a profile, with the engine's and the server's debug timing events on, then
 # `kestrel bench-model` prefilling the same number of prompt tokens in
 # process, and prints the two side by side with the server-side breakdown of
-# every cold request (tokenised, queued, prefill passes and their time, first
+# every cold request (prepared: template and tokeniser times; tokenised,
+# queued, prefill passes and their time, first
 # SSE event).
 #
 #   scripts/serve-ttft.sh OUT [--model-dir DIR] [--profile P] [--workload W] [-- BENCH_MODEL_ARGS...]
@@ -80,7 +81,7 @@ for line in open(f"{out}/bench/server.log", errors="replace"):
     passes = re.search(r'prefill_passes=(\d+)', line)
     if passes:
         fields["prefill_passes"] = passes.group(1)
-    for what in ("prompt tokenised", "first tokens from the engine", "first token event", "first token"):
+    for what in ("prompt prepared", "prompt tokenised", "first tokens from the engine", "first token event", "first token"):
         if line.rstrip().endswith(what) or f" {what} " in line or f"{what}:" in line:
             events.setdefault(m.group(1), {})[what] = fields
             break

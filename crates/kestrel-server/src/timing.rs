@@ -23,6 +23,20 @@ pub fn prompt_ready(request_id: &str, received: Instant, prompt_tokens: usize) {
     );
 }
 
+/// The chat prompt's preparation on the blocking pool: when it started
+/// there (since the request was received), then how long rendering the
+/// template and tokenising took.
+pub fn prompt_prepared(request_id: &str, received: Instant, started: Instant, rendered: Instant) {
+    tracing::debug!(
+        target: "kestrel_server::timing",
+        request_id,
+        since_received_ms = (started - received).as_secs_f64() * 1e3,
+        render_ms = (rendered - started).as_secs_f64() * 1e3,
+        tokenise_ms = ms_since(rendered),
+        "prompt prepared"
+    );
+}
+
 /// One request's later milestones, each reported once.
 #[derive(Debug)]
 pub struct FirstTokenClock {

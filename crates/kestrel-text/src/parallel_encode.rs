@@ -8,10 +8,12 @@
 //! never cross, so cuts are made only at a *safe point* and only for a
 //! tokenizer whose pipeline is known to respect it.
 //!
-//! A safe point is the position after a `'\n'` that follows a
-//! non-whitespace character and precedes a printable ASCII character other
-//! than space (`x\ny`, cut between `\n` and `y`). For a tokenizer of the form
-//! accepted by [`SplitSafety::of`]:
+//! A safe point is the position after a `'\n'` that follows a printable
+//! ASCII character other than space, where what follows is a run of spaces
+//! and tabs (possibly empty) ending in such a character (`x\ny` or
+//! `x\n    y`, cut right after the `\n`): every line of indented source
+//! code starts at one. For a tokenizer of the form accepted by
+//! [`SplitSafety::of`]:
 //!
 //! - added tokens are matched first, on the raw text. None of them contains
 //!   `'\n'`, and none strips or requires neighbouring whitespace (`lstrip`,
@@ -22,12 +24,14 @@
 //! - the pre-tokenizer is one regex split (the GPT-2 style patterns listed
 //!   in [`SPLIT_SAFE_PATTERNS`]) and a byte-level mapping without a prefix
 //!   space. In those patterns a newline is matched by `\s*[\r\n]+`, by
-//!   the `[\r\n]*` tail of a punctuation run, or by `\s+`; every one of them
-//!   ends at the newline when the next character is not whitespace, no
-//!   alternative lets a letter run start at a newline, and the only
-//!   lookahead (`\s+(?!\S)`) is reached for whitespace runs that the
-//!   non-whitespace character before the newline keeps apart from the cut.
-//!   So the matches of the whole text are those of the pieces;
+//!   the `[\r\n]*` tail of a punctuation run, or by `\s+`. With no other
+//!   newline in the whitespace after it (the run of spaces and tabs ends in
+//!   a printable character), `\s*[\r\n]+` can only end at this newline, the
+//!   punctuation tail stops there too, and no alternative lets a letter run
+//!   start at a newline. The only lookahead (`\s+(?!\S)`) is reached for
+//!   whitespace runs without a newline, which the character before the
+//!   newline keeps apart from the cut on one side and the piece holds whole
+//!   on the other. So the matches of the whole text are those of the pieces;
 //! - BPE works inside a pre-token, and the post-processor runs only when
 //!   special tokens are added, which this path never does.
 //!
@@ -151,11 +155,14 @@ pub fn cut_points(text: &str, pieces: usize) -> Vec<usize> {
 fn next_safe_point(bytes: &[u8], from: usize) -> Option<usize> {
     // A safe point `at` has bytes[at - 1] == b'\n'; the bytes around it are
     // ASCII, so it is a char boundary of the UTF-8 text.
+    let printable = |b: u8| (0x21..=0x7e).contains(&b);
     (from.max(2)..bytes.len()).find(|&at| {
         bytes[at - 1] == b'\n'
-            && !(bytes[at - 2] as char).is_ascii_whitespace()
-            && bytes[at - 2] < 0x80
-            && (0x21..=0x7e).contains(&bytes[at])
+            && printable(bytes[at - 2])
+            && bytes[at..]
+                .iter()
+                .find(|&&b| b != b' ' && b != b'\t')
+                .is_some_and(|&b| printable(b))
     })
 }
 
@@ -193,14 +200,12 @@ mod tests {
         for &c in &cuts {
             let b = text.as_bytes();
             assert_eq!(b[c - 1], b'\n');
+            assert!(b[c - 2].is_ascii_graphic(), "cut {c} follows whitespace");
+            let next = b[c..].iter().find(|&&x| x != b' ' && x != b'\t').unwrap();
             assert!(
-                !b[c - 2].is_ascii_whitespace(),
-                "cut {c} follows whitespace"
-            );
-            assert!(
-                b[c].is_ascii_graphic(),
+                next.is_ascii_graphic(),
                 "cut {c} precedes {:?}",
-                b[c] as char
+                *next as char
             );
         }
         assert!(cuts.windows(2).all(|w| w[1] - w[0] >= MIN_PIECE_BYTES));
@@ -209,9 +214,14 @@ mod tests {
     #[test]
     fn short_or_cutless_texts_stay_whole() {
         assert!(cut_points("abc\ndef", 8).is_empty());
-        // Newlines only before indentation or a blank line: no safe point.
+        // Newlines only before a blank line or after one: no safe point.
         let text = "    x = 1\n\n".repeat(3000);
         assert!(cut_points(&text, 8).is_empty());
+        // Whitespace that holds another newline is not one either.
+        let text = "    x = 1\n  \n".repeat(3000);
+        assert!(cut_points(&text, 8).is_empty());
+        // Indentation before a printable character is one.
+        assert!(!cut_points(&"    x = 1\n".repeat(3000), 8).is_empty());
     }
 
     #[test]

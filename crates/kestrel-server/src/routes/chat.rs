@@ -54,7 +54,9 @@ pub async fn chat_completions(
     let (prompt, prompt_ids, req) = {
         let model = model.clone();
         let reply_prefix = reply_prefix.clone();
+        let id = request_id.0.clone();
         tokio::task::spawn_blocking(move || -> ServerResult<(String, Vec<u32>, ChatRequest)> {
+            let started = Instant::now();
             let forced = reply_prefix.as_deref();
             let tools = if use_tools { req.tools.as_slice() } else { &[] };
             let prompt = render_chat(
@@ -64,7 +66,9 @@ pub async fn chat_completions(
                 req.add_generation_prompt,
                 &template_kwargs(&req, forced),
             )?;
+            let rendered = Instant::now();
             let mut ids = encode(&model, &format!("{prompt}{}", forced.unwrap_or("")), false)?;
+            crate::timing::prompt_prepared(&id, received, started, rendered);
             truncate_left(&mut ids, req.truncate_prompt_tokens);
             Ok((prompt, ids, req))
         })
