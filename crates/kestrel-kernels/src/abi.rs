@@ -182,15 +182,11 @@ kernel_records! {
     }
 }
 
-/// The header `build.rs` writes for the kernels.
-pub fn header() -> HeaderText {
-    HeaderText
-}
+/// `kestrel_abi.h`, the header `build.rs` writes for the kernels, as its
+/// `Display` form.
+pub struct Header;
 
-/// Formats `kestrel_abi.h` (see [`header`]).
-pub struct HeaderText;
-
-impl core::fmt::Display for HeaderText {
+impl core::fmt::Display for Header {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         writeln!(
             f,
@@ -271,7 +267,7 @@ mod tests {
 
     #[test]
     fn the_header_declares_every_record_and_constant_with_its_checks() {
-        let h = header().to_string();
+        let h = Header.to_string();
         for r in RECORDS {
             assert!(h.contains(&format!("struct {} {{", r.name)), "{}", r.name);
             assert!(h.contains(&format!("sizeof({}) == {}", r.name, r.size)));

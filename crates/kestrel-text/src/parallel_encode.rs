@@ -13,7 +13,7 @@
 //! and tabs (possibly empty) ending in such a character (`x\ny` or
 //! `x\n    y`, cut right after the `\n`): every line of indented source
 //! code starts at one. For a tokenizer of the form accepted by
-//! [`SplitSafety::of`]:
+//! [`is_split_safe`]:
 //!
 //! - added tokens are matched first, on the raw text. None of them contains
 //!   `'\n'`, and none strips or requires neighbouring whitespace (`lstrip`,
@@ -54,55 +54,35 @@ pub const SPLIT_SAFE_PATTERNS: &[&str] = &[
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 ];
 
-/// Whether a tokenizer's ids may be computed piece by piece at safe points.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SplitSafety {
-    Safe,
-    /// Why not (shown in debug output only: such a tokenizer just encodes in
-    /// one pass).
-    Unsafe(&'static str),
-}
-
-impl SplitSafety {
-    /// Reads the pipeline from the `tokenizer.json` document.
-    pub fn of(doc: &Value) -> Self {
-        use SplitSafety::Unsafe;
-        match doc.get("normalizer") {
-            None | Some(Value::Null) => {}
-            Some(n) if n.get("type").and_then(Value::as_str) == Some("NFC") => {}
-            Some(_) => return Unsafe("normalizer other than NFC"),
-        }
-        let Some(pre) = doc.get("pre_tokenizer") else {
-            return Unsafe("no pre-tokenizer");
-        };
-        if !pre_tokenizer_is_safe(pre) {
-            return Unsafe("pre-tokenizer not among the known-safe forms");
-        }
-        match doc
-            .get("model")
-            .and_then(|m| m.get("type"))
-            .and_then(Value::as_str)
-        {
-            Some("BPE") => {}
-            _ => return Unsafe("model is not BPE"),
-        }
-        if doc
-            .get("model")
+/// Whether a tokenizer's ids may be computed piece by piece at safe points,
+/// read from its `tokenizer.json` document: the pipeline of the module docs
+/// and nothing else (any other tokenizer encodes in one pass).
+pub fn is_split_safe(doc: &Value) -> bool {
+    let normalizer_ok = match doc.get("normalizer") {
+        None | Some(Value::Null) => true,
+        Some(n) => n.get("type").and_then(Value::as_str) == Some("NFC"),
+    };
+    let model = doc.get("model");
+    let plain_bpe = model.and_then(|m| m.get("type")).and_then(Value::as_str) == Some("BPE")
+        && model
             .and_then(|m| m.get("dropout"))
-            .is_some_and(|d| !d.is_null())
-        {
-            return Unsafe("BPE dropout");
-        }
-        let added = doc.get("added_tokens").and_then(Value::as_array);
-        for token in added.into_iter().flatten() {
+            .is_none_or(Value::is_null);
+    // Added tokens are matched on the raw text first: none may span a cut
+    // or depend on the whitespace across it.
+    let added_ok = doc
+        .get("added_tokens")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .all(|token| {
             let flag = |name: &str| token.get(name).and_then(Value::as_bool).unwrap_or(false);
             let content = token.get("content").and_then(Value::as_str).unwrap_or("");
-            if content.contains('\n') || flag("lstrip") || flag("rstrip") || flag("single_word") {
-                return Unsafe("an added token contains a newline or strips whitespace");
-            }
-        }
-        SplitSafety::Safe
-    }
+            !content.contains('\n') && !flag("lstrip") && !flag("rstrip") && !flag("single_word")
+        });
+    normalizer_ok
+        && doc.get("pre_tokenizer").is_some_and(pre_tokenizer_is_safe)
+        && plain_bpe
+        && added_ok
 }
 
 fn pre_tokenizer_is_safe(pre: &Value) -> bool {
@@ -168,9 +148,10 @@ fn next_safe_point(bytes: &[u8], from: usize) -> Option<usize> {
 
 /// Encodes `text` (without special-token insertion) in pieces cut at safe
 /// points, in parallel, with `encode` applied to each piece.
-pub fn encode_in_pieces<E>(text: &str, encode: E) -> Result<Vec<u32>, String>
+pub fn encode_in_pieces<E, Err>(text: &str, encode: E) -> Result<Vec<u32>, Err>
 where
-    E: Fn(&str) -> Result<Vec<u32>, String> + Sync,
+    E: Fn(&str) -> Result<Vec<u32>, Err> + Sync,
+    Err: Send,
 {
     let cuts = cut_points(text, rayon::current_num_threads());
     if cuts.is_empty() {

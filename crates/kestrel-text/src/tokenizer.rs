@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Result, anyhow, bail};
 
 use crate::model_files;
-use crate::parallel_encode::{PARALLEL_MIN_BYTES, SplitSafety, encode_in_pieces};
+use crate::parallel_encode::{PARALLEL_MIN_BYTES, encode_in_pieces, is_split_safe};
 
 /// A loaded tokenizer. Cloning is cheap (the vocabulary is shared).
 #[derive(Clone)]
@@ -68,9 +68,8 @@ impl Tokenizer {
             .map(|(id, _)| id)
             .collect();
         let vocab_size = hf.get_vocab_size(true);
-        let split_safe = serde_json::from_slice::<serde_json::Value>(bytes)
-            .map(|doc| SplitSafety::of(&doc) == SplitSafety::Safe)
-            .unwrap_or(false);
+        let split_safe =
+            serde_json::from_slice::<serde_json::Value>(bytes).is_ok_and(|doc| is_split_safe(&doc));
         Ok(Self {
             inner: Arc::new(Inner {
                 hf,
@@ -105,11 +104,7 @@ impl Tokenizer {
     /// the ids of one pass (`parallel_encode`).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         if !add_special && self.inner.split_safe && text.len() >= PARALLEL_MIN_BYTES {
-            return encode_in_pieces(text, |piece| {
-                self.encode_one_pass(piece, false)
-                    .map_err(|e| e.to_string())
-            })
-            .map_err(|e| anyhow!(e));
+            return encode_in_pieces(text, |piece| self.encode_one_pass(piece, false));
         }
         self.encode_one_pass(text, add_special)
     }

@@ -2,7 +2,8 @@
 //! the CUDA paths on carried state.
 
 use kestrel_core::{
-    Backend, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, HostTensor, Result, SeqChunk,
+    Backend, BackendError, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, HostTensor, Result,
+    SeqChunk,
 };
 
 use kestrel_cuda::Precision;
@@ -129,12 +130,7 @@ fn gated_delta_net_paths(c: &mut Ctx, prefix: &str, tol: f64) {
             .iter()
             .map(|s| c.data.randn(s.num_tokens() * spec.proj_width(), 1.0))
             .collect();
-        let w = GdnWeights {
-            conv: c.data.mat_bf16(&[spec.conv_dim(), spec.conv_kernel], 0.5),
-            a_log: HostTensor::from_f32(vec![hv], &c.data.uniform(hv, -1.0, 2.7)),
-            dt_bias: c.data.vector(hv, 0.0, 1.0),
-            norm: c.data.vector(d, 1.0, 0.2),
-        };
+        let w = random_weights(c, &spec);
         let cpu = run_layer1(&c.cpu, &spec, &cache, &steps, &inputs, &w);
         let gpu = run_twice(&c.gpu, &spec, &cache, &steps, &inputs, &w);
         c.record(
@@ -239,6 +235,52 @@ fn gdn_long_prefill(c: &mut Ctx, prefix: &str, tol: f64) {
         cpu,
         gpu,
     );
+}
+
+/// Random weights for a layer of `spec`: decays `A = exp(A_log)` in (0.37,
+/// 15), from mild to strong.
+pub(super) fn random_weights(c: &mut Ctx, spec: &GdnSpec) -> GdnWeights<HostTensor<'static>> {
+    let hv = spec.num_v_heads;
+    GdnWeights {
+        conv: c.data.mat_bf16(&[spec.conv_dim(), spec.conv_kernel], 0.5),
+        a_log: HostTensor::from_f32(vec![hv], &c.data.uniform(hv, -1.0, 2.7)),
+        dt_bias: c.data.vector(hv, 0.0, 1.0),
+        norm: c.data.vector(spec.head_v_dim, 1.0, 0.2),
+    }
+}
+
+/// The weights on backend `b` and a cache of `spec` with every state slot zeroed.
+pub(super) fn fresh_layer<B: Backend>(
+    b: &B,
+    w: &GdnWeights<HostTensor>,
+    spec: &CacheSpec,
+) -> Result<(GdnWeights<B::Weight>, B::Cache)> {
+    let w = upload(b, w)?;
+    let mut cache = b.new_cache(spec)?;
+    for slot in 0..spec.num_state_slots as u32 {
+        b.zero_state(&mut cache, slot);
+    }
+    Ok((w, cache))
+}
+
+/// `got` equals `want` bit for bit, output by output (matched by name);
+/// `what` names the two ways in the error.
+pub(super) fn same_bits(got: &Outputs, want: &Outputs, what: &str) -> Result<()> {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let by_name: std::collections::HashMap<&str, &Vec<f32>> =
+        want.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    for (name, v) in got {
+        match by_name.get(name.as_str()) {
+            Some(w) if bits(v) == bits(w) => {}
+            Some(_) => return Err(BackendError::Invalid(format!("{name}: {what} differ"))),
+            None => {
+                return Err(BackendError::Invalid(format!(
+                    "{name}: no counterpart in {what}"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The layer's weights on backend `b`.

@@ -6,12 +6,10 @@
 //! 128) and one anywhere on the recurrence (64). The states are read through
 //! their effect on one more token (a probe), as in `gdn_verify`.
 
-use kestrel_core::{
-    Backend, BackendError, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, HostTensor,
-};
+use kestrel_core::{Backend, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, HostTensor};
 use kestrel_core::{Result, SeqChunk, StateSnapshot};
 
-use super::gdn::{gdn_cache, gdn_spec, upload};
+use super::gdn::{fresh_layer, gdn_cache, gdn_spec, random_weights, same_bits};
 use super::{Ctx, Outputs};
 
 /// The sequence with the snapshot: tokens, live slot, snapshot slot.
@@ -27,7 +25,11 @@ pub fn gdn_snapshot(c: &mut Ctx, prefix: &str, tol: f64) {
         let cpu = case.one_pass(&c.cpu);
         let gpu = case.one_pass(&c.gpu).and_then(|one| {
             let two = case.two_passes(&c.gpu)?;
-            same_bits(&one, &two)?;
+            same_bits(
+                &one,
+                &two,
+                "one pass with the snapshot and two passes split there",
+            )?;
             Ok(one)
         });
         c.record(
@@ -52,16 +54,10 @@ struct Case {
 impl Case {
     fn new(c: &mut Ctx, spec: GdnSpec, after: usize) -> Self {
         let width = spec.proj_width();
-        let hv = spec.num_v_heads;
         Case {
             spec,
             cache: gdn_cache(spec, 8),
-            w: GdnWeights {
-                conv: c.data.mat_bf16(&[spec.conv_dim(), spec.conv_kernel], 0.5),
-                a_log: HostTensor::from_f32(vec![hv], &c.data.uniform(hv, -1.0, 2.7)),
-                dt_bias: c.data.vector(hv, 0.0, 1.0),
-                norm: c.data.vector(spec.head_v_dim, 1.0, 0.2),
-            },
+            w: random_weights(c, &spec),
             after,
             rows: c.data.randn(SNAPSHOT_SEQ.0 * width, 1.0),
             beside: c.data.randn(BESIDE.0 * width, 1.0),
@@ -80,15 +76,6 @@ impl Case {
         let batch = ForwardBatch { seqs };
         let proj = b.from_host(batch.num_tokens(), self.spec.proj_width(), x);
         b.to_host(&b.gated_delta_net(&proj, w, &self.spec, cache, 1, &batch))
-    }
-
-    fn start<B: Backend>(&self, b: &B) -> Result<(GdnWeights<B::Weight>, B::Cache)> {
-        let w = upload(b, &self.w)?;
-        let mut cache = b.new_cache(&self.cache)?;
-        for slot in 0..self.cache.num_state_slots as u32 {
-            b.zero_state(&mut cache, slot);
-        }
-        Ok((w, cache))
     }
 
     /// The probes of the snapshot slot and the live slot.
@@ -117,7 +104,7 @@ impl Case {
     }
 
     fn one_pass<B: Backend>(&self, b: &B) -> Result<Outputs> {
-        let (w, mut cache) = self.start(b)?;
+        let (w, mut cache) = fresh_layer(b, &self.w, &self.cache)?;
         let (n, live, snap) = SNAPSHOT_SEQ;
         let after = self.after;
         let seqs = vec![
@@ -138,7 +125,7 @@ impl Case {
     }
 
     fn two_passes<B: Backend>(&self, b: &B) -> Result<Outputs> {
-        let (w, mut cache) = self.start(b)?;
+        let (w, mut cache) = fresh_layer(b, &self.w, &self.cache)?;
         let (n, live, snap) = SNAPSHOT_SEQ;
         let (after, width) = (self.after, self.spec.proj_width());
         let first = vec![
@@ -164,16 +151,4 @@ impl Case {
         outs.extend(self.probes(b, &w, &mut cache, snap));
         Ok(outs)
     }
-}
-
-fn same_bits(one: &Outputs, two: &Outputs) -> Result<()> {
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for ((name, a), (_, b)) in one.iter().zip(two) {
-        if bits(a) != bits(b) {
-            return Err(BackendError::Invalid(format!(
-                "{name}: one pass with the snapshot differs from two passes split there"
-            )));
-        }
-    }
-    Ok(())
 }

@@ -5,12 +5,10 @@
 //! read through their effect: a copy of each into a probe slot takes one more
 //! token, whose output depends on the whole recurrent and conv state.
 
-use kestrel_core::{
-    Backend, BackendError, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, HostTensor,
-};
+use kestrel_core::{Backend, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, HostTensor};
 use kestrel_core::{Result, SeqChunk};
 
-use super::gdn::{gdn_cache, gdn_spec, upload};
+use super::gdn::{fresh_layer, gdn_cache, gdn_spec, random_weights, same_bits};
 use super::{Ctx, Outputs};
 
 /// Sequences of the verify step: (prefill tokens, live slot, verify tokens,
@@ -30,7 +28,7 @@ pub fn gdn_verify(c: &mut Ctx, prefix: &str, tol: f64) {
         let cpu = case.verify(&c.cpu);
         let gpu = case.verify(&c.gpu).and_then(|v| {
             let seq = case.sequential(&c.gpu)?;
-            same_bits(&v, &seq)?;
+            same_bits(&v, &seq, "the verify step and one-token steps")?;
             Ok(v)
         });
         c.record(
@@ -71,13 +69,7 @@ impl Case {
         let verify = SEQS.iter().map(|s| rows(s.2)).collect();
         let probe = rows(1);
         let beside = beside_prefill.then(|| rows(40));
-        let hv = spec.num_v_heads;
-        let w = GdnWeights {
-            conv: c.data.mat_bf16(&[spec.conv_dim(), spec.conv_kernel], 0.5),
-            a_log: HostTensor::from_f32(vec![hv], &c.data.uniform(hv, -1.0, 2.7)),
-            dt_bias: c.data.vector(hv, 0.0, 1.0),
-            norm: c.data.vector(spec.head_v_dim, 1.0, 0.2),
-        };
+        let w = random_weights(c, &spec);
         Case {
             spec,
             cache: gdn_cache(spec, 12),
@@ -91,11 +83,7 @@ impl Case {
 
     /// A fresh cache (all slots zero) after every sequence's prefill.
     fn start<B: Backend>(&self, b: &B) -> Result<(GdnWeights<B::Weight>, B::Cache)> {
-        let w = upload(b, &self.w)?;
-        let mut cache = b.new_cache(&self.cache)?;
-        for slot in 0..self.cache.num_state_slots as u32 {
-            b.zero_state(&mut cache, slot);
-        }
+        let (w, mut cache) = fresh_layer(b, &self.w, &self.cache)?;
         let chunks: Vec<(usize, u32, &[u32])> = SEQS.iter().map(|s| (s.0, s.1, &[][..])).collect();
         self.layer(b, &w, &mut cache, &chunks, &self.prefill.concat());
         Ok((w, cache))
@@ -196,27 +184,4 @@ impl Case {
         }
         Ok(outs)
     }
-}
-
-/// The verify step's outputs equal the one-token steps' bit for bit.
-fn same_bits(verify: &Outputs, sequential: &Outputs) -> Result<()> {
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let by_name: std::collections::HashMap<&str, &Vec<f32>> =
-        sequential.iter().map(|(n, v)| (n.as_str(), v)).collect();
-    for (name, v) in verify {
-        match by_name.get(name.as_str()) {
-            Some(s) if bits(v) == bits(s) => {}
-            Some(_) => {
-                return Err(BackendError::Invalid(format!(
-                    "{name}: the verify step differs from one-token steps"
-                )));
-            }
-            None => {
-                return Err(BackendError::Invalid(format!(
-                    "{name}: no one-token counterpart"
-                )));
-            }
-        }
-    }
-    Ok(())
 }
