@@ -55,8 +55,7 @@ fn main() {
     // The shared header, written whether or not nvcc is found.
     let abi_dir = out_dir.join("include");
     fs::create_dir_all(&abi_dir).expect("create the header folder");
-    fs::write(abi_dir.join("kestrel_abi.h"), abi::Header.to_string())
-        .expect("write kestrel_abi.h");
+    fs::write(abi_dir.join("kestrel_abi.h"), abi::Header.to_string()).expect("write kestrel_abi.h");
 
     let mut sources: Vec<PathBuf> = fs::read_dir(&kernel_dir)
         .expect("kernels/ directory")

@@ -45,6 +45,18 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// acc + (v.x^2 + v.y^2 + v.z^2 + v.w^2), with every rounding spelled out: the
+// norm kernels and the norm that gemv_norm computes itself must form the same
+// sums bit for bit (a decode row and a verify row of the same token take
+// different ones), which leaves no contraction to the compiler.
+__device__ __forceinline__ float sum_sq4(float acc, float4 v) {
+    float s = __fmul_rn(v.x, v.x);
+    s = __fmaf_rn(v.y, v.y, s);
+    s = __fmaf_rn(v.z, v.z, s);
+    s = __fmaf_rn(v.w, v.w, s);
+    return __fadd_rn(acc, s);
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024).
 // `scratch` holds 32 floats; the result is returned to every thread.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

@@ -24,9 +24,8 @@ constexpr int NORM_REGS = 2;
 
 template <int M>
 __device__ __forceinline__ void norm_prologue(float* __restrict__ xs, const NormIn& n, int k) {
-    __shared__ float part[8][M];
-    __shared__ float inv[M];
-    const int k4 = k >> 2, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    __shared__ float scratch[32];
+    const int k4 = k >> 2, tid = threadIdx.x;
     const int threads = blockDim.x;
     const bool writer = blockIdx.x == 0;
     float4* xs4 = reinterpret_cast<float4*>(xs);
@@ -74,22 +73,15 @@ __device__ __forceinline__ void norm_prologue(float* __restrict__ xs, const Norm
                     xs4[m * k4 + i] = h[j];
                     if (o4 != nullptr) o4[i] = h[j];
                 }
-                ss[m] += h[j].x * h[j].x + h[j].y * h[j].y + h[j].z * h[j].z + h[j].w * h[j].w;
+                ss[m] = sum_sq4(ss[m], h[j]);
             }
         }
     }
+    // block_sum, as the norm kernels reduce (norm.cu), so that a row gets
+    // the same scale here as from them.
+    float inv[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-        const float v = warp_sum(ss[m]);
-        if (lane == 0) part[warp][m] = v;
-    }
-    __syncthreads();
-    if (tid < M) {
-        float total = 0.f;
-        for (int w = 0; w < (threads >> 5); ++w) total += part[w][tid];
-        inv[tid] = rsqrtf(total / k + n.eps);
-    }
-    __syncthreads();
+    for (int m = 0; m < M; ++m) inv[m] = rsqrtf(block_sum(ss[m], scratch) / k + n.eps);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
         const float s = inv[m];

@@ -23,3 +23,4 @@ mod golden;
 mod cuda_matches_cpu;
 mod golden_fixtures;
 mod speculative;
+mod speculative_shapes;

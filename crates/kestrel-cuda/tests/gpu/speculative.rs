@@ -32,21 +32,21 @@ const MODELS: [&str; 4] = [
 ];
 const NEW_TOKENS: usize = 40;
 
-type Reference = Arc<HashMap<String, Vec<u32>>>;
+pub(crate) type Reference = Arc<HashMap<String, Vec<u32>>>;
 
 #[derive(Clone, Copy, Debug)]
-enum Drafts {
+pub(crate) enum Drafts {
     AllRight,
     AllWrong,
     Random,
 }
 
 /// Drafts from the reference continuation (the run without speculation).
-struct Adversary {
-    kind: Drafts,
-    reference: Reference,
-    vocab: u32,
-    rng: Mutex<u64>,
+pub(crate) struct Adversary {
+    pub(crate) kind: Drafts,
+    pub(crate) reference: Reference,
+    pub(crate) vocab: u32,
+    pub(crate) rng: Mutex<u64>,
 }
 
 impl DraftSource for Adversary {
@@ -135,25 +135,25 @@ fn requests(vocab: u32) -> Vec<GenerateRequest> {
 
 /// What a run gives: every request's tokens, the engine's counters once it
 /// is idle, the model's vocabulary and whether it has an MTP head.
-struct Run {
-    tokens: HashMap<String, Vec<u32>>,
-    stats: EngineStats,
-    vocab: u32,
-    has_mtp: bool,
+pub(crate) struct Run {
+    pub(crate) tokens: HashMap<String, Vec<u32>>,
+    pub(crate) stats: EngineStats,
+    pub(crate) vocab: u32,
+    pub(crate) has_mtp: bool,
 }
 
 /// The arithmetic a run takes.
 #[derive(Clone, Copy, PartialEq, Debug)]
-struct Mode {
-    precision: Precision,
-    batch_invariant: bool,
+pub(crate) struct Mode {
+    pub(crate) precision: Precision,
+    pub(crate) batch_invariant: bool,
 }
 
 const F32: Mode = Mode {
     precision: Precision::F32,
     batch_invariant: false,
 };
-const BF16: Mode = Mode {
+pub(crate) const BF16: Mode = Mode {
     precision: Precision::Bf16,
     batch_invariant: false,
 };
@@ -162,17 +162,40 @@ const BF16_INVARIANT: Mode = Mode {
     batch_invariant: true,
 };
 
-/// Runs the requests (`only`: just that one) on a fresh engine.
+/// Where a run's model comes from.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// A model folder.
+    Dir(&'a std::path::Path),
+    /// Random weights (seed 0) at the shapes of a `config.json`.
+    Dummy(&'a std::path::Path),
+}
+
+/// Runs the requests (`only`: just those) on a fresh engine.
 fn run(
     dir: &std::path::Path,
     mode: Mode,
     speculative: Option<SpeculativeConfig>,
     only: Option<usize>,
 ) -> Run {
+    let only = only.map(|i| vec![i]);
+    run_from(Source::Dir(dir), mode, speculative, only.as_deref())
+}
+
+/// [`run`] on a model from `source`, of the requests in `only` (all without).
+pub(crate) fn run_from(
+    source: Source<'_>,
+    mode: Mode,
+    speculative: Option<SpeculativeConfig>,
+    only: Option<&[usize]>,
+) -> Run {
     let mut gpu = CudaBackend::new(0).expect("the device opened before opens again");
     gpu.set_precision(mode.precision);
     gpu.set_batch_invariant(mode.batch_invariant);
-    let model = Model::load(dir, &gpu).expect("model loads");
+    let model = match source {
+        Source::Dir(dir) => Model::load(dir, &gpu).expect("model loads"),
+        Source::Dummy(config) => Model::load_dummy(config, &gpu, 0).expect("dummy model builds"),
+    };
     let vocab = model.config().vocab_size as u32;
     let has_mtp = model.mtp.is_some();
     let options = EngineOptions {
@@ -183,7 +206,7 @@ fn run(
     let mut streams: Vec<_> = requests(vocab)
         .into_iter()
         .enumerate()
-        .filter(|(i, _)| only.is_none_or(|o| o == *i))
+        .filter(|(i, _)| only.is_none_or(|o| o.contains(i)))
         .map(|(_, r)| r)
         .map(|r| (r.request_id.clone(), engine.submit(r).expect("submitted")))
         .collect();
@@ -210,8 +233,14 @@ fn run(
     }
 }
 
-/// The proposers tried on `dir`, each with its speculative token count.
-fn methods(has_mtp: bool, reference: &Reference, vocab: u32) -> Vec<(String, SpeculativeConfig)> {
+/// The proposers tried on `dir`, each with its speculative token count (at
+/// most `k`).
+pub(crate) fn methods(
+    has_mtp: bool,
+    reference: &Reference,
+    vocab: u32,
+    k: usize,
+) -> Vec<(String, SpeculativeConfig)> {
     let config = |method, k| SpeculativeConfig {
         method,
         num_speculative_tokens: k,
@@ -228,19 +257,19 @@ fn methods(has_mtp: bool, reference: &Reference, vocab: u32) -> Vec<(String, Spe
                 };
                 (
                     format!("{kind:?}"),
-                    config(SpeculativeMethod::External(Arc::new(source)), 4),
+                    config(SpeculativeMethod::External(Arc::new(source)), k),
                 )
             })
             .collect();
     all.push((
         "ngram".into(),
         config(
-            SpeculativeMethod::Ngram(NgramConfig::new(1, 3, 4).unwrap()),
-            4,
+            SpeculativeMethod::Ngram(NgramConfig::new(1, 3, k).unwrap()),
+            k,
         ),
     ));
     if has_mtp {
-        for k in 1..=4 {
+        for k in 1..=k {
             all.push((format!("mtp k={k}"), config(SpeculativeMethod::mtp(), k)));
         }
         // A reduced draft vocabulary (half the ids): the head's rows are
@@ -249,7 +278,10 @@ fn methods(has_mtp: bool, reference: &Reference, vocab: u32) -> Vec<(String, Spe
         let reduced = SpeculativeMethod::Mtp(MtpOptions {
             draft_vocab: Some(Arc::new(half)),
         });
-        all.push(("mtp k=3 draft vocab".into(), config(reduced, 3)));
+        all.push((
+            format!("mtp k={} draft vocab", k.min(3)),
+            config(reduced, k.min(3)),
+        ));
     }
     all
 }
@@ -267,7 +299,7 @@ fn compare(mode: Mode) -> Vec<(String, usize)> {
             ..
         } = run(&dir, mode, None, None);
         let reference: Reference = Arc::new(off.clone());
-        for (name, spec) in methods(has_mtp, &reference, vocab) {
+        for (name, spec) in methods(has_mtp, &reference, vocab, 4) {
             let Run {
                 tokens: on, stats, ..
             } = run(&dir, mode, Some(spec), None);

@@ -73,8 +73,12 @@ impl Attend<'_> {
                 self.decode_rows(dim_index, first, n, BATCH_INVARIANT_SPLITS);
             }
         } else {
+            // Splits for one row per sequence, whatever the rows per
+            // sequence: a verify step's rows then combine their keys in the
+            // splits of the decode step at the same position (the same sums).
             let target = decode_target_blocks(self.cx.gpu);
-            let splits = decode_splits(target, rows, self.decode_blocks_per_row());
+            let seqs = self.l.seqs.clamp(1, rows);
+            let splits = decode_splits(target, seqs, self.decode_blocks_per_row());
             self.decode_rows(dim_index, 0, rows, splits);
         }
     }

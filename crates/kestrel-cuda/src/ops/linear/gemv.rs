@@ -36,14 +36,19 @@ fn gemv_rows_per_warp(rows: usize) -> usize {
 /// has too few rows in flight (at most 2048 warps) and every lane still gets
 /// a 16-byte chunk of each row. Over K 512..4096 and N 512..248320 this
 /// picked the best split or one within a few percent (docs/benchmarks/).
-/// The split sets each lane's share of K, so the order of a dot product: the
-/// batch-invariant mode takes the split of a full 8-row launch for every row
-/// count.
+/// The split sets each lane's share of K, so the order of a dot product, so
+/// it is never chosen from the launch's row count alone:
+/// - the batch-invariant mode takes the split of a full 8-row launch for
+///   every row count;
+/// - otherwise, inside a step, the split of one row per sequence: a verify
+///   step's k + 1 rows per sequence then take the split of the plain decode
+///   step of the same sequences, so each row's product is the one decode
+///   would compute, and speculation leaves greedy output unchanged.
 fn gemv_split(cx: &Cx, rows: usize, k: usize, n: usize) -> usize {
     let rows = if cx.plan.batch_invariant {
         GEMV_MAX_ROWS
     } else {
-        rows
+        split_rows(cx, rows)
     };
     let per_warp = gemv_rows_per_warp(rows);
     let target = (GEMV_TARGET_ROWS / per_warp).min(2048);
@@ -53,6 +58,14 @@ fn gemv_split(cx: &Cx, rows: usize, k: usize, n: usize) -> usize {
         split *= 2;
     }
     split
+}
+
+/// The row count a decode-sized launch of `rows` rows is split for: the
+/// step's sequence count when it has fewer (see [`gemv_split`]).
+pub(crate) fn split_rows(cx: &Cx, rows: usize) -> usize {
+    cx.step
+        .as_ref()
+        .map_or(rows, |step| step.layout.seqs.clamp(1, rows))
 }
 
 /// `y[rows, n] = x[rows, k] . w[n, k]^T` with f32 `x` and `y`, 16-bit `w` of
