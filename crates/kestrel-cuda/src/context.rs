@@ -56,6 +56,13 @@ impl Kernels {
     }
 }
 
+/// Most sequences of a decode-shaped step ([`Cx::decode_shaped`]): the
+/// batches whose plain decode steps take `gemv`.
+pub const DECODE_SHAPED_MAX_SEQS: usize = crate::ops::linear::kernels::GEMV_MAX_ROWS;
+/// Most new tokens per sequence in a decode-shaped step: the GDN decode
+/// path's limit, 1 + 7 drafts.
+pub const DECODE_SHAPED_MAX_NEW: usize = crate::ops::gdn::kernels::DECODE_MAX_TOKENS;
+
 /// One operation's view of the backend.
 pub struct Cx<'a> {
     pub gpu: &'a Gpu,
@@ -76,6 +83,22 @@ impl Cx<'_> {
             Some(step) => step.layout_for(batch, block_size),
             None => temporary_layout(self.gpu, batch, block_size),
         }
+    }
+
+    /// Whether the step in progress is decode-shaped: at most
+    /// [`DECODE_SHAPED_MAX_SEQS`] sequences, each bringing at most
+    /// [`DECODE_SHAPED_MAX_NEW`] tokens (plain decode and verify steps of
+    /// small batches). Every row of such a step takes the decode kernels (the
+    /// `gemv` products, the MoE decode path, decode-sized norms), however many
+    /// rows the step has, so a verify row computes what the plain decode row
+    /// of the same token would, and speculation leaves greedy output as it
+    /// is. Larger steps take the prefill kernels (tensor cores, bf16
+    /// activations).
+    pub fn decode_shaped(&self) -> bool {
+        self.step.as_ref().is_some_and(|s| {
+            let l = &s.layout;
+            l.seqs <= DECODE_SHAPED_MAX_SEQS && l.max_new <= DECODE_SHAPED_MAX_NEW
+        })
     }
 
     /// Device address of the step's token ids inside a step (they must be

@@ -237,5 +237,10 @@ KESTREL_GEMV(5, 8, 2, 1)
 KESTREL_GEMV(6, 8, 2, 1)
 KESTREL_GEMV(7, 8, 2, 1)
 KESTREL_GEMV(8, 8, 2, 1)
+// 16 rows: the passes of a decode-shaped step with more rows than 8 (verify
+// steps of several sequences), whose rows must take gemv's sums. Each
+// weight chunk meets 16 x rows, so fewer weight rows per warp keep the
+// accumulators in registers.
+KESTREL_GEMV(16, 4, 2, 1)
 KESTREL_GEMV_NORM(1, 2, 4, 3)
 KESTREL_GEMV_NORM(2, 4, 2, 1)

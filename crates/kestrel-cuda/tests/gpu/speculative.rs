@@ -3,9 +3,11 @@
 //! model, four requests decode together with speculation off, then with
 //! drafts that are all right, all wrong, random, n-gram lookups and (where
 //! the model has one) the MTP head, and every request's tokens must be the
-//! same. In the serving precision (bf16) the verify step's rows are batched
-//! differently from plain decode steps, so outputs may diverge there; that
-//! test reports how many requests did, and asserts only that all-right
+//! same. In the serving precision (bf16) a decode-shaped step's rows compute
+//! what plain decode rows would (`speculative_shapes` checks that at full
+//! size), but steps that also carry prefill chunks take the prefill
+//! kernels, whose rows depend on the step, so outputs may diverge there;
+//! that test reports how many requests did, and asserts only that all-right
 //! drafts are accepted.
 
 use std::collections::HashMap;

@@ -1,14 +1,16 @@
 //! Speculation at full-size decode shapes in the serving precision: on a
 //! model of Qwen3.6-35B-A3B's shapes (its first four layers, random weights),
-//! in the default bf16 mode, a request decoding alone and two decoding
-//! together give the same greedy tokens with speculation on and off.
+//! in the default bf16 mode, a request decoding alone and batches of two and
+//! four give the same greedy tokens with speculation on and off.
 //!
-//! That holds while a verify step's rows take the decode kernels (at most 8
-//! rows: batch 1 up to k = 7, batch 2 up to k = 3), because those kernels
-//! choose their splits from the step's sequence count, not its rows, and the
-//! fused and separate norms form the same sums. The golden models are too
-//! small to show it: their products are never split over warps, nor their
-//! attention over key ranges.
+//! That holds for decode-shaped steps (up to 8 sequences, each with at most 8
+//! new tokens): their rows all take the decode kernels, whose splits follow
+//! the step's sequence count rather than its rows, and the fused and
+//! separate norms form the same sums. Four sequences at k = 3 bring 16 rows,
+//! k = 4 twenty: more than one `gemv` launch takes, and more tokens than the
+//! MoE decode path's own limit. The golden models are too small to show it:
+//! their products are never split over warps, nor their attention over key
+//! ranges.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,13 +37,22 @@ fn four_layer_config() -> PathBuf {
 }
 
 #[test]
-fn qwen3_6_shapes_decode_the_same_with_speculation_in_bf16_at_decode_sizes() {
+fn qwen3_6_shapes_decode_the_same_with_speculation_in_bf16_in_decode_shaped_steps() {
     with_gpu(|_gpu| {
         let config = four_layer_config();
         let source = Source::Dummy(&config);
         let mut differ = Vec::new();
-        // Alone with up to 4 drafts (5 rows); two together with up to 3 (8).
-        for (group, k) in [(&[0usize][..], 4), (&[1], 4), (&[3], 4), (&[0, 1], 3)] {
+        // Alone with up to 4 drafts (5 rows); two together with up to 3 (8);
+        // four with up to 3 (16) and 4 (20).
+        let groups = [
+            (&[0usize][..], 4),
+            (&[1], 4),
+            (&[3], 4),
+            (&[0, 1], 3),
+            (&[0, 1, 2, 3], 3),
+            (&[0, 1, 2, 3], 4),
+        ];
+        for (group, k) in groups {
             let off: Run = run_from(source, BF16, None, Some(group));
             let reference: Reference = Arc::new(off.tokens.clone());
             for (name, spec) in methods(off.has_mtp, &reference, off.vocab, k) {

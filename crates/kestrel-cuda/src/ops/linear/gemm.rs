@@ -90,7 +90,8 @@ pub fn gemm_bf16(cx: &Cx, x: u64, rows: usize, k: usize, w: u64, n: usize, out: 
 pub fn takes_bf16(cx: &Cx, rows: usize, k: usize) -> bool {
     let f32_rows =
         (cx.plan.precision == Precision::F32 || cx.plan.batch_invariant) && gemv_fits(1, k);
-    !(gemv_fits(rows, k) || (f32_rows && rows > 0))
+    let decode_rows = cx.decode_shaped() && gemv_fits(1, k);
+    !(gemv_fits(rows, k) || (f32_rows && rows > 0) || decode_rows)
 }
 
 /// A bf16 buffer for the copy of `rows` x `k` values a producing kernel

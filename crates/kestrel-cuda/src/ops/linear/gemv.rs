@@ -6,7 +6,7 @@
 use cudarc::driver::CudaSlice;
 use kestrel_core::PreNorm;
 
-use super::kernels::{GEMV_MAX_ROWS, NORM_MAX_ROWS, NORM_SMEM_MAX};
+use super::kernels::{GEMV_MAX_ROWS, GEMV_PASS_ROWS, NORM_MAX_ROWS, NORM_SMEM_MAX};
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
@@ -23,11 +23,18 @@ pub fn gemv_fits(rows: usize, k: usize) -> bool {
     (1..=GEMV_MAX_ROWS).contains(&rows) && k > 0 && k.is_multiple_of(8)
 }
 
+/// Whether one `gemv` launch takes `rows` rows of length `k`: [`gemv_fits`],
+/// or a full pass of [`GEMV_PASS_ROWS`].
+fn launch_fits(rows: usize, k: usize) -> bool {
+    gemv_fits(rows, k) || (rows == GEMV_PASS_ROWS && gemv_fits(1, k))
+}
+
 /// Weight rows per warp in `gemv_m{rows}` (must match `KESTREL_GEMV` in gemv.cu).
 fn gemv_rows_per_warp(rows: usize) -> usize {
     match rows {
         1 => 2,
         2..=4 => 4,
+        GEMV_PASS_ROWS => 4,
         _ => 8,
     }
 }
@@ -84,7 +91,10 @@ pub fn gemv(
     n: usize,
     w_last: u64,
 ) {
-    assert!(gemv_fits(rows, k), "gemv: {rows} rows of {k} not supported");
+    assert!(
+        launch_fits(rows, k),
+        "gemv: {rows} rows of {k} not supported"
+    );
     assert!(
         (x | w | w_last).is_multiple_of(16),
         "gemv: operands must be 16-byte aligned"
@@ -94,12 +104,15 @@ pub fn gemv(
     }
     let split = gemv_split(cx, rows, k, n);
     let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
-    let kernels = match half {
-        Half::Bf16 => &cx.k.linear.gemv,
-        Half::F16 => &cx.k.linear.gemv_f16,
+    let lk = &cx.k.linear;
+    let f = match (half, rows) {
+        (Half::Bf16, GEMV_PASS_ROWS) => &lk.gemv_pass,
+        (Half::F16, GEMV_PASS_ROWS) => &lk.gemv_pass_f16,
+        (Half::Bf16, _) => &lk.gemv[rows - 1],
+        (Half::F16, _) => &lk.gemv_f16[rows - 1],
     };
     cx.gpu.launch(
-        &kernels[rows - 1],
+        f,
         (blocks(n, rows_per_block), 1, 1),
         256,
         0,
@@ -215,12 +228,30 @@ pub fn gemv_norm(
     (y, x)
 }
 
-/// `gemv` over any number of rows, [`GEMV_MAX_ROWS`] at a time.
+/// `gemv` over any number of rows: passes of [`GEMV_PASS_ROWS`], then of at
+/// most [`GEMV_MAX_ROWS`]. Every pass reads the weights once, and a row's
+/// sums do not depend on its pass (only on the split).
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_chunked(cx: &Cx, y: u64, x: u64, rows: usize, k: usize, w: (u64, Half), n: usize) {
-    for first in (0..rows).step_by(GEMV_MAX_ROWS) {
-        let r = GEMV_MAX_ROWS.min(rows - first);
+pub fn gemv_passes(
+    cx: &Cx,
+    y: u64,
+    x: u64,
+    rows: usize,
+    k: usize,
+    w: (u64, Half),
+    n: usize,
+    w_last: u64,
+) {
+    let mut first = 0;
+    while first < rows {
+        let left = rows - first;
+        let r = if left >= GEMV_PASS_ROWS {
+            GEMV_PASS_ROWS
+        } else {
+            left.min(GEMV_MAX_ROWS)
+        };
         let (xo, yo) = ((first * k * 4) as u64, (first * n * 4) as u64);
-        gemv(cx, y + yo, x + xo, r, k, w, n, 0);
+        gemv(cx, y + yo, x + xo, r, k, w, n, w_last);
+        first += r;
     }
 }

@@ -27,7 +27,14 @@ pub struct LinearKernels {
     /// `gemv` that computes its rows' RMSNorm itself (`gemv::gemv_norm`), allowed
     /// [`NORM_SMEM_MAX`] of dynamic shared memory.
     pub gemv_norm: [CudaFunction; NORM_MAX_ROWS],
+    /// `gemv_m16` / `gemv_f16_m16`: passes of [`GEMV_PASS_ROWS`] rows.
+    pub gemv_pass: CudaFunction,
+    pub gemv_pass_f16: CudaFunction,
 }
+
+/// Rows of the widest `gemv` pass (over a decode-shaped step's rows beyond
+/// [`GEMV_MAX_ROWS`]).
+pub const GEMV_PASS_ROWS: usize = 16;
 
 impl LinearKernels {
     pub fn load(gpu: &Gpu) -> Result<Self> {
@@ -37,6 +44,8 @@ impl LinearKernels {
             gemv: per_row_count(&m, "gemv_m", function)?,
             gemv_f16: per_row_count(&m, "gemv_f16_m", function)?,
             gemv_norm: per_row_count(&m, "gemv_norm_m", with_norm_smem)?,
+            gemv_pass: function(&m, "gemv_m16")?,
+            gemv_pass_f16: function(&m, "gemv_f16_m16")?,
         })
     }
 }

@@ -7,7 +7,10 @@
 //! activations rounded to bf16 (`gemm.rs`), except under `Precision::F32`,
 //! where they run through `gemv` 8 rows at a time (the weights are read once
 //! per 8 rows: slow, but no rounding); rows whose length is not a multiple
-//! of 8 still go through cuBLAS in bf16. The bf16 activations come from the
+//! of 8 still go through cuBLAS in bf16. The rows of a decode-shaped step
+//! ([`Cx::decode_shaped`](crate::context::Cx::decode_shaped): a verify step
+//! of up to 8 sequences) take `gemv` too, in passes, so that each computes
+//! what its sequence's plain decode row would. The bf16 activations come from the
 //! producing kernel when it wrote them ([`CudaTensor::bf16`]: the norms do in
 //! prefill), else from a conversion pass.
 
@@ -22,7 +25,7 @@ use crate::device::ptr;
 use crate::ops::norm::pre_norm;
 use crate::tensor::{CudaTensor, CudaWeight};
 use gemm::{gemm_bf16, takes_bf16, to_bf16};
-use gemv::{NORM_MAX_N, gemv_chunked, gemv_norm, norm_fits};
+use gemv::{NORM_MAX_N, gemv_norm, gemv_passes, norm_fits};
 
 /// `pre`'s normalised rows times `w^T`: in one `gemv_norm` launch where
 /// [`norm_fits`], else the norm and then [`matmul`].
@@ -59,7 +62,7 @@ pub fn matmul(cx: &Cx, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
         let out = gpu.alloc::<f32>(x.rows * n);
         let s = &gpu.stream;
         let (wb, half) = w.matrix("matmul");
-        gemv_chunked(
+        gemv_passes(
             cx,
             ptr(&out, s),
             ptr(&x.buf, s),
@@ -67,6 +70,7 @@ pub fn matmul(cx: &Cx, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
             k,
             (ptr(wb, s), half),
             n,
+            0,
         );
         return CudaTensor {
             bf16: None,

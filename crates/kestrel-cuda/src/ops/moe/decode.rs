@@ -1,5 +1,7 @@
-//! The decode path (1..=8 tokens): routing and experts on the device in three
-//! (T <= 2) or four launches whose shapes depend only on T and the spec.
+//! The decode path (1..=8 tokens, or every token of a decode-shaped step):
+//! routing and experts on the device in three (T <= 2) or four launches
+//! (plus a router pass per 16 tokens beyond 8) whose shapes depend only on T
+//! and the spec. Each token's expert sums do not depend on T.
 
 use kestrel_core::{MoeSpec, MoeWeights};
 
@@ -7,7 +9,7 @@ use super::routing::{DECODE_MAX_TOKENS, MoeInput, SharedExpert, top_k};
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
-use crate::ops::linear::gemv::{gemv, gemv_norm};
+use crate::ops::linear::gemv::{gemv_norm, gemv_passes};
 use crate::tensor::{CudaTensor, CudaWeight, Half};
 
 /// Intermediate rows per `moe_gate_up` block (even). A lone token needs small
@@ -58,7 +60,7 @@ pub fn moe_decode(
         MoeInput::Rows(x) => {
             let logits = gpu.alloc::<f32>(t * ld);
             let x_ptr = ptr(&x.buf, s);
-            gemv(
+            gemv_passes(
                 cx,
                 ptr(&logits, s),
                 x_ptr,

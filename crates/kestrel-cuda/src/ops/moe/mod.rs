@@ -1,6 +1,7 @@
 //! Mixture of experts, two paths.
 //!
-//! Decode (1..=8 tokens, [`decode_fits`]): three or four launches whose
+//! Decode (1..=8 tokens, [`decode_fits`], or every token of a decode-shaped
+//! step, [`Cx::decode_shaped`]): three or four launches whose
 //! shapes depend only on T and the spec, with the routing never leaving the
 //! device, so a step can be recorded in a CUDA graph: router logits (a
 //! `gemv`, the shared-expert gate appended as one more row; `gemv_norm`
@@ -67,7 +68,9 @@ enum Path {
 
 /// The plan's prefill path, where the block's shape allows it.
 fn path(cx: &Cx, t: usize, h: usize, spec: &MoeSpec) -> Path {
-    if decode_fits(t, h, spec) {
+    // A decode-shaped step's tokens all take the decode path (each token's
+    // sums are then those of its plain decode step).
+    if decode_fits(t, h, spec) || (cx.decode_shaped() && decode_fits(1, h, spec)) {
         return Path::Decode;
     }
     match cx.plan.moe.prefill {

@@ -76,9 +76,11 @@ pub fn add_rms_norm(
     // keep rows of up to 2,048 values in registers (`ADD_NORM_REGS`, norm.cu):
     // more, smaller blocks per SM overlap one row's reduction with other
     // rows' loads. Decode's few rows keep 256 threads, for the shortest chain.
+    // A decode-shaped step's rows keep decode's 256 (the same sums).
     let threads = if x.rows > GEMV_MAX_ROWS
         && x.cols <= 16 * PREFILL_THREADS as usize
         && !cx.plan.batch_invariant
+        && !cx.decode_shaped()
     {
         PREFILL_THREADS
     } else {
