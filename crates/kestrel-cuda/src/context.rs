@@ -60,7 +60,7 @@ impl Kernels {
 /// batches whose plain decode steps take `gemv`.
 pub const DECODE_SHAPED_MAX_SEQS: usize = crate::ops::linear::kernels::GEMV_MAX_ROWS;
 /// Most new tokens per sequence in a decode-shaped step: the GDN decode
-/// path's limit, 1 + 7 drafts.
+/// path's limit, 1 + 15 drafts.
 pub const DECODE_SHAPED_MAX_NEW: usize = crate::ops::gdn::kernels::DECODE_MAX_TOKENS;
 
 /// One operation's view of the backend.

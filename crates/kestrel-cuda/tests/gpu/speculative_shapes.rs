@@ -3,7 +3,7 @@
 //! in the default bf16 mode, a request decoding alone and batches of two and
 //! four give the same greedy tokens with speculation on and off.
 //!
-//! That holds for decode-shaped steps (up to 8 sequences, each with at most 8
+//! That holds for decode-shaped steps (up to 8 sequences, each with at most 16
 //! new tokens): their rows all take the decode kernels, whose splits follow
 //! the step's sequence count rather than its rows, and the fused and
 //! separate norms form the same sums. Four sequences at k = 3 bring 16 rows,
