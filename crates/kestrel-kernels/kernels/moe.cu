@@ -8,6 +8,7 @@
 // read the selected experts' weights by id, so the whole block is a fixed
 // sequence of launches.
 #include "gemv.cuh"
+#include "kestrel_abi.h"
 
 // logits[t, e] = x[t, :] . w[e, :] with f32 accumulation (bf16 weights).
 // One warp per (t, e): grid ceil(T*E / 8), block 256.
@@ -471,15 +472,11 @@ __device__ __forceinline__ void moe_gate_up_body(float* __restrict__ act, int* _
 
 // bf16 weights, and f16 weights (`_f16`: the reference precision's f16 checkpoints).
 #define KESTREL_MOE_GATE_UP(NAME, WT)                                                                          \
-    KESTREL_EXTERN void __launch_bounds__(32 * MOE_MAX_ITEMS)                                                 \
-        NAME(float* __restrict__ act, int* __restrict__ ids, float* __restrict__ weights,                     \
-             const float* __restrict__ logits, int logits_ld, int experts, int renormalize,                   \
-             const float* __restrict__ x, const uint16_t* __restrict__ w_gate_up,                             \
-             const uint16_t* __restrict__ w_shared, int hidden, int inter, int shared_inter, int top_k,       \
-             int act_ld, int rows_per_block) {                                                                \
+    KESTREL_EXTERN void __launch_bounds__(32 * MOE_MAX_ITEMS) NAME(const __grid_constant__ MoeGateUpArgs a) { \
         pdl_begin();                                                                                          \
-        moe_gate_up_body<WT>(act, ids, weights, logits, logits_ld, experts, renormalize, x, w_gate_up,       \
-                             w_shared, hidden, inter, shared_inter, top_k, act_ld, rows_per_block);           \
+        moe_gate_up_body<WT>(a.act, a.ids, a.weights, a.logits, a.logits_ld, a.experts, a.renormalize, a.x,  \
+                             a.w_gate_up, a.w_shared, a.hidden, a.inter, a.shared_inter, a.top_k, a.act_ld,  \
+                             a.rows_per_block);                                                               \
     }
 KESTREL_MOE_GATE_UP(moe_gate_up, Bf16W)
 KESTREL_MOE_GATE_UP(moe_gate_up_f16, F16W)
@@ -542,14 +539,10 @@ __device__ __forceinline__ void moe_down_body(float* __restrict__ out, const flo
 }
 
 #define KESTREL_MOE_DOWN(NAME, WT)                                                                              \
-    KESTREL_EXTERN void __launch_bounds__(512)                                                                 \
-        NAME(float* __restrict__ out, const float* __restrict__ act, const int* __restrict__ ids,               \
-             const float* __restrict__ weights, const float* __restrict__ logits, int logits_ld, int gate_col,  \
-             const uint16_t* __restrict__ w_down, const uint16_t* __restrict__ w_shared, int hidden, int inter, \
-             int shared_inter, int top_k, int act_ld, int rows_per_block) {                                    \
+    KESTREL_EXTERN void __launch_bounds__(512) NAME(const __grid_constant__ MoeDownArgs a) {                    \
         pdl_begin();                                                                                           \
-        moe_down_body<WT>(out, act, ids, weights, logits, logits_ld, gate_col, w_down, w_shared, hidden, inter, \
-                          shared_inter, top_k, act_ld, rows_per_block);                                        \
+        moe_down_body<WT>(a.out, a.act, a.ids, a.weights, a.logits, a.logits_ld, a.gate_col, a.w_down,         \
+                          a.w_shared, a.hidden, a.inter, a.shared_inter, a.top_k, a.act_ld, a.rows_per_block); \
     }
 KESTREL_MOE_DOWN(moe_down, Bf16W)
 KESTREL_MOE_DOWN(moe_down_f16, F16W)

@@ -159,6 +159,58 @@ kernel_records! {
         pub dv: i32 => "int",
     }
 
+    /// `moe_gate_up` / `moe_gate_up_f16`: SwiGLU activations of each
+    /// token's picked experts and the shared one (decode path).
+    pub struct MoeGateUpArgs {
+        /// `[T, items, act_ld]`.
+        pub act: u64 => "float*",
+        /// `[T, top_k]`: written here when the block routes, else read.
+        pub ids: u64 => "int*",
+        pub weights: u64 => "float*",
+        /// `[T, logits_ld]` router logits, or null: routed beforehand.
+        pub logits: u64 => "const float*",
+        /// `[T, hidden]`.
+        pub x: u64 => "const float*",
+        /// `[E, 2 * inter, hidden]`.
+        pub w_gate_up: u64 => "const uint16_t*",
+        /// `[2 * shared_inter, hidden]`, or null.
+        pub w_shared: u64 => "const uint16_t*",
+        pub logits_ld: i32 => "int",
+        pub experts: i32 => "int",
+        pub renormalize: i32 => "int",
+        pub hidden: i32 => "int",
+        pub inter: i32 => "int",
+        pub shared_inter: i32 => "int",
+        pub top_k: i32 => "int",
+        pub act_ld: i32 => "int",
+        /// Intermediate rows per block (even).
+        pub rows_per_block: i32 => "int",
+    }
+
+    /// `moe_down` / `moe_down_f16`: down projections, weighted and added.
+    pub struct MoeDownArgs {
+        /// `[T, hidden]`.
+        pub out: u64 => "float*",
+        pub act: u64 => "const float*",
+        pub ids: u64 => "const int*",
+        pub weights: u64 => "const float*",
+        /// Router logits, for the shared-expert gate at column `gate_col`.
+        pub logits: u64 => "const float*",
+        /// `[E, hidden, inter]`.
+        pub w_down: u64 => "const uint16_t*",
+        pub w_shared: u64 => "const uint16_t*",
+        pub logits_ld: i32 => "int",
+        /// Below 0: no shared-expert gate.
+        pub gate_col: i32 => "int",
+        pub hidden: i32 => "int",
+        pub inter: i32 => "int",
+        pub shared_inter: i32 => "int",
+        pub top_k: i32 => "int",
+        pub act_ld: i32 => "int",
+        /// Hidden rows per block (a multiple of 8).
+        pub rows_per_block: i32 => "int",
+    }
+
     /// `gdn_chunk_state` and `gdn_chunk_state_wg`: the pass over chunks.
     pub struct GdnChunkStateArgs {
         pub core: u64 => "float*",
@@ -194,6 +246,7 @@ impl core::fmt::Display for Header {
         )?;
         writeln!(f, "#pragma once")?;
         writeln!(f, "#include <cstddef>")?;
+        writeln!(f, "#include <cstdint>")?;
         writeln!(f, "#include <cuda_bf16.h>")?;
         writeln!(f)?;
         for c in CONSTANTS {

@@ -4,6 +4,7 @@
 //! and the spec. Each token's expert sums do not depend on T.
 
 use kestrel_core::{MoeSpec, MoeWeights};
+use kestrel_kernels::abi::{MoeDownArgs, MoeGateUpArgs};
 
 use super::routing::{DECODE_MAX_TOKENS, MoeInput, SharedExpert, top_k};
 use crate::context::Cx;
@@ -112,29 +113,30 @@ pub fn moe_decode(
     };
     let act = gpu.alloc::<f32>(t * items * act_ld);
     let gu_rows = gate_up_rows(if bi { DECODE_MAX_TOKENS } else { t });
+    let as_i32 = |v: usize| v as i32;
     gpu.launch(
         gate_up_kernel,
         (t as u32, blocks(act_ld, gu_rows), 1),
         32 * items as u32,
         0,
-        &[
-            Arg::Ptr(ptr(&act, s)),
-            Arg::Ptr(ptr(&ids, s)),
-            Arg::Ptr(ptr(&weights, s)),
-            Arg::Ptr(route_logits),
-            Arg::I32(ld as i32),
-            Arg::I32(ne as i32),
-            Arg::I32(spec.norm_topk_prob as i32),
-            Arg::Ptr(x_ptr),
-            Arg::Ptr(ptr(gate_up, s)),
-            Arg::Ptr(sgu),
-            Arg::I32(h as i32),
-            Arg::I32(inter as i32),
-            Arg::I32(si as i32),
-            Arg::I32(k as i32),
-            Arg::I32(act_ld as i32),
-            Arg::I32(gu_rows as i32),
-        ],
+        &[Arg::record(&MoeGateUpArgs {
+            act: ptr(&act, s),
+            ids: ptr(&ids, s),
+            weights: ptr(&weights, s),
+            logits: route_logits,
+            x: x_ptr,
+            w_gate_up: ptr(gate_up, s),
+            w_shared: sgu,
+            logits_ld: as_i32(ld),
+            experts: as_i32(ne),
+            renormalize: i32::from(spec.norm_topk_prob),
+            hidden: as_i32(h),
+            inter: as_i32(inter),
+            shared_inter: as_i32(si),
+            top_k: as_i32(k),
+            act_ld: as_i32(act_ld),
+            rows_per_block: as_i32(gu_rows),
+        })],
     );
 
     // out = down projections, weighted and added in ascending expert order.
@@ -145,23 +147,23 @@ pub fn moe_decode(
         (t as u32, blocks(h, dn_rows), 1),
         32 * items as u32,
         (items * dn_rows * 4) as u32,
-        &[
-            Arg::Ptr(ptr(&out, s)),
-            Arg::Ptr(ptr(&act, s)),
-            Arg::Ptr(ptr(&ids, s)),
-            Arg::Ptr(ptr(&weights, s)),
-            Arg::Ptr(ptr(&logits, s)),
-            Arg::I32(ld as i32),
-            Arg::I32(if gate.is_some() { ne as i32 } else { -1 }),
-            Arg::Ptr(ptr(down, s)),
-            Arg::Ptr(sdn),
-            Arg::I32(h as i32),
-            Arg::I32(inter as i32),
-            Arg::I32(si as i32),
-            Arg::I32(k as i32),
-            Arg::I32(act_ld as i32),
-            Arg::I32(dn_rows as i32),
-        ],
+        &[Arg::record(&MoeDownArgs {
+            out: ptr(&out, s),
+            act: ptr(&act, s),
+            ids: ptr(&ids, s),
+            weights: ptr(&weights, s),
+            logits: ptr(&logits, s),
+            w_down: ptr(down, s),
+            w_shared: sdn,
+            logits_ld: as_i32(ld),
+            gate_col: if gate.is_some() { as_i32(ne) } else { -1 },
+            hidden: as_i32(h),
+            inter: as_i32(inter),
+            shared_inter: as_i32(si),
+            top_k: as_i32(k),
+            act_ld: as_i32(act_ld),
+            rows_per_block: as_i32(dn_rows),
+        })],
     );
     CudaTensor {
         bf16: None,
