@@ -27,7 +27,8 @@ def client(server):
 MESSAGE = dict(
     model=MODEL,
     max_tokens=16,
-    temperature=0,
+    # This SDK version has no `temperature` argument; the server still reads it.
+    extra_body={"temperature": 0},
     system=[{"type": "text", "text": "You write Python."}],
     thinking={"type": "disabled"},
     messages=[{"role": "user", "content": "def read_config(path):"}],
@@ -84,7 +85,7 @@ def test_tool_round_trip(client):
     msg = client.messages.create(
         model=MODEL,
         max_tokens=24,
-        temperature=0,
+        extra_body={"temperature": 0},
         tools=TOOLS,
         tool_choice={"type": "tool", "name": "get_weather"},
         messages=history,
