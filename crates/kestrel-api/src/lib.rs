@@ -9,6 +9,7 @@
 //! Non-streaming responses run the same parsers over the whole text, so the
 //! two paths always agree.
 
+pub mod anthropic;
 pub mod error;
 pub mod output;
 pub mod reasoning;

@@ -34,6 +34,11 @@ impl StopMatcher {
         }
     }
 
+    /// The stop string of a [`StopDelta::stopped`] index.
+    pub fn stop_string(&self, index: usize) -> Option<&str> {
+        self.stops.get(index).map(String::as_str)
+    }
+
     pub fn is_stopped(&self) -> bool {
         self.stopped
     }

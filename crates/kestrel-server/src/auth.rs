@@ -85,7 +85,14 @@ pub async fn require_api_key(
     }
     match presented_key(request.headers()) {
         Some(key) if keys.accepts(key) => next.run(request).await,
-        _ => ServerError::from(ApiError::unauthorized()).into_response(),
+        _ => {
+            let error = ServerError::from(ApiError::unauthorized());
+            if request.uri().path().starts_with("/v1/messages") {
+                crate::routes::messages::error_response(error)
+            } else {
+                error.into_response()
+            }
+        }
     }
 }
 

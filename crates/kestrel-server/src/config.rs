@@ -39,6 +39,10 @@ pub struct ServerConfig {
     pub max_model_len: Option<usize>,
     /// Speculative decoding (vLLM `--speculative-config`); `None`: off.
     pub speculative: Option<kestrel_engine::spec::SpeculativeConfig>,
+    /// `/v1/messages`: drop Claude Code's per-request
+    /// `x-anthropic-billing-header:` system line so the prompt prefix, and
+    /// with it the prefix cache, stays the same across requests.
+    pub strip_billing_header: bool,
 }
 
 impl ServerConfig {
@@ -62,6 +66,7 @@ impl ServerConfig {
             dummy_weights: false,
             speculative: None,
             max_model_len: None,
+            strip_billing_header: true,
         }
     }
 

@@ -61,6 +61,8 @@ pub struct TextGeneration {
     started: Instant,
     last_token_at: Option<Instant>,
     clock: FirstTokenClock,
+    /// The stop string that ended the generation, if one did.
+    matched_stop: Option<String>,
     /// Whether the outcome went into the metrics already.
     recorded: bool,
 }
@@ -106,6 +108,7 @@ impl TextGeneration {
             started: Instant::now(),
             last_token_at: None,
             clock: FirstTokenClock::new(received),
+            matched_stop: None,
             recorded: false,
         })
     }
@@ -115,12 +118,24 @@ impl TextGeneration {
     /// Runs the generation to its end (non-streaming responses) and returns
     /// `prefix` followed by all generated text, the finish reason and usage.
     /// Dropping the future (the client went away) aborts the request.
-    pub async fn collect(mut self, prefix: String) -> ServerResult<(String, FinishReason, Usage)> {
+    pub async fn collect(self, prefix: String) -> ServerResult<(String, FinishReason, Usage)> {
+        let (text, reason, usage, _) = self.collect_with_stop(prefix).await?;
+        Ok((text, reason, usage))
+    }
+
+    /// [`Self::collect`], plus the stop string that ended the text, if any
+    /// (Anthropic's `stop_sequence`).
+    pub async fn collect_with_stop(
+        mut self,
+        prefix: String,
+    ) -> ServerResult<(String, FinishReason, Usage, Option<String>)> {
         let mut text = prefix;
         while let Some(step) = self.next().await {
             match step {
                 Step::Text(t) => text.push_str(&t),
-                Step::Finished { reason, usage } => return Ok((text, reason, usage)),
+                Step::Finished { reason, usage } => {
+                    return Ok((text, reason, usage, self.matched_stop.take()));
+                }
                 Step::Failed(msg) => return Err(ServerError::internal(msg)),
             }
         }
@@ -141,7 +156,8 @@ impl TextGeneration {
                     let tail = self.detok.finish();
                     let d = self.stop.push(&tail);
                     let mut text = d.text;
-                    let reason = if d.stopped.is_some() {
+                    let reason = if let Some(i) = d.stopped {
+                        self.matched_stop = self.stop.stop_string(i).map(str::to_string);
                         FinishReason::Stop
                     } else {
                         text.push_str(&self.stop.finish());
@@ -161,6 +177,11 @@ impl TextGeneration {
                 ),
             }
         }
+    }
+
+    /// The stop string that ended the generation, once it has ended on one.
+    pub fn stop_sequence(&self) -> Option<&str> {
+        self.matched_stop.as_deref()
     }
 
     /// The SSE writer is about to send an event that carries text: the
@@ -187,7 +208,8 @@ impl TextGeneration {
                 Err(e) => return self.end(String::new(), Step::Failed(format!("{e:#}"))),
             };
             let d = self.stop.push(&text);
-            if d.stopped.is_some() {
+            if let Some(i) = d.stopped {
+                self.matched_stop = self.stop.stop_string(i).map(str::to_string);
                 // A stop string matched: the engine ends the request as a
                 // `stop` finish (dropping the stream would count an abort).
                 if let Some(stream) = self.stream.take() {

@@ -1,8 +1,8 @@
 //! kestrel's OpenAI-compatible HTTP server (axum).
 //!
 //! Routes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`,
-//! `/tokenize`, `/detokenize`, `/metrics` (Prometheus, vLLM names) and
-//! `/health`. The listener comes up first and answers 503 on `/health`
+//! `/v1/messages` and `/v1/messages/count_tokens` (Anthropic), `/tokenize`,
+//! `/detokenize`, `/metrics` (Prometheus, vLLM names) and `/health`. The listener comes up first and answers 503 on `/health`
 //! while the model loads in the background.
 //!
 //! ```no_run

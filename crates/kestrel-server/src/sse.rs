@@ -28,6 +28,20 @@ pub trait SseAssembler: Send + 'static {
     fn text(&mut self, text: &str) -> Vec<String>;
     /// The closing events, ending with `data: [DONE]`.
     fn finish(&mut self, reason: FinishReason, usage: Usage) -> Vec<String>;
+    /// [`Self::finish`] when the stop string that ended the text matters
+    /// (Anthropic's `stop_sequence`).
+    fn finish_at_stop(
+        &mut self,
+        reason: FinishReason,
+        usage: Usage,
+        _stop_sequence: Option<&str>,
+    ) -> Vec<String> {
+        self.finish(reason, usage)
+    }
+    /// The events of a mid-stream failure.
+    fn failure(&mut self, message: &str) -> Vec<String> {
+        error_events(message)
+    }
 }
 
 /// A mid-stream failure: one error event, then `[DONE]`.
@@ -171,11 +185,13 @@ impl<A: SseAssembler> Driver<A> {
                     self.pending.extend(events);
                 }
                 Some(Step::Finished { reason, usage }) => {
-                    self.pending.extend(self.assembler.finish(reason, usage));
+                    let stop = self.generation.stop_sequence();
+                    let events = self.assembler.finish_at_stop(reason, usage, stop);
+                    self.pending.extend(events);
                     self.done = true;
                 }
                 Some(Step::Failed(msg)) => {
-                    self.pending.extend(error_events(&msg));
+                    self.pending.extend(self.assembler.failure(&msg));
                     self.done = true;
                 }
                 None => self.done = true,

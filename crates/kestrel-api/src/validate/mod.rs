@@ -20,6 +20,7 @@ pub use tokenize::{
 };
 
 use crate::error::ApiError;
+pub(crate) use fields::type_name;
 use fields::{Fields, Result};
 
 /// What the server implements, and its limits; requests for anything else

@@ -23,7 +23,7 @@ use crate::error::{ServerError, ServerResult};
 use crate::generation::{TextGeneration, sampling_params};
 use crate::request_id::RequestId;
 use crate::sse::{ChatSse, sse_response};
-use crate::state::{AppState, unix_now};
+use crate::state::{AppState, LoadedModel, unix_now};
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -42,64 +42,14 @@ pub async fn chat_completions(
     if req.continue_final_message {
         return Err(ApiError::unsupported("continue_final_message").into());
     }
-    let use_tools = req.tool_choice != ToolChoice::None && !req.tools.is_empty();
-    let xml_tool_calls = model
-        .template
-        .as_ref()
-        .is_some_and(|t| t.source_contains("<function="));
-    let reply_prefix = forced_tool_prefix(&req.tool_choice, xml_tool_calls);
-
-    // Rendering and tokenising a large prompt is CPU work: keep it off the
-    // async workers.
-    let (prompt, prompt_ids, req) = {
-        let model = model.clone();
-        let reply_prefix = reply_prefix.clone();
-        let id = request_id.0.clone();
-        tokio::task::spawn_blocking(move || -> ServerResult<(String, Vec<u32>, ChatRequest)> {
-            let started = Instant::now();
-            let forced = reply_prefix.as_deref();
-            let tools = if use_tools { req.tools.as_slice() } else { &[] };
-            let prompt = render_chat(
-                model.template.as_ref(),
-                &req.messages,
-                tools,
-                req.add_generation_prompt,
-                &template_kwargs(&req, forced),
-            )?;
-            let rendered = Instant::now();
-            let mut ids = encode(&model, &format!("{prompt}{}", forced.unwrap_or("")), false)?;
-            crate::timing::prompt_prepared(&id, received, started, rendered);
-            truncate_left(&mut ids, req.truncate_prompt_tokens);
-            Ok((prompt, ids, req))
-        })
-        .await
-        .map_err(|e| ServerError::internal(format!("prompt rendering failed: {e}")))??
-    };
-
-    let generation_params = req.sampling.resolve(&model.sampling_defaults);
-    let max_tokens = check_context_length(
-        prompt_ids.len(),
-        generation_params.max_tokens,
-        model.max_model_len,
-    )?;
-    let params = sampling_params(&generation_params, max_tokens)?;
-    let opts = OutputOptions {
-        reasoning: true,
-        starts_in_reasoning: prompt_opens_reasoning(&prompt),
-        tools: use_tools.then_some(req.tools.as_slice()),
-        parallel_tool_calls: req.parallel_tool_calls,
-    };
+    let mut prepared = prepare_chat(&model, req, &request_id.0, received).await?;
     let id = format!("chatcmpl-{}", request_id.0);
     let created = unix_now();
-    let generation = TextGeneration::submit(
-        &state,
-        &model,
-        request_id.0.clone(),
-        prompt_ids,
-        params,
-        &generation_params,
-        received,
-    )?;
+    let generation = start_generation(&state, &model, &mut prepared, &request_id.0, received)?;
+    let PreparedChat {
+        req, reply_prefix, ..
+    } = &prepared;
+    let opts = prepared.output_options();
 
     if req.stream {
         let sse = ChatSse::new(id, model_name, created, &opts, req.include_usage)
@@ -113,7 +63,9 @@ pub async fn chat_completions(
 
     // Non-streaming: if the client disconnects, axum drops this future and
     // with it the generation, which aborts the request.
-    let (text, reason, usage) = generation.collect(reply_prefix.unwrap_or_default()).await?;
+    let (text, reason, usage) = generation
+        .collect(reply_prefix.clone().unwrap_or_default())
+        .await?;
     let (message, reason) = parse_chat_output(&text, &opts, reason);
     let response = ChatCompletionResponse {
         id,
@@ -129,6 +81,99 @@ pub async fn chat_completions(
         usage,
     };
     Ok(Json(response).into_response())
+}
+
+/// A chat request rendered and tokenised: what its generation starts from.
+/// `/v1/messages` builds on it too.
+pub(crate) struct PreparedChat {
+    pub prompt: String,
+    /// Taken by [`start_generation`].
+    pub prompt_ids: Vec<u32>,
+    pub req: ChatRequest,
+    /// The reply's opening written by the server (a forced tool call).
+    pub reply_prefix: Option<String>,
+    pub use_tools: bool,
+}
+
+impl PreparedChat {
+    /// How the generated text is parsed into reasoning, content and calls.
+    pub fn output_options(&self) -> OutputOptions<'_> {
+        OutputOptions {
+            reasoning: true,
+            starts_in_reasoning: prompt_opens_reasoning(&self.prompt),
+            tools: self.use_tools.then_some(self.req.tools.as_slice()),
+            parallel_tool_calls: self.req.parallel_tool_calls,
+        }
+    }
+}
+
+/// Renders the chat template and tokenises the prompt, off the async
+/// workers (a large prompt is CPU work).
+pub(crate) async fn prepare_chat(
+    model: &Arc<LoadedModel>,
+    req: ChatRequest,
+    request_id: &str,
+    received: Instant,
+) -> ServerResult<PreparedChat> {
+    let use_tools = req.tool_choice != ToolChoice::None && !req.tools.is_empty();
+    let xml_tool_calls = model
+        .template
+        .as_ref()
+        .is_some_and(|t| t.source_contains("<function="));
+    let reply_prefix = forced_tool_prefix(&req.tool_choice, xml_tool_calls);
+    let model = model.clone();
+    let id = request_id.to_string();
+    tokio::task::spawn_blocking(move || -> ServerResult<PreparedChat> {
+        let started = Instant::now();
+        let forced = reply_prefix.as_deref();
+        let tools = if use_tools { req.tools.as_slice() } else { &[] };
+        let prompt = render_chat(
+            model.template.as_ref(),
+            &req.messages,
+            tools,
+            req.add_generation_prompt,
+            &template_kwargs(&req, forced),
+        )?;
+        let rendered = Instant::now();
+        let mut ids = encode(&model, &format!("{prompt}{}", forced.unwrap_or("")), false)?;
+        crate::timing::prompt_prepared(&id, received, started, rendered);
+        truncate_left(&mut ids, req.truncate_prompt_tokens);
+        Ok(PreparedChat {
+            prompt,
+            prompt_ids: ids,
+            req,
+            reply_prefix,
+            use_tools,
+        })
+    })
+    .await
+    .map_err(|e| ServerError::internal(format!("prompt rendering failed: {e}")))?
+}
+
+/// Checks the context length, resolves sampling and submits the prompt.
+pub(crate) fn start_generation(
+    state: &Arc<AppState>,
+    model: &Arc<LoadedModel>,
+    prepared: &mut PreparedChat,
+    request_id: &str,
+    received: Instant,
+) -> ServerResult<TextGeneration> {
+    let generation_params = prepared.req.sampling.resolve(&model.sampling_defaults);
+    let max_tokens = check_context_length(
+        prepared.prompt_ids.len(),
+        generation_params.max_tokens,
+        model.max_model_len,
+    )?;
+    let params = sampling_params(&generation_params, max_tokens)?;
+    TextGeneration::submit(
+        state,
+        model,
+        request_id.to_string(),
+        std::mem::take(&mut prepared.prompt_ids),
+        params,
+        &generation_params,
+        received,
+    )
 }
 
 /// `chat_template_kwargs`, with a top-level `enable_thinking` folded in.

@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod completions;
 pub mod health;
+pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod prompt;

@@ -73,6 +73,11 @@ pub struct Args {
     /// Cap on the context length (prompt + output); the model's own by default.
     #[arg(long)]
     max_model_len: Option<usize>,
+    /// `/v1/messages`: keep Claude Code's per-request
+    /// `x-anthropic-billing-header:` system-prompt line (by default it is
+    /// dropped so consecutive requests share the cached prompt prefix).
+    #[arg(long)]
+    keep_billing_header: bool,
     /// Test knob: preempt the newest sequence whenever this many run.
     #[arg(long, hide = true)]
     force_preempt_at: Option<usize>,
@@ -116,6 +121,7 @@ pub fn run(args: Args) -> Result<()> {
     config.show_progress = true;
     config.dummy_weights = args.load_format == LoadFormat::Dummy;
     config.max_model_len = args.max_model_len;
+    config.strip_billing_header = !args.keep_billing_header;
     config.speculative = args.speculative.config()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,0 +1,171 @@
+//! The Messages conversation as chat messages: the system prompt (with the
+//! billing-header normalisation), user turns whose `tool_result` blocks
+//! become `tool` messages, assistant turns whose `thinking` and `tool_use`
+//! blocks become `reasoning_content` and tool calls.
+
+use serde_json::{Map, Value, json};
+
+use super::request::{Block, Content, MessagesRequest, Normalization, Role, strip_billing_header};
+use crate::error::ApiError;
+
+impl MessagesRequest {
+    pub(super) fn chat_messages(&self, norm: Normalization) -> Result<Vec<Value>, ApiError> {
+        let mut out = Vec::new();
+        if let Some(system) = &self.system {
+            let text = system_text(system, norm).map_err(|e| e.with_param("system"))?;
+            if !text.is_empty() {
+                out.push(json!({"role": "system", "content": text}));
+            }
+        }
+        for (i, m) in self.messages.iter().enumerate() {
+            let param = format!("messages[{i}].content");
+            match m.role {
+                Role::User => {
+                    user_messages(&m.content, &mut out).map_err(|e| e.with_param(param))?
+                }
+                Role::Assistant => {
+                    out.push(assistant_message(&m.content).map_err(|e| e.with_param(param))?)
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn system_text(system: &Content, norm: Normalization) -> Result<String, ApiError> {
+    let blocks: Vec<String> = match system {
+        Content::Text(t) => vec![t.clone()],
+        Content::Blocks(blocks) => blocks
+            .iter()
+            .map(|b| match b {
+                Block::Text { text } => Ok(text.clone()),
+                other => Err(wrong_block("system", other)),
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let blocks = blocks.into_iter().map(|t| {
+        if norm.strip_billing_header {
+            strip_billing_header(&t)
+        } else {
+            t
+        }
+    });
+    Ok(blocks
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
+fn wrong_block(place: &str, block: &Block) -> ApiError {
+    let kind = match block {
+        Block::Text { .. } => "text",
+        Block::ToolUse { .. } => "tool_use",
+        Block::ToolResult { .. } => "tool_result",
+        Block::Thinking { .. } => "thinking",
+        Block::RedactedThinking {} => "redacted_thinking",
+        Block::Image {} => "image",
+        Block::Document {} => "document",
+    };
+    if matches!(block, Block::Image {} | Block::Document {}) {
+        return ApiError::unsupported(format!("{kind} content blocks"));
+    }
+    ApiError::new(
+        crate::ErrorKind::InvalidRequest,
+        format!("{kind} blocks are not allowed in {place}"),
+    )
+}
+
+/// A user turn: its text, with each `tool_result` becoming a `tool` message
+/// in place (the chat templates group consecutive tool messages).
+fn user_messages(content: &Content, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let blocks = match content {
+        Content::Text(t) => {
+            out.push(json!({"role": "user", "content": t}));
+            return Ok(());
+        }
+        Content::Blocks(b) => b,
+    };
+    let mut text: Vec<Value> = Vec::new();
+    let flush = |text: &mut Vec<Value>, out: &mut Vec<Value>| {
+        if !text.is_empty() {
+            out.push(json!({"role": "user", "content": std::mem::take(text)}));
+        }
+    };
+    for b in blocks {
+        match b {
+            Block::Text { text: t } => text.push(json!({"type": "text", "text": t})),
+            Block::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
+                flush(&mut text, out);
+                let mut body = match content {
+                    None => String::new(),
+                    Some(c) => result_text(c)?,
+                };
+                if *is_error {
+                    body = format!("Error: {body}");
+                }
+                out.push(json!({"role": "tool", "tool_call_id": tool_use_id, "content": body}));
+            }
+            other => return Err(wrong_block("user messages", other)),
+        }
+    }
+    flush(&mut text, out);
+    Ok(())
+}
+
+fn result_text(content: &Content) -> Result<String, ApiError> {
+    match content {
+        Content::Text(t) => Ok(t.clone()),
+        Content::Blocks(blocks) => blocks
+            .iter()
+            .map(|b| match b {
+                Block::Text { text } => Ok(text.as_str()),
+                other => Err(wrong_block("tool_result content", other)),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(|parts| parts.join("\n")),
+    }
+}
+
+/// An assistant turn: text, thinking as `reasoning_content`, `tool_use` as
+/// tool calls.
+fn assistant_message(content: &Content) -> Result<Value, ApiError> {
+    let blocks = match content {
+        Content::Text(t) => return Ok(json!({"role": "assistant", "content": t})),
+        Content::Blocks(b) => b,
+    };
+    let (mut text, mut thinking, mut calls) = (Vec::new(), Vec::new(), Vec::new());
+    for b in blocks {
+        match b {
+            Block::Text { text: t } => text.push(t.as_str()),
+            Block::Thinking { thinking: t, .. } => thinking.push(t.as_str()),
+            Block::RedactedThinking {} => {}
+            Block::ToolUse { id, name, input } => {
+                let input = if input.is_null() {
+                    json!({})
+                } else {
+                    input.clone()
+                };
+                calls.push(json!({
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": input.to_string()},
+                }));
+            }
+            other => return Err(wrong_block("assistant messages", other)),
+        }
+    }
+    let mut m = Map::new();
+    m.insert("role".into(), json!("assistant"));
+    m.insert("content".into(), json!(text.concat()));
+    if !thinking.is_empty() {
+        m.insert("reasoning_content".into(), json!(thinking.join("\n")));
+    }
+    if !calls.is_empty() {
+        m.insert("tool_calls".into(), Value::Array(calls));
+    }
+    Ok(Value::Object(m))
+}

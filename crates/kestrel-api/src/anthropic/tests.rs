@@ -1,0 +1,126 @@
+//! The Messages -> chat translation, checked through the chat validator so a
+//! translation the pipeline would refuse fails here.
+
+use serde_json::{Value, json};
+
+use super::request::{Normalization, parse_messages_body};
+use crate::validate::{ValidationOptions, parse_chat_request};
+
+fn chat(body: Value) -> Result<Value, crate::ApiError> {
+    parse_messages_body(&body, true)?.to_chat_body(Normalization::default())
+}
+
+#[test]
+fn a_tool_round_trip_becomes_assistant_tool_calls_and_tool_messages() {
+    let body = json!({
+        "model": "m",
+        "max_tokens": 16,
+        "system": [{"type": "text", "text": "Be brief."}],
+        "tools": [{"name": "get_weather", "description": "d",
+                   "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+        "thinking": {"type": "disabled"},
+        "stop_sequences": ["END"],
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "call it", "signature": "x"},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "20C"}]},
+                {"type": "text", "text": "And tomorrow?"}]},
+        ],
+    });
+    let c = chat(body).unwrap();
+    let m = c["messages"].as_array().unwrap();
+    assert_eq!(m.len(), 5, "{m:?}");
+    assert_eq!(m[0], json!({"role": "system", "content": "Be brief."}));
+    assert_eq!(m[2]["reasoning_content"], "call it");
+    assert_eq!(
+        m[2]["tool_calls"][0]["function"]["arguments"],
+        "{\"city\":\"Paris\"}"
+    );
+    assert_eq!(
+        m[3],
+        json!({"role": "tool", "tool_call_id": "t1", "content": "20C"})
+    );
+    assert_eq!(m[4]["role"], "user");
+    assert_eq!(c["tool_choice"], "required");
+    assert_eq!(c["parallel_tool_calls"], false);
+    assert_eq!(c["chat_template_kwargs"]["enable_thinking"], false);
+    assert_eq!(c["stop"], json!(["END"]));
+    let opts = ValidationOptions {
+        forced_tool_choice_supported: true,
+        ..Default::default()
+    };
+    let req = parse_chat_request(&c, &opts).unwrap();
+    assert_eq!(req.tools[0].name, "get_weather");
+    assert_eq!(req.sampling.max_tokens, Some(16));
+    assert_eq!(req.enable_thinking, Some(false));
+}
+
+#[test]
+fn malformed_bodies_are_refused_naming_the_field() {
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (json!({"messages": msgs}), "max_tokens"),
+        (json!({"max_tokens": "5", "messages": msgs}), "max_tokens"),
+        (
+            json!({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]}),
+            "messages[0].content",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": [{"role": "user", "content": 7}]}),
+            "messages[0].content",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": msgs, "tool_choice": {"type": "sometimes"}}),
+            "tool_choice.type",
+        ),
+    ];
+    for (body, param) in cases {
+        let e = chat(body.clone()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+        assert_eq!(e.kind, crate::ErrorKind::InvalidRequest);
+    }
+    let image = json!({"max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]});
+    let e = chat(image).unwrap_err();
+    assert!(e.message.contains("not supported"), "{e:?}");
+    let server_tool = json!({"max_tokens": 5, "messages": msgs,
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}]});
+    assert_eq!(
+        chat(server_tool).unwrap_err().param.as_deref(),
+        Some("tools[0].type")
+    );
+}
+
+#[test]
+fn the_billing_header_line_is_dropped_unless_switched_off() {
+    let body = json!({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch=eb6c6;"},
+            {"type": "text", "text": "You are a coding agent.\nx-anthropic-billing-header: cch=1;\nBe careful."}]});
+    let req = parse_messages_body(&body, true).unwrap();
+    let on = req.to_chat_body(Normalization::default()).unwrap();
+    assert_eq!(
+        on["messages"][0]["content"],
+        "You are a coding agent.\nBe careful."
+    );
+    let off = req
+        .to_chat_body(Normalization {
+            strip_billing_header: false,
+        })
+        .unwrap();
+    assert!(
+        off["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("x-anthropic-billing-header: cc_version")
+    );
+}

@@ -1,0 +1,330 @@
+//! `/v1/messages` and `/v1/messages/count_tokens` against a real server with
+//! the bundled model: the answer's shape, the stream's event order, tool
+//! use, Anthropic error bodies, and the prefix cache across Claude Code's
+//! per-request billing line.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+fn message_body() -> Value {
+    json!({
+        "model": MODEL,
+        "max_tokens": 12,
+        "temperature": 0,
+        "system": "You write Python.",
+        "thinking": {"type": "disabled"},
+        "messages": [{"role": "user", "content": "def parse_args(argv):"}],
+    })
+}
+
+/// The (event name, data) pairs of an Anthropic SSE body; every event's name
+/// must equal its data's `type`.
+fn anthropic_events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
+        .map(|e| {
+            let (name, data) = e.split_once('\n').expect("event and data lines");
+            let name = name
+                .strip_prefix("event: ")
+                .expect("event line")
+                .to_string();
+            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+            assert_eq!(data["type"], name.as_str(), "{e}");
+            (name, data)
+        })
+        .collect()
+}
+
+async fn post_raw(base: &str, path: &str, body: &Value) -> (u16, String) {
+    let r = client()
+        .post(format!("{base}{path}"))
+        .header("anthropic-version", "2023-06-01")
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_message_has_anthropic_shape_and_usage() {
+    let base = shared_server();
+    let (s, v) = post(base, "/v1/messages", &message_body()).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["role"], "assistant");
+    assert_eq!(v["model"], MODEL);
+    assert!(v["id"].as_str().unwrap().starts_with("msg_"));
+    let output_tokens = v["usage"]["output_tokens"].as_u64().unwrap();
+    let expected = if output_tokens == 12 {
+        "max_tokens"
+    } else {
+        "end_turn"
+    };
+    assert_eq!(v["stop_reason"], expected, "{v}");
+    assert!(v["stop_sequence"].is_null());
+    let blocks = v["content"].as_array().unwrap();
+    assert_eq!(blocks.len(), 1, "thinking is off: {v}");
+    assert_eq!(blocks[0]["type"], "text", "{v}");
+    let (_, count) = post(base, "/v1/messages/count_tokens", &message_body()).await;
+    let usage = &v["usage"];
+    assert_eq!(
+        usage["input_tokens"].as_u64().unwrap()
+            + usage["cache_read_input_tokens"].as_u64().unwrap(),
+        count["input_tokens"].as_u64().unwrap(),
+        "{usage} vs {count}"
+    );
+}
+
+#[tokio::test]
+async fn the_stream_follows_anthropic_event_order_and_matches_the_message() {
+    let base = shared_server();
+    let (_, whole) = post(base, "/v1/messages", &message_body()).await;
+    let mut body = message_body();
+    body["stream"] = json!(true);
+    let (s, text) = post_raw(base, "/v1/messages", &body).await;
+    assert_eq!(s, 200, "{text}");
+    let events = anthropic_events(&text);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(&names[..2], ["message_start", "ping"], "{names:?}");
+    assert_eq!(&names[names.len() - 2..], ["message_delta", "message_stop"]);
+    assert_eq!(events[0].1["message"]["content"], json!([]));
+    // Blocks open and close in turn, with deltas only inside an open block.
+    let mut open: Option<u64> = None;
+    let mut next = 0;
+    let mut streamed = String::new();
+    for (name, data) in &events[2..events.len() - 2] {
+        match name.as_str() {
+            "content_block_start" => {
+                assert!(open.is_none(), "{names:?}");
+                assert_eq!(data["index"], next);
+                open = Some(next);
+                next += 1;
+            }
+            "content_block_delta" => {
+                assert_eq!(data["index"].as_u64(), open);
+                if let Some(t) = data["delta"]["text"].as_str() {
+                    streamed.push_str(t);
+                }
+            }
+            "content_block_stop" => assert_eq!(data["index"].as_u64(), open.take()),
+            other => panic!("unexpected event {other}"),
+        }
+    }
+    assert!(open.is_none());
+    let delta = &events[events.len() - 2].1;
+    assert_eq!(delta["delta"]["stop_reason"], whole["stop_reason"]);
+    assert_eq!(
+        delta["usage"]["output_tokens"],
+        whole["usage"]["output_tokens"]
+    );
+    assert_eq!(
+        streamed,
+        whole["content"][0]["text"].as_str().unwrap(),
+        "{whole}"
+    );
+}
+
+#[tokio::test]
+async fn a_stop_sequence_is_reported() {
+    let base = shared_server();
+    let (_, first) = post(base, "/v1/messages", &message_body()).await;
+    let text = first["content"][0]["text"].as_str().unwrap().to_string();
+    // A piece of the greedy answer, as a stop sequence, ends it there.
+    let stop: String = text.trim().chars().skip(2).take(3).collect();
+    let mut body = message_body();
+    body["stop_sequences"] = json!([stop]);
+    let (s, v) = post(base, "/v1/messages", &body).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["stop_reason"], "stop_sequence", "{v} (stop {stop:?})");
+    assert_eq!(v["stop_sequence"], stop.as_str());
+}
+
+fn weather_tools() -> Value {
+    json!([{"name": "get_weather", "description": "Weather for a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                             "required": ["city"]}}])
+}
+
+/// A history with a `tool_use` and its `tool_result` renders as the chat
+/// template's tool call and tool response (the same prompt as the OpenAI
+/// form through `/tokenize`), and a forced tool answers with a `tool_use`
+/// block or, if the bundled model never closes the call, the forced opening
+/// with `max_tokens`.
+#[tokio::test]
+async fn a_tool_use_round_trip() {
+    let base = shared_server();
+    let history = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me check."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "20 C, sunny"},
+            {"type": "text", "text": "And in Rome?"}]},
+    ]);
+    let mut body = json!({"model": MODEL, "max_tokens": 24, "temperature": 0,
+        "tools": weather_tools(), "messages": history,
+        "tool_choice": {"type": "tool", "name": "get_weather"}});
+    let (_, count) = post(base, "/v1/messages/count_tokens", &body).await;
+    let openai = json!({"model": MODEL, "chat_template_kwargs": {"enable_thinking": false},
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+            "description": "Weather for a city", "parameters": weather_tools()[0]["input_schema"]}}],
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "Let me check.", "tool_calls": [{"id": "toolu_1",
+                "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "20 C, sunny"},
+            {"role": "user", "content": [{"type": "text", "text": "And in Rome?"}]}]});
+    let (s, tok) = post(base, "/tokenize", &openai).await;
+    assert_eq!(s, 200, "{tok}");
+    // The forced call turns thinking off and adds its opening to the prompt.
+    let opening = "<tool_call>\n<function=get_weather>\n";
+    let (_, opening_tok) = post(base, "/tokenize", &json!({"prompt": opening})).await;
+    assert_eq!(
+        count["input_tokens"].as_u64().unwrap(),
+        tok["count"].as_u64().unwrap() + opening_tok["count"].as_u64().unwrap(),
+        "{count} vs {tok}"
+    );
+
+    let (s, v) = post(base, "/v1/messages", &body).await;
+    assert_eq!(s, 200, "{v}");
+    let blocks = v["content"].as_array().unwrap();
+    match blocks.iter().find(|b| b["type"] == "tool_use") {
+        Some(call) => {
+            assert_eq!(call["name"], "get_weather");
+            assert!(call["input"].is_object());
+            assert_eq!(v["stop_reason"], "tool_use");
+        }
+        None => {
+            assert!(
+                blocks[0]["text"].as_str().unwrap().starts_with(opening),
+                "{v}"
+            );
+            assert_eq!(v["stop_reason"], "max_tokens");
+        }
+    }
+    body["stream"] = json!(true);
+    let (s, text) = post_raw(base, "/v1/messages", &body).await;
+    assert_eq!(s, 200);
+    let events = anthropic_events(&text);
+    assert_eq!(events.last().unwrap().0, "message_stop");
+}
+
+#[tokio::test]
+async fn bad_requests_get_anthropic_errors_and_the_server_stays_healthy() {
+    let base = shared_server();
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        json!({"model": MODEL, "messages": user}),
+        json!({"model": MODEL, "max_tokens": "8", "messages": user}),
+        json!({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "nope"}]}]}),
+        json!({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+        json!({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]}),
+        json!({"model": MODEL, "max_tokens": 8, "messages": "hi"}),
+        json!({"model": MODEL, "max_tokens": 8, "messages": user, "temperature": 9}),
+        json!({"model": MODEL, "max_tokens": 8, "messages": user, "tools": [{"name": "f", "input_schema": 3}]}),
+        json!({"model": MODEL, "max_tokens": 8, "messages": user, "system": [{"type": "tool_use", "id": "a", "name": "b"}]}),
+        json!({"model": MODEL, "max_tokens": 8, "messages": user, "tools": weather_tools(),
+            "tool_choice": {"type": "tool", "name": "missing"}}),
+        json!({"model": MODEL, "max_tokens": 8, "messages": user, "tool_choice": {"type": "any"}}),
+        json!([1, 2]),
+    ];
+    for body in &cases {
+        let (s, v) = post(base, "/v1/messages", body).await;
+        assert_eq!(s, 400, "{body}: {v}");
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    }
+    let (s, v) = post(
+        base,
+        "/v1/messages",
+        &json!({"model": "claude-nope", "max_tokens": 8, "messages": user}),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["type"].as_str()),
+        (404, Some("not_found_error")),
+        "{v}"
+    );
+    let (s, v) = post(base, "/v1/messages/count_tokens", &json!({"model": MODEL})).await;
+    assert_eq!((s, v["type"].as_str()), (400, Some("error")), "{v}");
+    let (s, _) = post(base, "/v1/messages", &message_body()).await;
+    assert_eq!(s, 200);
+    assert_eq!(get(base, "/health").await.0, 200);
+}
+
+#[tokio::test]
+async fn x_api_key_and_bearer_both_authenticate() {
+    let base = spawn_server(|c| c.api_keys = vec!["sekret".into()]);
+    let send = |h: Option<(&'static str, &'static str)>| {
+        let mut r = client()
+            .post(format!("{base}/v1/messages"))
+            .json(&message_body());
+        if let Some((k, v)) = h {
+            r = r.header(k, v);
+        }
+        r.send()
+    };
+    let r = send(None).await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+    assert_eq!(
+        send(Some(("x-api-key", "wrong")))
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        401
+    );
+    assert_eq!(
+        send(Some(("x-api-key", "sekret")))
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+    let bearer = send(Some(("authorization", "Bearer sekret")))
+        .await
+        .unwrap();
+    assert_eq!(bearer.status().as_u16(), 200);
+}
+
+/// Claude Code's system prompt starts with a billing line whose `cch` hash
+/// changes every request. Dropped (the default), two requests that differ
+/// only there share the cached prompt; kept, they share almost nothing.
+#[tokio::test]
+async fn the_billing_line_does_not_break_the_prefix_cache() {
+    let instructions = "You are an agent that edits code. ".repeat(20);
+    let body = |cch: &str| {
+        json!({"model": MODEL, "max_tokens": 1, "temperature": 0,
+            "system": [
+                {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch={cch};")},
+                {"type": "text", "text": instructions}],
+            "messages": [{"role": "user", "content": "hello"}]})
+    };
+    let cached = |v: &Value| v["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    for strip in [true, false] {
+        let base = spawn_server(|c| c.strip_billing_header = strip);
+        let (s, first) = post(&base, "/v1/messages", &body("eb6c6")).await;
+        assert_eq!(s, 200, "{first}");
+        let (_, second) = post(&base, "/v1/messages", &body("71fea")).await;
+        let prompt = cached(&second) + second["usage"]["input_tokens"].as_u64().unwrap();
+        if strip {
+            assert!(cached(&second) + 32 >= prompt, "strip: {second}");
+            assert!(cached(&second) > 100, "strip: {second}");
+        } else {
+            assert!(cached(&second) < 32, "keep: {second}");
+        }
+    }
+}
