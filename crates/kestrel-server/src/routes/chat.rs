@@ -24,6 +24,7 @@ use crate::generation::{TextGeneration, sampling_params};
 use crate::request_id::RequestId;
 use crate::sse::{ChatSse, sse_response};
 use crate::state::{AppState, unix_now};
+use crate::structured::{self, ConstraintRequest};
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -43,31 +44,31 @@ pub async fn chat_completions(
         return Err(ApiError::unsupported("continue_final_message").into());
     }
     let use_tools = req.tool_choice != ToolChoice::None && !req.tools.is_empty();
-    let xml_tool_calls = model
-        .template
-        .as_ref()
-        .is_some_and(|t| t.source_contains("<function="));
-    let reply_prefix = forced_tool_prefix(&req.tool_choice, xml_tool_calls);
+    let constraint_request = ConstraintRequest::for_chat(
+        req.structured_output.as_ref(),
+        &req.tools,
+        &req.tool_choice,
+        req.parallel_tool_calls,
+    )?;
+    let forced_call = matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Named(_));
 
     // Rendering and tokenising a large prompt is CPU work: keep it off the
     // async workers.
     let (prompt, prompt_ids, req) = {
         let model = model.clone();
-        let reply_prefix = reply_prefix.clone();
         let id = request_id.0.clone();
         tokio::task::spawn_blocking(move || -> ServerResult<(String, Vec<u32>, ChatRequest)> {
             let started = Instant::now();
-            let forced = reply_prefix.as_deref();
             let tools = if use_tools { req.tools.as_slice() } else { &[] };
             let prompt = render_chat(
                 model.template.as_ref(),
                 &req.messages,
                 tools,
                 req.add_generation_prompt,
-                &template_kwargs(&req, forced),
+                &template_kwargs(&req, forced_call),
             )?;
             let rendered = Instant::now();
-            let mut ids = encode(&model, &format!("{prompt}{}", forced.unwrap_or("")), false)?;
+            let mut ids = encode(&model, &prompt, false)?;
             crate::timing::prompt_prepared(&id, received, started, rendered);
             truncate_left(&mut ids, req.truncate_prompt_tokens);
             Ok((prompt, ids, req))
@@ -83,9 +84,14 @@ pub async fn chat_completions(
         model.max_model_len,
     )?;
     let params = sampling_params(&generation_params, max_tokens)?;
+    let starts_in_reasoning = prompt_opens_reasoning(&prompt);
+    let constraint = match constraint_request {
+        Some(c) => Some(structured::compile(&model, c, starts_in_reasoning).await?),
+        None => None,
+    };
     let opts = OutputOptions {
         reasoning: true,
-        starts_in_reasoning: prompt_opens_reasoning(&prompt),
+        starts_in_reasoning,
         tools: use_tools.then_some(req.tools.as_slice()),
         parallel_tool_calls: req.parallel_tool_calls,
     };
@@ -99,11 +105,11 @@ pub async fn chat_completions(
         params,
         &generation_params,
         received,
+        constraint,
     )?;
 
     if req.stream {
-        let sse = ChatSse::new(id, model_name, created, &opts, req.include_usage)
-            .with_reply_prefix(reply_prefix.as_deref().unwrap_or(""));
+        let sse = ChatSse::new(id, model_name, created, &opts, req.include_usage);
         return Ok(sse_response(
             generation,
             sse,
@@ -113,7 +119,7 @@ pub async fn chat_completions(
 
     // Non-streaming: if the client disconnects, axum drops this future and
     // with it the generation, which aborts the request.
-    let (text, reason, usage) = generation.collect(reply_prefix.unwrap_or_default()).await?;
+    let (text, reason, usage) = generation.collect(String::new()).await?;
     let (message, reason) = parse_chat_output(&text, &opts, reason);
     let response = ChatCompletionResponse {
         id,
@@ -132,32 +138,14 @@ pub async fn chat_completions(
 }
 
 /// `chat_template_kwargs`, with a top-level `enable_thinking` folded in.
-fn template_kwargs(req: &ChatRequest, forced_call: Option<&str>) -> serde_json::Map<String, Value> {
+fn template_kwargs(req: &ChatRequest, forced_call: bool) -> serde_json::Map<String, Value> {
     let mut kwargs = req.chat_template_kwargs.clone();
     if let Some(b) = req.enable_thinking {
         kwargs.insert("enable_thinking".into(), Value::Bool(b));
-    } else if forced_call.is_some() && !kwargs.contains_key("enable_thinking") {
-        // The reply starts with the forced call, so an open thinking block
-        // would be left dangling before it.
+    } else if forced_call && !kwargs.contains_key("enable_thinking") {
+        // A forced call comes at once unless the client asks for thinking
+        // (then its grammar starts after `</think>`).
         kwargs.insert("enable_thinking".into(), Value::Bool(false));
     }
     kwargs
-}
-
-/// The opening of the reply when `tool_choice` forces a call: the server
-/// writes it after the generation prompt and the model continues inside the
-/// call, in the format its template uses (Qwen3.5/3.6 XML, Qwen3 JSON). This
-/// forces a call to begin (and names it); it does not constrain the
-/// arguments the model then writes.
-fn forced_tool_prefix(choice: &ToolChoice, xml: bool) -> Option<String> {
-    match choice {
-        ToolChoice::Required if xml => Some("<tool_call>\n<function=".into()),
-        ToolChoice::Named(name) if xml => Some(format!("<tool_call>\n<function={name}>\n")),
-        ToolChoice::Required => Some("<tool_call>\n{\"name\": \"".into()),
-        ToolChoice::Named(name) => Some(format!(
-            "<tool_call>\n{{\"name\": {}, \"arguments\": ",
-            Value::String(name.clone())
-        )),
-        ToolChoice::Auto | ToolChoice::None => None,
-    }
 }
