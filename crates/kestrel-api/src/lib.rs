@@ -23,7 +23,7 @@ pub mod validate;
 pub use error::{ApiError, ErrorBody, ErrorKind};
 pub use request::{
     ChatMessage, ChatRequest, CompletionRequest, GenerationParams, MessageContent, Prompt,
-    ResponseFormat, SamplingDefaults, SamplingRequest, Tool, ToolChoice,
+    ResponseFormat, SamplingDefaults, SamplingRequest, StructuredOutput, Tool, ToolChoice,
 };
 pub use validate::{
     ValidationOptions, parse_chat_request, parse_completion_request, parse_json_body,

@@ -180,6 +180,22 @@ pub enum ResponseFormat {
     },
 }
 
+/// What the output must match, from `response_format` or vLLM's
+/// `structured_outputs` / `guided_*` fields (see `validate::structured`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StructuredOutput {
+    /// A JSON schema (`response_format` json_schema, `guided_json`).
+    JsonSchema(Value),
+    /// Any JSON object (`response_format` json_object).
+    JsonObject,
+    /// A regular expression the whole output matches.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark syntax (`guided_grammar`).
+    Lark(String),
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatRequest {
     pub model: Option<String>,
@@ -195,6 +211,8 @@ pub struct ChatRequest {
     pub add_generation_prompt: bool,
     pub continue_final_message: bool,
     pub response_format: ResponseFormat,
+    /// The output constraint, from `response_format` or the vLLM fields.
+    pub structured_output: Option<StructuredOutput>,
     pub stream: bool,
     pub include_usage: bool,
     pub sampling: SamplingRequest,
@@ -216,6 +234,7 @@ pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: Prompt,
     pub response_format: ResponseFormat,
+    pub structured_output: Option<StructuredOutput>,
     pub stream: bool,
     pub include_usage: bool,
     pub sampling: SamplingRequest,

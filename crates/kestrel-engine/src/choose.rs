@@ -7,9 +7,11 @@
 
 use std::cell::Cell;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use kestrel_core::{Backend, CandidateRequest, RowCandidates};
 use kestrel_sampling::{SampleError, Sampler};
+
+use crate::constraint::TokenConstraint;
 
 /// Where a sampled row's token comes from.
 pub enum RowSource {
@@ -118,6 +120,35 @@ impl<'a, B: Backend> StepLogits<'a, B> {
                 }
             },
         })
+    }
+
+    /// The token of a constrained row (see [`crate::constraint`]): the whole
+    /// row on the host, `observe`d raw, masked by `constraint`, then sampled
+    /// as any row is. Only the row's own failures are in the inner error.
+    pub fn choose_constrained(
+        &self,
+        source: RowSource,
+        sampler: &mut Sampler,
+        history: &[u32],
+        observe: &mut dyn FnMut(&[f32]),
+        constraint: &mut dyn TokenConstraint,
+    ) -> Result<Result<u32, String>> {
+        let mut row = match source {
+            RowSource::Logits(row) => row,
+            // (Constrained rows never ask for candidates; if they did, the
+            // whole row still decides.)
+            RowSource::Candidates { row, .. } => {
+                self.host_rows(&[row]).pop().context("missing row")?
+            }
+            RowSource::Argmax(_) => bail!("a constrained row was chosen on the device"),
+        };
+        observe(&row);
+        if let Err(e) = constraint.mask(&mut row) {
+            return Ok(Err(format!("the output constraint failed: {e}")));
+        }
+        Ok(sampler
+            .sample(&mut row, history)
+            .map_err(|e| format!("sampling failed: {e}")))
     }
 
     /// Rows `rows` of the logits, copied to the host in one transfer, with

@@ -394,6 +394,10 @@ impl<B: Backend> EngineLoop<B> {
             if let Some(bad) = drafts.iter().position(|&t| t as usize >= vocab) {
                 drafts.truncate(bad);
             }
+            // A draft the grammar rejects could never be accepted.
+            if let Some(constraint) = seq.constraint.as_mut() {
+                drafts.truncate(constraint.valid_prefix(&drafts));
+            }
             seq.drafts = drafts;
         }
     }

@@ -57,6 +57,8 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Requests with different salts never share prefix-cache pages.
     pub cache_salt: Vec<u8>,
+    /// Limits which tokens may be generated (structured outputs).
+    pub constraint: Option<crate::Constraint>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -5,11 +5,13 @@
 //! * [`Engine::spawn`] starts the engine loop on its own thread and returns an
 //!   [`EngineHandle`]; [`EngineHandle::submit`] returns a [`RequestStream`].
 //! * [`cache`]: KV pages, state slots and the prefix cache (plain bookkeeping).
+//! * [`constraint`]: per-sequence output constraints (structured outputs).
 //! * [`spec`]: speculative decoding (proposers; verification lives in the step).
 
 pub mod cache;
 mod choose;
 mod client;
+pub mod constraint;
 mod engine;
 pub mod handle;
 pub mod prefill;
@@ -21,5 +23,6 @@ mod timing;
 
 pub use choose::{RowSource, StepLogits};
 pub use client::{EngineHandle, RequestStream};
+pub use constraint::{Constraint, TokenConstraint};
 pub use engine::{Engine, EngineOptions, LogitsObserver};
 pub use handle::{EngineConfig, EngineEvent, EngineStats, GenerateRequest, SubmitError, Usage};

@@ -6,6 +6,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::cache::SequenceCache;
 use crate::client::SeqId;
+use crate::constraint::TokenConstraint;
 use crate::handle::{EngineConfig, EngineEvent, GenerateRequest, SubmitError, Usage};
 use crate::timing::FirstTokenTiming;
 
@@ -31,6 +32,8 @@ pub(crate) struct Sequence {
     pub drafts: Vec<u32>,
     /// Arrival to first token, for the debug-level timing events.
     pub timing: FirstTokenTiming,
+    /// Which tokens may come next (structured outputs), see [`crate::constraint`].
+    pub constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 impl Sequence {
@@ -59,6 +62,7 @@ impl Sequence {
             cached_tokens: None,
             drafts: Vec::new(),
             timing: FirstTokenTiming::new(),
+            constraint: request.constraint.map(|c| c.0),
         })
     }
 

@@ -9,13 +9,14 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use kestrel_core::{Backend, CandidateRequest, ForwardBatch, SeqChunk, StateSnapshot};
 use kestrel_models::Model;
-use kestrel_sampling::{DEFAULT_MAX_CANDIDATES, Finish};
+use kestrel_sampling::{DEFAULT_MAX_CANDIDATES, Finish, FinishReason};
 
 use crate::choose::{RowSource, StepLogits};
 use crate::client::SeqId;
 use crate::engine::LogitsObserver;
 use crate::handle::EngineEvent;
 use crate::scheduler::{Scheduler, StateOp, StepPlan};
+use crate::sequence::Sequence;
 use crate::spec::mtp::{CommittedRows, MtpDrafter};
 use crate::timing;
 
@@ -89,7 +90,8 @@ pub(crate) fn execute<B: Backend>(
                 count: 1 + chunk.drafts,
             };
             logit_rows.extend(first_id..ids.len());
-            all_plain_argmax &= seq.sampler.is_plain_argmax(&seq.tokens);
+            all_plain_argmax &=
+                seq.sampler.is_plain_argmax(&seq.tokens) && seq.constraint.is_none();
             rows
         });
         chunk_rows.push(rows);
@@ -182,7 +184,19 @@ pub(crate) fn execute<B: Backend>(
                     observe(&seq.request_id, row);
                 }
             };
-            match logits.choose(source, &mut seq.sampler, &seq.tokens, &mut observe)? {
+            let chosen = match seq.constraint.as_deref_mut() {
+                None => logits
+                    .choose(source, &mut seq.sampler, &seq.tokens, &mut observe)?
+                    .map_err(|e| format!("sampling failed: {e}")),
+                Some(constraint) => logits.choose_constrained(
+                    source,
+                    &mut seq.sampler,
+                    &seq.tokens,
+                    &mut observe,
+                    constraint,
+                )?,
+            };
+            match chosen {
                 Ok(token) => {
                     seq.tokens.push(token);
                     emitted.push(token);
@@ -194,12 +208,16 @@ pub(crate) fn execute<B: Backend>(
                         outcomes.push(Outcome::Finished(chunk.id, finish));
                         break;
                     }
+                    if let Some(ended) = advance_constraint(seq, chunk.id, token) {
+                        outcomes.push(ended);
+                        break;
+                    }
                     if !matched {
                         break;
                     }
                 }
-                Err(e) => {
-                    outcomes.push(Outcome::Failed(chunk.id, format!("sampling failed: {e}")));
+                Err(message) => {
+                    outcomes.push(Outcome::Failed(chunk.id, message));
                     break;
                 }
             }
@@ -277,9 +295,30 @@ pub(crate) fn execute<B: Backend>(
     Ok(())
 }
 
+/// Feed an emitted token to the sequence's constraint: the sequence fails
+/// when the constraint errs, and finishes (a stop) when the grammar is
+/// complete.
+fn advance_constraint(seq: &mut Sequence, id: SeqId, token: u32) -> Option<Outcome> {
+    let constraint = seq.constraint.as_mut()?;
+    if let Err(e) = constraint.accept(token) {
+        return Some(Outcome::Failed(
+            id,
+            format!("the output constraint failed: {e}"),
+        ));
+    }
+    constraint.is_complete().then_some(Outcome::Finished(
+        id,
+        Finish {
+            reason: FinishReason::Stop,
+            stop_token: None,
+        },
+    ))
+}
+
 /// The device-candidate request of every logits row, in order: one for the
 /// single row of a plain step whose sampler can finish on candidates, none
-/// for a speculative step's rows (each is sampled only if the rows before it
+/// for a constrained sequence (masked on the host), none for a speculative
+/// step's rows (each is sampled only if the rows before it
 /// matched their drafts, so none may draw from the RNG ahead of time).
 fn candidate_requests<B: Backend>(
     sched: &mut Scheduler,
@@ -291,7 +330,10 @@ fn candidate_requests<B: Backend>(
     let mut requests = Vec::new();
     for (chunk, rows) in plan.chunks.iter().zip(chunk_rows) {
         let Some(rows) = rows else { continue };
-        if rows.count > 1 || !use_candidates {
+        let constrained = sched
+            .running_seq(chunk.id)
+            .is_some_and(|seq| seq.constraint.is_some());
+        if rows.count > 1 || !use_candidates || constrained {
             requests.extend((0..rows.count).map(|_| None));
             continue;
         }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use kestrel_api::stop::StopMatcher;
 use kestrel_api::types::{FinishReason, Usage};
 use kestrel_api::{ApiError, GenerationParams};
-use kestrel_engine::{EngineEvent, GenerateRequest, RequestStream};
+use kestrel_engine::{Constraint, EngineEvent, GenerateRequest, RequestStream};
 use kestrel_sampling::SamplingParams;
 use kestrel_text::Detokenizer;
 
@@ -71,6 +71,8 @@ impl TextGeneration {
     /// Submits the request; a full queue is 429, a request the engine can
     /// never run is 400, a stopped engine 503. `received`: when the handler
     /// got the request (the origin of the timing events).
+    /// `constraint`: which tokens may be generated (structured outputs).
+    #[allow(clippy::too_many_arguments)]
     pub fn submit(
         state: &Arc<AppState>,
         model: &LoadedModel,
@@ -79,20 +81,25 @@ impl TextGeneration {
         params: SamplingParams,
         generation_params: &GenerationParams,
         received: Instant,
+        constraint: Option<Constraint>,
     ) -> ServerResult<Self> {
+        let request = GenerateRequest {
+            request_id,
+            prompt_ids,
+            params,
+            cache_salt: Vec::new(),
+            constraint,
+        };
+        let request_id = request.request_id.clone();
+        let prompt_ids = &request.prompt_ids;
         crate::timing::prompt_ready(&request_id, received, prompt_ids.len());
         let detok = Detokenizer::with_context(
             &model.tokenizer,
             generation_params.skip_special_tokens,
-            &prompt_ids,
+            prompt_ids,
         );
         let prompt_tokens = prompt_ids.len();
-        let stream = model.engine.submit(GenerateRequest {
-            request_id: request_id.clone(),
-            prompt_ids,
-            params,
-            cache_salt: Vec::new(),
-        })?;
+        let stream = model.engine.submit(request)?;
         Ok(TextGeneration {
             state: state.clone(),
             request_id,

@@ -29,6 +29,7 @@ mod routes;
 pub mod shutdown;
 pub mod sse;
 mod state;
+mod structured;
 mod timing;
 
 use std::net::SocketAddr;

@@ -11,6 +11,7 @@ use kestrel_api::SamplingDefaults;
 use kestrel_core::Backend;
 use kestrel_engine::{Engine, EngineConfig, EngineOptions};
 use kestrel_models::Model;
+use kestrel_structured::GrammarCompiler;
 use kestrel_text::{ChatTemplate, Tokenizer};
 use serde_json::Value;
 
@@ -119,12 +120,16 @@ fn load<B: Backend>(
     };
     let engine = Engine::spawn_with_options(backend, model, engine_config, options)
         .context("cannot start the engine")?;
+    // Read again on the first constrained request, not at start-up.
+    let grammars =
+        GrammarCompiler::from_tokenizer_file(dir.join("tokenizer.json"), engine.eos_token_ids());
     Ok(LoadedModel {
         engine,
         tokenizer,
         template,
         max_model_len,
         sampling_defaults: sampling_defaults(dir)?,
+        grammars,
     })
 }
 

@@ -7,6 +7,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use kestrel_api::{ApiError, SamplingDefaults};
 use kestrel_engine::EngineHandle;
+use kestrel_structured::GrammarCompiler;
 use kestrel_text::{ChatTemplate, Tokenizer};
 
 use crate::auth::ApiKeys;
@@ -22,6 +23,8 @@ pub struct LoadedModel {
     pub max_model_len: usize,
     /// Sampling values for fields a request leaves out (generation_config.json).
     pub sampling_defaults: SamplingDefaults,
+    /// Compiles structured-output grammars against the vocabulary.
+    pub grammars: GrammarCompiler,
 }
 
 /// Where startup is.

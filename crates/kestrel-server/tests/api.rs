@@ -308,57 +308,46 @@ async fn metrics_page_has_vllm_names() {
     assert!(metric_in(&page, "vllm:generation_tokens_total").unwrap() >= 2.0);
 }
 
-/// `tool_choice` naming a function makes the reply begin with that call,
-/// streamed or not. The bundled model has never seen a tool call, so it may
-/// not close it: then the call comes back as content with finish_reason
-/// "length", still starting with the forced opening.
+/// `tool_choice` naming a function constrains the reply to a call of that
+/// function (see tests/structured.rs for the arguments), streamed or not.
 #[tokio::test]
 async fn named_tool_choice_starts_the_call() {
     let base = shared_server();
     let tools = json!([{"type": "function", "function": {
         "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"], "additionalProperties": false},
     }}]);
     let mut body = chat_body(false);
+    body["max_tokens"] = json!(100);
     body["tools"] = tools;
     body["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
     let (s, v) = post(base, "/v1/chat/completions", &body).await;
     assert_eq!(s, 200, "{v}");
     let choice = &v["choices"][0];
     let msg = &choice["message"];
-    match msg["tool_calls"].as_array() {
-        Some(calls) if !calls.is_empty() => {
-            assert_eq!(calls[0]["function"]["name"], "get_weather");
-            assert_eq!(choice["finish_reason"], "tool_calls");
-        }
-        _ => {
-            let content = msg["content"].as_str().unwrap_or("");
-            assert!(
-                content.starts_with("<tool_call>\n<function=get_weather>\n"),
-                "{msg}"
-            );
-            assert_eq!(choice["finish_reason"], "length");
-        }
-    }
+    let calls = msg["tool_calls"].as_array().expect("a tool call");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(choice["finish_reason"], "tool_calls");
     assert!(
         msg.get("reasoning_content").is_none(),
         "thinking is off for a forced call"
     );
 
-    // Streamed, the same text arrives.
+    // Streamed, the same call arrives.
     body["stream"] = json!(true);
     let (s, events) = post_stream(base, "/v1/chat/completions", &body).await;
     assert_eq!(s, 200);
-    let streamed: String = events
+    let arguments: String = events
         .iter()
         .filter_map(|e| serde_json::from_str::<Value>(e).ok())
         .filter_map(|c| {
-            c["choices"][0]["delta"]["content"]
+            c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
                 .as_str()
                 .map(String::from)
         })
         .collect();
-    if msg["tool_calls"].as_array().is_none_or(|c| c.is_empty()) {
-        assert_eq!(streamed, msg["content"].as_str().unwrap());
-    }
+    assert_eq!(
+        arguments,
+        calls[0]["function"]["arguments"].as_str().unwrap()
+    );
 }

@@ -5,6 +5,7 @@ use serde_json::Value;
 use super::fields::{Result, type_name};
 use super::messages::parse_messages;
 use super::sampling::{MAX_TOP_LOGPROBS, parse_sampling, reject_unsupported};
+use super::structured::parse_structured_output;
 use super::tools::{parse_response_format, parse_tool_choice, parse_tools};
 use super::{ValidationOptions, parse_stream, root, truncate_prompt_tokens, unknown_keys};
 use crate::error::ApiError;
@@ -93,6 +94,7 @@ pub fn parse_chat_request(body: &Value, opts: &ValidationOptions) -> Result<Chat
     }
 
     let response_format = parse_response_format(f.get("response_format"), opts)?;
+    let structured_output = parse_structured_output(&mut f, &response_format, opts)?;
     let (stream, include_usage) = parse_stream(&mut f)?;
     let truncate_prompt_tokens = truncate_prompt_tokens(&mut f)?;
     let user = f.string("user")?.map(str::to_string);
@@ -108,6 +110,7 @@ pub fn parse_chat_request(body: &Value, opts: &ValidationOptions) -> Result<Chat
         add_generation_prompt,
         continue_final_message,
         response_format,
+        structured_output,
         stream,
         include_usage,
         sampling,

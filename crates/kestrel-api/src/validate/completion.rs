@@ -4,6 +4,7 @@ use serde_json::Value;
 
 use super::fields::{Result, type_name};
 use super::sampling::{MAX_TOP_LOGPROBS, parse_sampling, reject_unsupported, token_id};
+use super::structured::parse_structured_output;
 use super::tools::parse_response_format;
 use super::{ValidationOptions, parse_stream, root, truncate_prompt_tokens, unknown_keys};
 use crate::error::ApiError;
@@ -31,6 +32,7 @@ pub fn parse_completion_request(
         sampling.logprobs = Some(n as u32);
     }
     let response_format = parse_response_format(f.get("response_format"), opts)?;
+    let structured_output = parse_structured_output(&mut f, &response_format, opts)?;
     let (stream, include_usage) = parse_stream(&mut f)?;
     let truncate_prompt_tokens = truncate_prompt_tokens(&mut f)?;
     let user = f.string("user")?.map(str::to_string);
@@ -39,6 +41,7 @@ pub fn parse_completion_request(
         model,
         prompt,
         response_format,
+        structured_output,
         stream,
         include_usage,
         sampling,

@@ -6,6 +6,7 @@ mod completion;
 mod fields;
 mod messages;
 mod sampling;
+mod structured;
 mod tokenize;
 mod tools;
 

@@ -237,12 +237,6 @@ pub(crate) fn reject_unsupported(f: &mut Fields) -> Result<()> {
     // Never deserialize client-supplied tensors (CVE-2025-62164).
     for name in [
         "prompt_embeds",
-        "guided_json",
-        "guided_regex",
-        "guided_choice",
-        "guided_grammar",
-        "guided_decoding_backend",
-        "structured_outputs",
         "logits_processors",
         "allowed_token_ids",
         "bad_words",

@@ -131,6 +131,7 @@ fn requests(vocab: u32) -> Vec<GenerateRequest> {
                 ..SamplingParams::greedy()
             },
             cache_salt: Vec::new(),
+            constraint: None,
         })
         .collect()
 }

@@ -166,6 +166,7 @@ pub fn named(id: &str, prompt: &[u32], params: SamplingParams) -> GenerateReques
         prompt_ids: prompt.to_vec(),
         params,
         cache_salt: Vec::new(),
+        constraint: None,
     }
 }
 

@@ -24,6 +24,7 @@ use crate::generation::{TextGeneration, sampling_params};
 use crate::request_id::RequestId;
 use crate::sse::{ChatSse, sse_response};
 use crate::state::{AppState, LoadedModel, unix_now};
+use crate::structured::{self, ConstraintRequest};
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -45,15 +46,13 @@ pub async fn chat_completions(
     let mut prepared = prepare_chat(&model, req, &request_id.0, received).await?;
     let id = format!("chatcmpl-{}", request_id.0);
     let created = unix_now();
-    let generation = start_generation(&state, &model, &mut prepared, &request_id.0, received)?;
-    let PreparedChat {
-        req, reply_prefix, ..
-    } = &prepared;
+    let generation =
+        start_generation(&state, &model, &mut prepared, &request_id.0, received).await?;
+    let req = &prepared.req;
     let opts = prepared.output_options();
 
     if req.stream {
-        let sse = ChatSse::new(id, model_name, created, &opts, req.include_usage)
-            .with_reply_prefix(reply_prefix.as_deref().unwrap_or(""));
+        let sse = ChatSse::new(id, model_name, created, &opts, req.include_usage);
         return Ok(sse_response(
             generation,
             sse,
@@ -63,9 +62,7 @@ pub async fn chat_completions(
 
     // Non-streaming: if the client disconnects, axum drops this future and
     // with it the generation, which aborts the request.
-    let (text, reason, usage) = generation
-        .collect(reply_prefix.clone().unwrap_or_default())
-        .await?;
+    let (text, reason, usage) = generation.collect(String::new()).await?;
     let (message, reason) = parse_chat_output(&text, &opts, reason);
     let response = ChatCompletionResponse {
         id,
@@ -90,8 +87,6 @@ pub(crate) struct PreparedChat {
     /// Taken by [`start_generation`].
     pub prompt_ids: Vec<u32>,
     pub req: ChatRequest,
-    /// The reply's opening written by the server (a forced tool call).
-    pub reply_prefix: Option<String>,
     pub use_tools: bool,
 }
 
@@ -116,33 +111,27 @@ pub(crate) async fn prepare_chat(
     received: Instant,
 ) -> ServerResult<PreparedChat> {
     let use_tools = req.tool_choice != ToolChoice::None && !req.tools.is_empty();
-    let xml_tool_calls = model
-        .template
-        .as_ref()
-        .is_some_and(|t| t.source_contains("<function="));
-    let reply_prefix = forced_tool_prefix(&req.tool_choice, xml_tool_calls);
+    let forced_call = matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Named(_));
     let model = model.clone();
     let id = request_id.to_string();
     tokio::task::spawn_blocking(move || -> ServerResult<PreparedChat> {
         let started = Instant::now();
-        let forced = reply_prefix.as_deref();
         let tools = if use_tools { req.tools.as_slice() } else { &[] };
         let prompt = render_chat(
             model.template.as_ref(),
             &req.messages,
             tools,
             req.add_generation_prompt,
-            &template_kwargs(&req, forced),
+            &template_kwargs(&req, forced_call),
         )?;
         let rendered = Instant::now();
-        let mut ids = encode(&model, &format!("{prompt}{}", forced.unwrap_or("")), false)?;
+        let mut ids = encode(&model, &prompt, false)?;
         crate::timing::prompt_prepared(&id, received, started, rendered);
         truncate_left(&mut ids, req.truncate_prompt_tokens);
         Ok(PreparedChat {
             prompt,
             prompt_ids: ids,
             req,
-            reply_prefix,
             use_tools,
         })
     })
@@ -150,21 +139,37 @@ pub(crate) async fn prepare_chat(
     .map_err(|e| ServerError::internal(format!("prompt rendering failed: {e}")))?
 }
 
-/// Checks the context length, resolves sampling and submits the prompt.
-pub(crate) fn start_generation(
+/// Checks the context length, resolves sampling, compiles the request's
+/// output constraint (a structured output, or the forced tool call of
+/// `tool_choice`; off the async workers) and submits the prompt.
+pub(crate) async fn start_generation(
     state: &Arc<AppState>,
     model: &Arc<LoadedModel>,
     prepared: &mut PreparedChat,
     request_id: &str,
     received: Instant,
 ) -> ServerResult<TextGeneration> {
-    let generation_params = prepared.req.sampling.resolve(&model.sampling_defaults);
+    let req = &prepared.req;
+    let constraint_request = ConstraintRequest::for_chat(
+        req.structured_output.as_ref(),
+        &req.tools,
+        &req.tool_choice,
+        req.parallel_tool_calls,
+    )?;
+    let generation_params = req.sampling.resolve(&model.sampling_defaults);
     let max_tokens = check_context_length(
         prepared.prompt_ids.len(),
         generation_params.max_tokens,
         model.max_model_len,
     )?;
     let params = sampling_params(&generation_params, max_tokens)?;
+    let constraint = match constraint_request {
+        Some(c) => {
+            let starts_in_reasoning = prompt_opens_reasoning(&prepared.prompt);
+            Some(structured::compile(model, c, starts_in_reasoning).await?)
+        }
+        None => None,
+    };
     TextGeneration::submit(
         state,
         model,
@@ -173,36 +178,19 @@ pub(crate) fn start_generation(
         params,
         &generation_params,
         received,
+        constraint,
     )
 }
 
 /// `chat_template_kwargs`, with a top-level `enable_thinking` folded in.
-fn template_kwargs(req: &ChatRequest, forced_call: Option<&str>) -> serde_json::Map<String, Value> {
+fn template_kwargs(req: &ChatRequest, forced_call: bool) -> serde_json::Map<String, Value> {
     let mut kwargs = req.chat_template_kwargs.clone();
     if let Some(b) = req.enable_thinking {
         kwargs.insert("enable_thinking".into(), Value::Bool(b));
-    } else if forced_call.is_some() && !kwargs.contains_key("enable_thinking") {
-        // The reply starts with the forced call, so an open thinking block
-        // would be left dangling before it.
+    } else if forced_call && !kwargs.contains_key("enable_thinking") {
+        // A forced call comes at once unless the client asks for thinking
+        // (then its grammar starts after `</think>`).
         kwargs.insert("enable_thinking".into(), Value::Bool(false));
     }
     kwargs
-}
-
-/// The opening of the reply when `tool_choice` forces a call: the server
-/// writes it after the generation prompt and the model continues inside the
-/// call, in the format its template uses (Qwen3.5/3.6 XML, Qwen3 JSON). This
-/// forces a call to begin (and names it); it does not constrain the
-/// arguments the model then writes.
-fn forced_tool_prefix(choice: &ToolChoice, xml: bool) -> Option<String> {
-    match choice {
-        ToolChoice::Required if xml => Some("<tool_call>\n<function=".into()),
-        ToolChoice::Named(name) if xml => Some(format!("<tool_call>\n<function={name}>\n")),
-        ToolChoice::Required => Some("<tool_call>\n{\"name\": \"".into()),
-        ToolChoice::Named(name) => Some(format!(
-            "<tool_call>\n{{\"name\": {}, \"arguments\": ",
-            Value::String(name.clone())
-        )),
-        ToolChoice::Auto | ToolChoice::None => None,
-    }
 }

@@ -21,6 +21,7 @@ use crate::generation::{TextGeneration, sampling_params};
 use crate::request_id::RequestId;
 use crate::sse::{CompletionSse, sse_response};
 use crate::state::{AppState, unix_now};
+use crate::structured::{self, ConstraintRequest};
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
@@ -67,6 +68,12 @@ pub async fn completions(
         }
     })?;
     let params = sampling_params(&generation_params, max_tokens)?;
+    let constraint = match req.structured_output.clone() {
+        Some(s) => {
+            Some(structured::compile(&model, ConstraintRequest::Structured(s), false).await?)
+        }
+        None => None,
+    };
     let id = format!("cmpl-{}", request_id.0);
     let created = unix_now();
     let generation = TextGeneration::submit(
@@ -77,6 +84,7 @@ pub async fn completions(
         params,
         &generation_params,
         received,
+        constraint,
     )?;
 
     if req.stream {

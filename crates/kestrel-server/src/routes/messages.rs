@@ -109,7 +109,8 @@ async fn create_message(
     let model = state.ready()?;
     let mut prepared = prepare_chat(&model, req, &request_id.0, received).await?;
     let prompt_tokens = prepared.prompt_ids.len() as u32;
-    let generation = start_generation(&state, &model, &mut prepared, &request_id.0, received)?;
+    let generation =
+        start_generation(&state, &model, &mut prepared, &request_id.0, received).await?;
     let id = format!("msg_{}", request_id.0);
 
     if prepared.req.stream {
@@ -122,8 +123,7 @@ async fn create_message(
         return Ok(response);
     }
 
-    let prefix = prepared.reply_prefix.clone().unwrap_or_default();
-    let (text, reason, usage, stop) = generation.collect_with_stop(prefix).await?;
+    let (text, reason, usage, stop) = generation.collect_with_stop(String::new()).await?;
     let (message, reason) = parse_chat_output(&text, &prepared.output_options(), reason);
     let response = MessageResponse {
         id,
@@ -142,7 +142,6 @@ async fn create_message(
 struct MessagesSse {
     stream: MessageStream,
     parser: ChatOutputParser,
-    reply_prefix: String,
 }
 
 impl MessagesSse {
@@ -150,17 +149,13 @@ impl MessagesSse {
         MessagesSse {
             stream: MessageStream::new(id, model, prompt_tokens),
             parser: ChatOutputParser::new(&prepared.output_options()),
-            reply_prefix: prepared.reply_prefix.clone().unwrap_or_default(),
         }
     }
 }
 
 impl SseAssembler for MessagesSse {
     fn start(&mut self) -> Vec<String> {
-        let mut events = self.stream.start();
-        let prefix = std::mem::take(&mut self.reply_prefix);
-        events.extend(self.text(&prefix));
-        events
+        self.stream.start()
     }
 
     fn text(&mut self, text: &str) -> Vec<String> {

@@ -14,8 +14,9 @@ use kestrel_api::ValidationOptions;
 /// What this server implements; requests for anything else get a 400.
 pub fn validation_options() -> ValidationOptions {
     ValidationOptions {
-        // Enforced by starting the reply with the call (routes/chat.rs).
+        // Both enforced by a grammar (src/structured.rs).
         forced_tool_choice_supported: true,
+        structured_outputs_supported: true,
         ..ValidationOptions::default()
     }
 }

@@ -178,6 +178,7 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
                 prompt_ids: prompt_ids.clone(),
                 params: params.clone(),
                 cache_salt: Vec::new(),
+                constraint: None,
             })
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         loop {
@@ -201,6 +202,7 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
             prompt_ids: prompt_ids.clone(),
             params,
             cache_salt: Vec::new(),
+            constraint: None,
         })
         .map_err(|e| anyhow::anyhow!("{e}"))?;
 

@@ -146,6 +146,7 @@ fn requests(settings: &ReplaySettings, batch: usize, vocab: usize) -> Vec<Genera
                 prompt_ids: prompt_ids(settings.context, vocab, s + 1),
                 params,
                 cache_salt: Vec::new(),
+                constraint: None,
             }
         })
         .collect()

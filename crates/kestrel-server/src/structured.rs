@@ -1,0 +1,102 @@
+//! Structured outputs and forced tool calls as engine constraints: which
+//! grammar a request asks for, compiled off the async workers (a large
+//! schema may take a while, and must not hold up other requests), with a
+//! grammar that does not compile answered 400 with llguidance's reason.
+
+use std::sync::Arc;
+
+use kestrel_api::{ApiError, StructuredOutput, Tool, ToolChoice};
+use kestrel_engine::Constraint;
+use kestrel_structured::grammar::GrammarStart;
+use kestrel_structured::{CompileError, OutputGrammar};
+
+use crate::error::{ServerError, ServerResult};
+use crate::state::LoadedModel;
+
+/// What a request constrains its output to, owned so it can move to a
+/// blocking task.
+pub enum ConstraintRequest {
+    Structured(StructuredOutput),
+    ToolCall { tools: Vec<Tool>, parallel: bool },
+}
+
+impl ConstraintRequest {
+    /// A chat request's constraint: the forced tool call of `tool_choice`
+    /// `required` (any declared tool) or named (that tool), else its
+    /// structured output. Both at once is a 400.
+    pub fn for_chat(
+        structured: Option<&StructuredOutput>,
+        tools: &[Tool],
+        choice: &ToolChoice,
+        parallel_tool_calls: bool,
+    ) -> ServerResult<Option<Self>> {
+        let forced = match choice {
+            ToolChoice::Required => Some(ConstraintRequest::ToolCall {
+                tools: tools.to_vec(),
+                parallel: parallel_tool_calls,
+            }),
+            ToolChoice::Named(name) => Some(ConstraintRequest::ToolCall {
+                tools: tools.iter().filter(|t| &t.name == name).cloned().collect(),
+                parallel: false,
+            }),
+            ToolChoice::Auto | ToolChoice::None => None,
+        };
+        match (forced, structured) {
+            (Some(_), Some(_)) => Err(ApiError::invalid(
+                "response_format",
+                "a structured output cannot be combined with a forced tool_choice",
+            )
+            .into()),
+            (Some(call), None) => Ok(Some(call)),
+            (None, s) => Ok(s.cloned().map(ConstraintRequest::Structured)),
+        }
+    }
+
+    /// The parameter a compile error is reported against.
+    fn param(&self) -> &'static str {
+        match self {
+            ConstraintRequest::Structured(_) => "response_format",
+            ConstraintRequest::ToolCall { .. } => "tools",
+        }
+    }
+}
+
+/// Compiles `request` for `model` on a blocking thread. `starts_in_reasoning`:
+/// the prompt leaves a `<think>` open, so the constraint starts after
+/// `</think>`.
+pub async fn compile(
+    model: &Arc<LoadedModel>,
+    request: ConstraintRequest,
+    starts_in_reasoning: bool,
+) -> ServerResult<Constraint> {
+    let start = GrammarStart {
+        reasoning_end: starts_in_reasoning
+            .then(|| model.tokenizer.token_id("</think>"))
+            .flatten(),
+    };
+    let model = model.clone();
+    tokio::task::spawn_blocking(move || {
+        let grammar = match &request {
+            ConstraintRequest::Structured(s) => OutputGrammar::Structured(s),
+            ConstraintRequest::ToolCall { tools, parallel } => OutputGrammar::ToolCall {
+                tools,
+                parallel: *parallel,
+            },
+        };
+        model
+            .grammars
+            .compile(&grammar, start)
+            .map_err(|e| match e {
+                CompileError::Invalid(reason) => ServerError::from(ApiError::invalid(
+                    request.param(),
+                    format!("the output constraint does not compile: {reason}"),
+                )),
+                CompileError::Unavailable(_) => ServerError::from(
+                    ApiError::unsupported("structured outputs for this model")
+                        .with_param(request.param()),
+                ),
+            })
+    })
+    .await
+    .map_err(|e| ServerError::internal(format!("grammar compilation failed: {e}")))?
+}

@@ -1,0 +1,106 @@
+//! Compiling requests' grammars against the model's vocabulary.
+//!
+//! The tokenizer-wide state (the token trie and llguidance's parser
+//! factory) is built once, on the first constrained request, so servers
+//! that never see one pay nothing at start-up. Compiling is CPU work that
+//! can take long for a large schema: callers run it off the engine thread
+//! and off the async workers (the server uses `spawn_blocking`). Its time
+//! and size are bounded by llguidance's parser limits.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use kestrel_engine::Constraint;
+use llguidance::{Matcher, ParserFactory};
+
+use crate::grammar::{GrammarStart, OutputGrammar, top_level};
+use crate::matcher::GrammarConstraint;
+use crate::vocabulary::token_env;
+
+/// Why a constraint could not be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    /// The request's schema, regex or grammar: a 400 with this reason.
+    #[error("{0}")]
+    Invalid(String),
+    /// The model's vocabulary could not be read for structured outputs.
+    #[error("structured outputs are unavailable for this model: {0}")]
+    Unavailable(String),
+}
+
+/// Compiles grammars for one model.
+pub struct GrammarCompiler {
+    source: VocabularySource,
+    eos: Arc<[u32]>,
+    factory: OnceLock<Result<ParserFactory, String>>,
+}
+
+/// Where the vocabulary comes from.
+enum VocabularySource {
+    File(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+impl GrammarCompiler {
+    /// For the `tokenizer.json` at `path` (read on first use) and the
+    /// model's end-of-sequence ids.
+    pub fn from_tokenizer_file(path: impl Into<PathBuf>, eos_token_ids: &[u32]) -> Self {
+        Self::new(VocabularySource::File(path.into()), eos_token_ids)
+    }
+
+    /// For the contents of a `tokenizer.json`.
+    pub fn from_tokenizer_json(bytes: Vec<u8>, eos_token_ids: &[u32]) -> Self {
+        Self::new(VocabularySource::Bytes(bytes), eos_token_ids)
+    }
+
+    fn new(source: VocabularySource, eos_token_ids: &[u32]) -> Self {
+        GrammarCompiler {
+            source,
+            eos: eos_token_ids.into(),
+            factory: OnceLock::new(),
+        }
+    }
+
+    /// The engine constraint of `output`. Errors in the request's grammar
+    /// are [`CompileError::Invalid`] with llguidance's reason.
+    pub fn compile(
+        &self,
+        output: &OutputGrammar<'_>,
+        start: GrammarStart,
+    ) -> Result<Constraint, CompileError> {
+        let factory = self
+            .factory()
+            .map_err(|e| CompileError::Unavailable(e.clone()))?;
+        let parser = factory
+            .create_parser(top_level(output, start))
+            .map_err(|e| CompileError::Invalid(e.to_string()))?;
+        let mut matcher = Matcher::new(Ok(parser));
+        // The first mask finds grammars that cannot produce anything.
+        if let Err(e) = matcher.compute_mask() {
+            return Err(CompileError::Invalid(e.to_string()));
+        }
+        Ok(Constraint::new(GrammarConstraint::new(
+            matcher,
+            self.eos.clone(),
+        )))
+    }
+
+    fn factory(&self) -> Result<&ParserFactory, &String> {
+        self.factory
+            .get_or_init(|| self.build_factory().map_err(|e| format!("{e:#}")))
+            .as_ref()
+    }
+
+    fn build_factory(&self) -> anyhow::Result<ParserFactory> {
+        let bytes = match &self.source {
+            VocabularySource::File(path) => std::fs::read(path)?,
+            VocabularySource::Bytes(bytes) => bytes.clone(),
+        };
+        let env = token_env(&bytes, &self.eos)?;
+        let mut factory = ParserFactory::new_simple(&env)?;
+        factory.quiet();
+        // Errors go back to clients: no parser state or grammar dump in them.
+        factory.limits_mut().verbose_errors = false;
+        Ok(factory)
+    }
+}
