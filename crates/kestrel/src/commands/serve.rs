@@ -70,6 +70,8 @@ pub struct Args {
     /// config.json and the tokenizer), for benchmarking without downloads.
     #[arg(long, value_enum, default_value = "auto")]
     load_format: LoadFormat,
+    #[command(flatten)]
+    quantization: super::quantization::QuantizationArgs,
     /// Cap on the context length (prompt + output); the model's own by default.
     #[arg(long)]
     max_model_len: Option<usize>,
@@ -115,6 +117,7 @@ pub fn run(args: Args) -> Result<()> {
     config.force_preempt_at = args.force_preempt_at;
     config.show_progress = true;
     config.dummy_weights = args.load_format == LoadFormat::Dummy;
+    config.quantization = args.quantization.get();
     config.max_model_len = args.max_model_len;
     config.speculative = args.speculative.config()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
