@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use crate::{
-    CandidateRequest, DType, ForwardBatch, HostTensor, Result, RowCandidates, dummy,
+    CandidateRequest, DType, ForwardBatch, HostTensor, HostWeight, Result, RowCandidates, dummy,
     top_candidates_host,
 };
 
@@ -231,6 +231,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     // ---- data movement -------------------------------------------------
     fn upload(&self, t: &HostTensor) -> Result<Self::Weight>;
+    /// How this backend takes block-FP8 weights: `Some(dtype)` when the
+    /// loader is to dequantise them (exactly, in parallel) to a dense tensor
+    /// of `dtype` and hand that to [`Backend::upload`]; `None` when they go
+    /// to [`Backend::upload_weight`] as they are (codes and block scales),
+    /// for a backend whose kernels read the format directly.
+    fn fp8_dequantize_to(&self) -> Option<DType> {
+        Some(DType::F32)
+    }
+    /// A parameter in either form; block-FP8 arrives here only when
+    /// [`Backend::fp8_dequantize_to`] is `None`. The default dequantises to
+    /// f32 and uploads.
+    fn upload_weight(&self, w: &HostWeight) -> Result<Self::Weight> {
+        match w {
+            HostWeight::Dense(t) => self.upload(t),
+            HostWeight::BlockFp8(q) => self.upload(&q.dequantize()),
+        }
+    }
     // A constructor on the backend instance: the device decides where it lives.
     #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Self::Tensor;

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod batch;
 pub mod candidates;
 pub mod dummy;
+pub mod fp8;
 pub mod host;
 
 pub use backend::{
@@ -16,6 +17,7 @@ pub use backend::{
 };
 pub use batch::{ForwardBatch, SeqChunk, StateSnapshot};
 pub use candidates::{CandidateRequest, RowCandidates, TokenPenalty, top_candidates_host};
+pub use fp8::{BlockFp8, HostWeight};
 pub use host::{DType, HostTensor};
 
 /// Errors a backend can report. Kernels assume validated inputs; these cover

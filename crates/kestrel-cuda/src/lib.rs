@@ -213,6 +213,13 @@ impl Backend for CudaBackend {
         })
     }
 
+    /// Block-FP8 weights arrive dequantised to bf16, the stored type of
+    /// every matrix here (docs/cuda.md, "FP8 checkpoints"): kernels that
+    /// read the codes and block scales directly will take them as they are.
+    fn fp8_dequantize_to(&self) -> Option<DType> {
+        Some(DType::BF16)
+    }
+
     fn dummy_weight(
         &self,
         shape: &[usize],

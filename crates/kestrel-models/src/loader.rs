@@ -4,7 +4,9 @@
 //!
 //! Blocks describe each parameter once through [`Loader::materialize`]: its
 //! name, its final shape and how to build it from the checkpoint. Only this
-//! file knows about the dummy source. Loaders made by [`crate::pipeline`]
+//! file knows about the dummy source and about the form weights take
+//! (as stored, or quantised to block-FP8 with `--quantization fp8`, see
+//! [`crate::fp8`]): blocks see one weight type either way. Loaders made by [`crate::pipeline`]
 //! queue their uploads to another thread and run [`Loader::each`] and
 //! [`Loader::join`] concurrently; the others run everything in order.
 
@@ -15,13 +17,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
-use kestrel_core::{Backend, DType, HostTensor, dummy};
+use kestrel_core::{Backend, HostTensor, HostWeight, dummy};
 use rayon::prelude::*;
 
 use crate::buffers::BufferPool;
+use crate::dummy_init::Init;
+use crate::fp8::{self, Quantization};
 use crate::pipeline::{self, Counters, UploadRequest};
 use crate::transform;
-use crate::weights::WeightFiles;
+use crate::weights::{Stored, WeightFiles};
 
 pub enum Source<'a> {
     Files(&'a WeightFiles),
@@ -40,6 +44,8 @@ pub struct Loader<'a, B: Backend> {
     pub backend: &'a B,
     /// Zero-centred decoder norms (`1 + w`), as in Qwen3.5 and Qwen3-Next.
     pub zero_centred_norms: bool,
+    /// Whether dense linear weights are quantised to block-FP8 on the way.
+    quantization: Quantization,
     /// Where packed tensors go to be uploaded; `None`: upload here.
     uploads: Option<SyncSender<UploadRequest<B>>>,
     /// Threads [`Loader::each`] runs on when uploads are queued.
@@ -47,52 +53,6 @@ pub struct Loader<'a, B: Backend> {
     /// Buffers the uploading thread hands back; `None`: fresh ones.
     buffers: Option<Arc<BufferPool>>,
     pub(crate) counters: Counters,
-}
-
-/// How a dummy parameter is drawn: uniform in `[offset - scale, offset + scale)`.
-/// Chosen so that activations of a full-size model stay finite and MoE routing
-/// spreads over the experts, as with trained weights.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Init {
-    offset: f32,
-    scale: f32,
-    dtype: DType,
-}
-
-impl Init {
-    /// Picked from the tensor's role, which its name and rank tell.
-    fn for_tensor(name: &str, shape: &[usize]) -> Init {
-        let base = name.split('#').next().unwrap_or(name);
-        let f32 = |offset, scale| Init {
-            offset,
-            scale,
-            dtype: DType::F32,
-        };
-        if base.ends_with("A_log") {
-            // A = exp(A_log) in [1, 16], as Qwen3.5's initialiser draws it.
-            f32(0.5 * 16f32.ln(), 0.5 * 16f32.ln())
-        } else if base.ends_with("dt_bias") {
-            // Inverse softplus of dt in about [1e-3, 1e-1].
-            f32(-4.6, 2.3)
-        } else if shape.len() == 1 {
-            // Norm weights in the plain form the backends use (`1 + w` of a
-            // zero-centred checkpoint is near 1 too).
-            f32(1.0, 0.1)
-        } else if base.contains("conv1d") {
-            Init {
-                offset: 0.0,
-                scale: 0.3,
-                dtype: DType::BF16,
-            }
-        } else {
-            // Matrices: standard deviation 0.02 (the configs' initializer_range).
-            Init {
-                offset: 0.0,
-                scale: 0.02 * 3f32.sqrt(),
-                dtype: DType::BF16,
-            }
-        }
-    }
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
@@ -131,11 +91,23 @@ impl<'a, B: Backend> Loader<'a, B> {
             source,
             backend,
             zero_centred_norms,
+            quantization: Quantization::AsStored,
             uploads,
             workers: 1,
             buffers: None,
             counters: Counters::default(),
         }
+    }
+
+    /// Quantise the weights the official FP8 checkpoints quantise
+    /// ([`fp8::quantizable`]) while loading, or draw them as FP8 in dummy mode.
+    pub fn with_quantization(mut self, quantization: Quantization) -> Self {
+        self.quantization = quantization;
+        self
+    }
+
+    fn quantizes(&self, name: &str, shape: &[usize]) -> bool {
+        self.quantization == Quantization::Fp8 && shape.len() >= 2 && fp8::quantizable(name)
     }
 
     /// A buffer of `len` bytes to read into (contents unspecified).
@@ -214,9 +186,27 @@ impl<'a, B: Backend> Loader<'a, B> {
         }
     }
 
-    /// A checkpoint tensor as stored, shape checked. Only valid inside a
-    /// `build` closure of [`Loader::materialize`] (dummy models have no files).
-    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'static>> {
+    /// A checkpoint tensor, shape checked: as stored (block-FP8 with its
+    /// scales where the checkpoint is FP8), or quantised when the loader
+    /// quantises this weight. Only valid inside a `build` closure of
+    /// [`Loader::materialize`] (dummy models have no files).
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostWeight<'static>> {
+        let files = self.files(name)?;
+        let len = files.byte_len(name, shape)?;
+        if let Some((Stored::F8E4M3, _)) = files.stored(name) {
+            let (q, read) = fp8::read(files, name, shape, self.buffer(len))?;
+            self.counters.read(read);
+            return Ok(HostWeight::BlockFp8(q));
+        }
+        let t = self.dense(name, shape)?;
+        if self.quantizes(name, shape) {
+            return Ok(HostWeight::BlockFp8(fp8::quantize(&t)));
+        }
+        Ok(t.into())
+    }
+
+    /// A dense checkpoint tensor as stored, shape checked.
+    fn dense(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'static>> {
         let files = self.files(name)?;
         let (dtype, len) = files.describe(name, shape)?;
         let mut data = self.buffer(len);
@@ -232,11 +222,22 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// Checkpoint tensors stacked along their first dimension, each read
     /// straight into its place (in parallel), as [`transform::concat_rows`]
     /// of the tensors would give. Same rules as [`Loader::tensor`].
-    pub fn stack(&self, parts: &[(&str, &[usize])]) -> Result<HostTensor<'static>> {
+    pub fn stack(&self, parts: &[(&str, &[usize])]) -> Result<HostWeight<'static>> {
         let Some(&(first, first_shape)) = parts.first() else {
             bail!("nothing to stack")
         };
         let files = self.files(first)?;
+        let quantized = parts.iter().any(|(name, shape)| {
+            self.quantizes(name, shape) || matches!(files.stored(name), Some((Stored::F8E4M3, _)))
+        });
+        if quantized {
+            // Codes and scales per part; concat_rows keeps whole blocks.
+            let weights = parts
+                .iter()
+                .map(|(name, shape)| self.tensor(name, shape))
+                .collect::<Result<Vec<_>>>()?;
+            return transform::concat_rows(&weights);
+        }
         let sizes = parts
             .iter()
             .map(|(name, shape)| files.describe(name, shape))
@@ -274,7 +275,8 @@ impl<'a, B: Backend> Loader<'a, B> {
             dtype,
             shape,
             data: data.into(),
-        })
+        }
+        .into())
     }
 
     fn files(&self, name: &str) -> Result<&'a WeightFiles> {
@@ -288,24 +290,25 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// from the checkpoint by `build` and uploaded, or drawn at random in
     /// dummy mode. `name` may carry a `#part` suffix when one checkpoint
     /// tensor yields several parameters.
-    pub fn materialize<'b>(
+    pub fn materialize<'b, W: Into<HostWeight<'b>>>(
         &self,
         name: &str,
         shape: &[usize],
-        build: impl FnOnce() -> Result<HostTensor<'b>>,
+        build: impl FnOnce() -> Result<W>,
     ) -> Result<B::Weight> {
         match &self.source {
             Source::Files(files) => {
                 let start = Instant::now();
-                let t = build()?;
-                if t.shape != shape {
-                    bail!("{name}: built shape {:?}, expected {shape:?}", t.shape);
+                let w: HostWeight = build()?.into();
+                if w.shape() != shape {
+                    bail!("{name}: built shape {:?}, expected {shape:?}", w.shape());
                 }
-                self.counters.packed(t.data.len(), start);
+                let w = fp8::for_backend(w, self.backend.fp8_dequantize_to());
+                self.counters.packed(w.byte_len(), start);
                 let base = name.split('#').next().unwrap_or(name);
                 let weight = match &self.uploads {
-                    None => self.backend.upload(&t).map_err(anyhow::Error::from),
-                    Some(queue) => pipeline::upload_queued(queue, t.into_owned()),
+                    None => self.backend.upload_weight(&w).map_err(anyhow::Error::from),
+                    Some(queue) => pipeline::upload_queued(queue, w.into_owned()),
                 };
                 weight.with_context(|| {
                     format!(
@@ -316,6 +319,15 @@ impl<'a, B: Backend> Loader<'a, B> {
             }
             Source::Dummy(d) => {
                 let init = Init::for_tensor(name, shape);
+                if self.quantizes(name, shape) {
+                    let seed = dummy::tensor_seed(d.seed, name);
+                    let q = fp8::dummy_weight(shape, seed, init.scale);
+                    let w =
+                        fp8::for_backend(HostWeight::BlockFp8(q), self.backend.fp8_dequantize_to());
+                    return self.backend.upload_weight(&w).with_context(|| {
+                        format!("cannot create dummy FP8 tensor {name} of shape {shape:?}")
+                    });
+                }
                 self.backend
                     .dummy_weight(
                         shape,
@@ -360,26 +372,5 @@ impl<'a, B: Backend> Loader<'a, B> {
             self.stack(parts)
                 .with_context(|| format!("cannot fuse {}", parts[0].0))
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dummy_inits_follow_the_tensor_role() {
-        let a = Init::for_tensor("model.layers.0.linear_attn.A_log", &[32]);
-        assert!(a.offset - a.scale >= 0.0 && a.offset + a.scale <= 16f32.ln() + 1e-6);
-        let dt = Init::for_tensor("model.layers.0.linear_attn.dt_bias", &[32]);
-        assert!(
-            dt.offset + dt.scale < 0.0,
-            "softplus(dt_bias) must be small"
-        );
-        let n = Init::for_tensor("model.norm.weight", &[2048]);
-        assert_eq!((n.offset, n.dtype), (1.0, DType::F32));
-        let m = Init::for_tensor("model.layers.0.mlp.experts.gate_up_proj", &[8, 64, 32]);
-        assert_eq!((m.offset, m.dtype), (0.0, DType::BF16));
-        assert!((m.scale / 3f32.sqrt() - 0.02).abs() < 1e-6);
     }
 }

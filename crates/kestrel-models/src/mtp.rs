@@ -39,7 +39,7 @@ impl<B: Backend> MtpHead<B> {
             };
             l.materialize(part, &[h, h], || {
                 let (left_half, right_half) =
-                    split_columns(&l.tensor("mtp.fc.weight", &[h, 2 * h])?, h);
+                    split_columns(&l.tensor("mtp.fc.weight", &[h, 2 * h])?.into_dense(), h);
                 Ok(if right { right_half } else { left_half })
             })
         };

@@ -22,10 +22,11 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::{Result, anyhow};
-use kestrel_core::{Backend, DType, HostTensor};
+use kestrel_core::{Backend, DType, HostTensor, HostWeight};
 use serde_json::{Value, json};
 
 use crate::buffers::BufferPool;
+use crate::fp8::Quantization;
 use crate::loader::Loader;
 use crate::weights::WeightFiles;
 
@@ -42,7 +43,7 @@ pub enum LoadMode {
 /// A packed tensor on its way to the uploading thread, and where its
 /// weight goes back.
 pub struct UploadRequest<B: Backend> {
-    pub tensor: HostTensor<'static>,
+    pub tensor: HostWeight<'static>,
     pub reply: mpsc::Sender<kestrel_core::Result<B::Weight>>,
 }
 
@@ -137,13 +138,21 @@ pub fn default_workers() -> usize {
         .clamp(2, 4)
 }
 
+/// How [`load`] loads.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadPlan {
+    /// Zero-centred decoder norms (hybrid models).
+    pub zero_centred_norms: bool,
+    pub mode: LoadMode,
+    pub quantization: Quantization,
+}
+
 /// Builds `T` from `files` with `build` run on a worker thread, serving its
 /// uploads (or, in [`LoadMode::PackOnly`], dropping them) on this thread.
 pub fn load<'a, B: Backend, T: Send>(
     files: &'a WeightFiles,
     backend: &'a B,
-    zero_centred_norms: bool,
-    mode: LoadMode,
+    plan: LoadPlan,
     build: impl FnOnce(&Loader<'a, B>) -> Result<T> + Send,
 ) -> Result<(T, LoadStats)> {
     let start = Instant::now();
@@ -158,20 +167,36 @@ pub fn load<'a, B: Backend, T: Send>(
     let (built, upload_seconds) = std::thread::scope(|s| {
         let given_back = Arc::clone(&buffers);
         let walker = s.spawn(move || {
-            let loader = Loader::queued(files, backend, zero_centred_norms, tx, workers, buffers);
+            let loader = Loader::queued(
+                files,
+                backend,
+                plan.zero_centred_norms,
+                tx,
+                workers,
+                buffers,
+            )
+            .with_quantization(plan.quantization);
             let built = build(&loader);
             (built, loader.counters)
         });
         let mut upload_seconds = 0.0;
         for request in rx {
             let t = Instant::now();
-            let weight = match mode {
-                LoadMode::Upload => backend.upload(&request.tensor),
+            let weight = match plan.mode {
+                LoadMode::Upload => backend.upload_weight(&request.tensor),
                 LoadMode::PackOnly => backend.upload(&placeholder),
             };
             upload_seconds += t.elapsed().as_secs_f64();
-            if let Cow::Owned(buffer) = request.tensor.data {
-                given_back.give(buffer);
+            match request.tensor {
+                HostWeight::Dense(HostTensor {
+                    data: Cow::Owned(buffer),
+                    ..
+                })
+                | HostWeight::BlockFp8(kestrel_core::BlockFp8 {
+                    codes: Cow::Owned(buffer),
+                    ..
+                }) => given_back.give(buffer),
+                _ => {}
             }
             // A worker that gave up no longer listens; nothing to do then.
             let _ = request.reply.send(weight);
@@ -184,7 +209,7 @@ pub fn load<'a, B: Backend, T: Send>(
     let (value, counters) = built;
     let value = value?;
     let stats = LoadStats {
-        mode,
+        mode: plan.mode,
         wall_seconds: start.elapsed().as_secs_f64(),
         checkpoint_bytes: counters.checkpoint_bytes.into_inner(),
         packed_bytes: counters.packed_bytes.into_inner(),
@@ -208,7 +233,7 @@ fn status_bytes(field: &str) -> Option<u64> {
 /// The upload of `tensor` through the queue: blocks until it is done.
 pub fn upload_queued<B: Backend>(
     queue: &mpsc::SyncSender<UploadRequest<B>>,
-    tensor: HostTensor<'static>,
+    tensor: HostWeight<'static>,
 ) -> Result<B::Weight> {
     let (reply, answer) = mpsc::channel();
     queue

@@ -24,9 +24,35 @@ use safetensors::{Dtype, SafeTensors};
 /// Copies of large tensors are split into chunks of this size, copied in parallel.
 const READ_CHUNK: usize = 4 << 20;
 
+/// How a tensor is stored: a dense dtype, or e4m3 codes of a block-FP8
+/// weight (whose scales are another tensor, see [`crate::fp8`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    Dense(DType),
+    F8E4M3,
+}
+
+impl std::fmt::Display for Stored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stored::Dense(d) => write!(f, "{d:?}"),
+            Stored::F8E4M3 => f.write_str("F8_E4M3"),
+        }
+    }
+}
+
+impl Stored {
+    fn size(self) -> usize {
+        match self {
+            Stored::Dense(d) => d.size(),
+            Stored::F8E4M3 => 1,
+        }
+    }
+}
+
 struct Entry {
     file: usize,
-    dtype: DType,
+    dtype: Stored,
     shape: Vec<usize>,
     start: usize,
     end: usize,
@@ -87,11 +113,12 @@ impl WeightFiles {
             let data_len = map.len().saturating_sub(data_start);
             for (name, info) in meta.tensors() {
                 let dtype = match info.dtype {
-                    Dtype::F32 => DType::F32,
-                    Dtype::F16 => DType::F16,
-                    Dtype::BF16 => DType::BF16,
+                    Dtype::F32 => Stored::Dense(DType::F32),
+                    Dtype::F16 => Stored::Dense(DType::F16),
+                    Dtype::BF16 => Stored::Dense(DType::BF16),
+                    Dtype::F8_E4M3 => Stored::F8E4M3,
                     other => bail!(
-                        "{}: tensor {name} has unsupported dtype {other:?} (expected BF16, F16 or F32)",
+                        "{}: tensor {name} has unsupported dtype {other:?} (expected BF16, F16, F32 or F8_E4M3)",
                         path.display()
                     ),
                 };
@@ -130,6 +157,11 @@ impl WeightFiles {
         self.tensors.keys().map(|s| s.as_str())
     }
 
+    /// How a tensor is stored and its shape, if the files have it.
+    pub fn stored(&self, name: &str) -> Option<(Stored, &[usize])> {
+        self.tensors.get(name).map(|e| (e.dtype, &e.shape[..]))
+    }
+
     /// The tensor, with its shape checked against what the model expects.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'_>> {
         let t = self.get_any(name)?;
@@ -147,7 +179,7 @@ impl WeightFiles {
     pub fn get_any(&self, name: &str) -> Result<HostTensor<'_>> {
         let e = self.entry(name)?;
         Ok(HostTensor {
-            dtype: e.dtype,
+            dtype: self.dense(name, e)?,
             shape: e.shape.clone(),
             data: Cow::Borrowed(&self.files[e.file].map[e.start..e.end]),
         })
@@ -163,7 +195,30 @@ impl WeightFiles {
                 e.shape
             );
         }
-        Ok((e.dtype, e.end - e.start))
+        Ok((self.dense(name, e)?, e.end - e.start))
+    }
+
+    /// The byte length of a tensor stored in any form, its shape checked.
+    pub fn byte_len(&self, name: &str, shape: &[usize]) -> Result<usize> {
+        let e = self.entry(name)?;
+        if e.shape != shape {
+            bail!(
+                "{}: tensor {name} has shape {:?}, expected {shape:?}",
+                self.file_of(name).display(),
+                e.shape
+            );
+        }
+        Ok(e.end - e.start)
+    }
+
+    fn dense(&self, name: &str, e: &Entry) -> Result<DType> {
+        match e.dtype {
+            Stored::Dense(d) => Ok(d),
+            Stored::F8E4M3 => bail!(
+                "{}: tensor {name} is F8_E4M3, read where a dense tensor is expected",
+                self.file_of(name).display()
+            ),
+        }
     }
 
     /// Copies the tensor's bytes into `dst`, which must be exactly as long,

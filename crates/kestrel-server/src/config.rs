@@ -35,6 +35,8 @@ pub struct ServerConfig {
     /// Random weights with the real shapes (vLLM's `--load-format dummy`):
     /// the folder needs only `config.json` and the tokenizer files.
     pub dummy_weights: bool,
+    /// The form weights are loaded in (`--quantization fp8`).
+    pub quantization: kestrel_models::Quantization,
     /// Cap on the context length (vLLM `--max-model-len`); `None`: the model's.
     pub max_model_len: Option<usize>,
     /// Speculative decoding (vLLM `--speculative-config`); `None`: off.
@@ -64,6 +66,7 @@ impl ServerConfig {
             sse_ping_interval: Duration::from_secs(15),
             show_progress: false,
             dummy_weights: false,
+            quantization: kestrel_models::Quantization::AsStored,
             speculative: None,
             max_model_len: None,
             strip_billing_header: true,

@@ -84,9 +84,9 @@ fn load<B: Backend>(
     }
     report(2);
     let model = if config.dummy_weights {
-        Model::load_dummy(dir, &backend, 0)?
+        Model::load_dummy_as(dir, &backend, 0, config.quantization)?
     } else {
-        Model::load(dir, &backend)?
+        Model::load_as(dir, &backend, config.quantization)?.0
     };
     let max_model_len = match config.max_model_len {
         Some(cap) => cap.clamp(1, model.config().max_position_embeddings),

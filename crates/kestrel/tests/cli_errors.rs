@@ -114,3 +114,39 @@ fn cuda_backend_without_a_gpu_is_a_clear_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn unsupported_quantization_names_the_method_and_the_config() {
+    let dir = copy_of_bundled();
+    let path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["quantization_config"] = serde_json::json!({"quant_method": "awq", "bits": 4});
+    std::fs::write(&path, config.to_string()).unwrap();
+    let err = generate_error(dir.path());
+    assert!(
+        err.contains("config.json: unsupported quantization: quant_method \"awq\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn quantizing_at_load_time_generates() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args([
+            "generate",
+            "--max-tokens",
+            "4",
+            "--prompt",
+            "def f():",
+            "--quantization",
+            "fp8",
+            "--model",
+        ])
+        .arg(bundled())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!out.stdout.is_empty());
+}

@@ -54,7 +54,7 @@ impl<B: Backend> Attention<B> {
                     .collect();
                 transform::gather_rows(&q, &order)
             } else {
-                q.into_owned()
+                q
             };
             let k = l.tensor(&format!("{p}k_proj.weight"), &[spec.kv_width(), h])?;
             let v = l.tensor(&format!("{p}v_proj.weight"), &[spec.kv_width(), h])?;

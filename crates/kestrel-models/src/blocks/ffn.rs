@@ -2,7 +2,7 @@
 //! optional gated shared expert.
 
 use anyhow::{Result, bail};
-use kestrel_core::{Backend, HostTensor, MoeSpec, MoeWeights, PreNorm};
+use kestrel_core::{Backend, HostWeight, MoeSpec, MoeWeights, PreNorm};
 
 use crate::config::MoeConfig;
 use crate::loader::Loader;
@@ -90,14 +90,14 @@ impl<B: Backend> FeedForward<B> {
 /// Checkpoints store them either stacked (Qwen3.5/3.6: `experts.gate_up_proj`,
 /// `experts.down_proj`) or one by one (`experts.{e}.{gate,up,down}_proj.weight`,
 /// Qwen3-MoE and Qwen3-Next). `down` picks which of the two to build.
-fn load_experts<'a, B: Backend>(
-    l: &Loader<'a, B>,
+fn load_experts<B: Backend>(
+    l: &Loader<'_, B>,
     p: &str,
     hidden: usize,
     e: usize,
     i: usize,
     down: bool,
-) -> Result<HostTensor<'a>> {
+) -> Result<HostWeight<'static>> {
     let stacked = format!("{p}gate_up_proj");
     if l.has(&stacked) {
         return if down {

@@ -76,7 +76,7 @@ impl<B: Backend> GatedDeltaNet<B> {
         p: &str,
         s: &GdnSpec,
         h: usize,
-    ) -> Result<kestrel_core::HostTensor<'static>> {
+    ) -> Result<kestrel_core::HostWeight<'static>> {
         let (hk, dk, dv) = (s.num_k_heads, s.head_k_dim, s.head_v_dim);
         let r = s.num_v_heads / hk;
         let group = 2 * dk + 2 * r * dv;

@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use kestrel_core::Backend;
 use kestrel_cpu::CpuBackend;
 use kestrel_cuda::CudaBackend;
-use kestrel_models::{LoadStats, Model};
+use kestrel_models::{LoadStats, Model, Quantization};
 use serde_json::json;
 
 use super::bench_model::BackendKind;
@@ -28,6 +28,8 @@ pub struct Args {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    #[command(flatten)]
+    quantization: super::quantization::QuantizationArgs,
     /// Read and pack every tensor, upload nothing.
     #[arg(long)]
     pack_only: bool,
@@ -39,10 +41,15 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let dir = crate::model_dir::resolve(args.model.clone())?;
     let (backend, stats) = match args.backend {
-        BackendKind::Cpu => measure(&CpuBackend::new(), &dir, args.pack_only)?,
+        BackendKind::Cpu => measure(
+            &CpuBackend::new(),
+            &dir,
+            args.pack_only,
+            args.quantization.get(),
+        )?,
         BackendKind::Cuda => {
             let cuda = CudaBackend::new(args.device).context("cannot open the CUDA backend")?;
-            measure(&cuda, &dir, args.pack_only)?
+            measure(&cuda, &dir, args.pack_only, args.quantization.get())?
         }
     };
     eprintln!("{backend}: {}", stats.summary());
@@ -66,11 +73,12 @@ fn measure<B: Backend>(
     b: &B,
     dir: &std::path::Path,
     pack_only: bool,
+    quantization: Quantization,
 ) -> Result<(String, LoadStats)> {
     let stats = if pack_only {
-        Model::pack_only(dir, b)?
+        Model::pack_only_as(dir, b, quantization)?
     } else {
-        let (model, stats) = Model::load_timed(dir, b)?;
+        let (model, stats) = Model::load_as(dir, b, quantization)?;
         drop(model);
         stats
     };

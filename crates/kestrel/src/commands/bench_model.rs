@@ -65,6 +65,8 @@ pub struct Args {
     config: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "auto")]
     load_format: LoadFormat,
+    #[command(flatten)]
+    pub quantization: super::quantization::QuantizationArgs,
     /// Seed of the dummy weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,

@@ -53,6 +53,8 @@ pub struct Args {
     frequency_penalty: f32,
     #[arg(long)]
     seed: Option<u64>,
+    #[command(flatten)]
+    quantization: super::quantization::QuantizationArgs,
     /// Keep going past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
@@ -115,7 +117,7 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
     }
 
     let load_start = Instant::now();
-    let model = Model::load(&dir, &backend)?;
+    let model = Model::load_as(&dir, &backend, args.quantization.get())?.0;
     let load_s = load_start.elapsed().as_secs_f64();
     let max_len = (prompt_ids.len() + args.max_tokens).min(model.config().max_position_embeddings);
     if prompt_ids.len() >= max_len {

@@ -4,5 +4,6 @@ pub mod bench_model;
 pub mod draft_vocab;
 pub mod eval;
 pub mod generate;
+pub mod quantization;
 pub mod serve;
 pub mod speculative;

@@ -70,6 +70,8 @@ pub struct Args {
     /// config.json and the tokenizer), for benchmarking without downloads.
     #[arg(long, value_enum, default_value = "auto")]
     load_format: LoadFormat,
+    #[command(flatten)]
+    quantization: super::quantization::QuantizationArgs,
     /// Cap on the context length (prompt + output); the model's own by default.
     #[arg(long)]
     max_model_len: Option<usize>,
@@ -120,6 +122,7 @@ pub fn run(args: Args) -> Result<()> {
     config.force_preempt_at = args.force_preempt_at;
     config.show_progress = true;
     config.dummy_weights = args.load_format == LoadFormat::Dummy;
+    config.quantization = args.quantization.get();
     config.max_model_len = args.max_model_len;
     config.strip_billing_header = !args.keep_billing_header;
     config.speculative = args.speculative.config()?;

@@ -28,9 +28,13 @@ pub fn bench<B: Backend>(
 ) -> Result<()> {
     let load_start = Instant::now();
     let (model, load_stats) = if source.dummy {
-        (Model::load_dummy(&source.path, b, args.seed)?, None)
+        let quantization = args.quantization.get();
+        (
+            Model::load_dummy_as(&source.path, b, args.seed, quantization)?,
+            None,
+        )
     } else {
-        let (model, stats) = Model::load_timed(&source.path, b)?;
+        let (model, stats) = Model::load_as(&source.path, b, args.quantization.get())?;
         (model, Some(stats))
     };
     b.synchronize()?;
@@ -169,6 +173,7 @@ pub fn bench<B: Backend>(
         "model": {
             "source": source.label,
             "weights": if source.dummy { format!("dummy (seed {})", args.seed) } else { "checkpoint".into() },
+            "quantization": format!("{:?}", args.quantization.get()),
             "model_type": cfg.model_type,
             "layers": cfg.num_layers,
             "hidden_size": cfg.hidden_size,

@@ -107,6 +107,14 @@ impl<B: Backend> Backend for Timed<B> {
         self.inner.upload(t)
     }
 
+    fn fp8_dequantize_to(&self) -> Option<DType> {
+        self.inner.fp8_dequantize_to()
+    }
+
+    fn upload_weight(&self, w: &kestrel_core::HostWeight) -> Result<B::Weight> {
+        self.inner.upload_weight(w)
+    }
+
     fn dummy_weight(
         &self,
         shape: &[usize],

@@ -1,0 +1,168 @@
+//! Block-FP8 checkpoints in the official format (`testdata/fp8/`, written by
+//! `scripts/make_fp8_fixtures.py` from the golden tiny models): the CPU
+//! backend on an FP8 checkpoint computes what it computes on the
+//! dequantised weights (`dequantized/`: every FP8 weight replaced by
+//! `e4m3 * scale` in f32, by the script), to the golden tolerance, and
+//! continues greedily as recorded; quantising a dense checkpoint at load
+//! time gives the script's checkpoint; broken FP8 checkpoints fail with one
+//! clear error.
+
+use std::path::{Path, PathBuf};
+
+use kestrel_cpu::CpuBackend;
+use kestrel_models::runner::SequenceRunner;
+use kestrel_models::{Model, Quantization};
+use serde_json::Value;
+
+/// The golden tests' tolerance (`tests/golden.rs`).
+const LOGIT_TOL: f32 = 2e-3;
+const ARCHES: [&str; 4] = ["qwen3", "qwen3_moe", "qwen3_5_moe", "qwen3_next"];
+const GREEDY_TOKENS: usize = 24;
+
+fn testdata() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The golden fixture's teacher-forced prompts.
+fn prompts(arch: &str) -> Vec<Vec<u32>> {
+    let meta = json(&testdata().join("golden").join(arch).join("reference.json"));
+    meta["teacher_forced"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|case| ids(&case["input_ids"]))
+        .collect()
+}
+
+fn teacher_forced(model: &Model<CpuBackend>, tokens: &[u32]) -> (Vec<f32>, Option<Vec<f32>>) {
+    let b = CpuBackend::new();
+    let mut runner = SequenceRunner::new(&b, model, tokens.len()).unwrap();
+    runner.teacher_forced(tokens).unwrap()
+}
+
+fn greedy(model: &Model<CpuBackend>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let b = CpuBackend::new();
+    let mut runner = SequenceRunner::new(&b, model, prompt.len() + n).unwrap();
+    let mut logits = runner.feed_last_logits(prompt).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let next = argmax(&logits);
+        out.push(next);
+        logits = runner.feed_last_logits(&[next]).unwrap();
+    }
+    out
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn load(dir: &Path) -> Model<CpuBackend> {
+    Model::load(dir, &CpuBackend::new()).unwrap_or_else(|e| panic!("{}: {e:#}", dir.display()))
+}
+
+#[test]
+fn fp8_checkpoints_give_the_logits_of_their_dequantized_weights() {
+    for arch in ARCHES {
+        let dir = testdata().join("fp8").join(arch);
+        let fp8 = load(&dir.join("model"));
+        let reference = load(&dir.join("dequantized"));
+        for tokens in prompts(arch) {
+            let (got, got_mtp) = teacher_forced(&fp8, &tokens);
+            let (want, want_mtp) = teacher_forced(&reference, &tokens);
+            let err = max_abs_diff(&got, &want);
+            eprintln!(
+                "{arch}, {} tokens: max |logit diff| {err:.2e}",
+                tokens.len()
+            );
+            assert!(err <= LOGIT_TOL, "{arch}, {} tokens: {err}", tokens.len());
+            assert_eq!(got_mtp.is_some(), arch == "qwen3_5_moe", "{arch}: MTP head");
+            if let (Some(g), Some(w)) = (got_mtp, want_mtp) {
+                let err = max_abs_diff(&g, &w);
+                assert!(err <= LOGIT_TOL, "{arch} MTP: {err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_checkpoints_continue_greedily_as_recorded() {
+    for arch in ARCHES {
+        let dir = testdata().join("fp8").join(arch);
+        let recorded = json(&dir.join("greedy.json"));
+        let prompt = ids(&recorded["prompt_ids"]);
+        let got = greedy(&load(&dir.join("model")), &prompt, GREEDY_TOKENS);
+        let want = greedy(&load(&dir.join("dequantized")), &prompt, GREEDY_TOKENS);
+        assert_eq!(got, want, "{arch}: FP8 against dequantised");
+        assert_eq!(
+            got,
+            ids(&recorded["new_ids"]),
+            "{arch}: against greedy.json"
+        );
+    }
+}
+
+#[test]
+fn quantizing_at_load_time_gives_the_official_block_format() {
+    // The fixtures with f32 scales are exactly what quantising the golden
+    // checkpoint at load time must produce; their logits then agree bit for bit.
+    for arch in ["qwen3", "qwen3_moe"] {
+        let golden = testdata().join("golden").join(arch).join("model");
+        let (quantized, _) =
+            Model::load_as(&golden, &CpuBackend::new(), Quantization::Fp8).unwrap();
+        let fp8 = load(&testdata().join("fp8").join(arch).join("model"));
+        let dense = load(&golden);
+        let tokens = &prompts(arch)[1];
+        let (got, _) = teacher_forced(&quantized, tokens);
+        assert_eq!(got, teacher_forced(&fp8, tokens).0, "{arch}");
+        // And quantising changed the model: FP8 is not the dense checkpoint.
+        assert!(
+            max_abs_diff(&got, &teacher_forced(&dense, tokens).0) > 1e-2,
+            "{arch}"
+        );
+    }
+}
+
+#[test]
+fn dummy_fp8_weights_run_at_the_real_shapes() {
+    let config = testdata().join("golden/qwen3_5_moe/model/config.json");
+    let b = CpuBackend::new();
+    let fp8 = Model::load_dummy_as(&config, &b, 3, Quantization::Fp8).unwrap();
+    let again = Model::load_dummy_as(&config, &b, 3, Quantization::Fp8).unwrap();
+    let dense = Model::load_dummy(&config, &b, 3).unwrap();
+    let tokens: Vec<u32> = (0..9).map(|i| i * 31 % 500).collect();
+    let (logits, _) = teacher_forced(&fp8, &tokens);
+    assert!(logits.iter().all(|v| v.is_finite()));
+    assert_eq!(logits, teacher_forced(&again, &tokens).0, "seeded");
+    assert_ne!(
+        logits,
+        teacher_forced(&dense, &tokens).0,
+        "FP8 draws its own weights"
+    );
+}
