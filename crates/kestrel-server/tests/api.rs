@@ -340,10 +340,14 @@ async fn named_tool_choice_starts_the_call() {
     let arguments: String = events
         .iter()
         .filter_map(|e| serde_json::from_str::<Value>(e).ok())
-        .filter_map(|c| {
-            c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
-                .as_str()
-                .map(String::from)
+        .flat_map(|c| {
+            // A delta may carry several entries of one call (its name, then
+            // a piece of its arguments).
+            let calls = c["choices"][0]["delta"]["tool_calls"].as_array().cloned();
+            calls
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|t| t["function"]["arguments"].as_str().map(String::from))
         })
         .collect();
     assert_eq!(
