@@ -95,8 +95,10 @@ def test_tool_round_trip(client):
         assert calls[0].name == "get_weather" and isinstance(calls[0].input, dict)
         assert msg.stop_reason == "tool_use"
     else:
-        # The bundled model has never seen a tool call and may not close it.
-        assert msg.content[0].text.startswith("<tool_call>\n<function=get_weather>")
+        # The bundled model has never seen a tool call and may not close it
+        # within max_tokens; the grammar still names the forced tool.
+        assert msg.content[0].text.startswith('<tool_call>\n{"name": "get_weather"')
+        assert msg.stop_reason == "max_tokens"
         assert msg.stop_reason == "max_tokens"
 
 
