@@ -168,13 +168,7 @@ impl<'a> BlockFp8<'a> {
     /// scales are f32.
     pub fn quantize(t: &HostTensor, block: [usize; 2]) -> BlockFp8<'static> {
         let values = t.to_f32();
-        let cols = t.shape.last().copied().unwrap_or(1).max(1);
-        let rows = t
-            .shape
-            .len()
-            .checked_sub(2)
-            .map_or(1, |i| t.shape[i])
-            .max(1);
+        let (rows, cols) = matrix_dims(&t.shape);
         let mut codes = vec![0u8; values.len()];
         let mut scale_inv = Vec::new();
         let band = block[0] * cols;
@@ -199,6 +193,14 @@ impl<'a> BlockFp8<'a> {
             ..self
         }
     }
+}
+
+/// Rows and columns of each matrix of a tensor of `shape` (a vector is one
+/// row; a stack's leading dimensions count matrices), each at least 1.
+pub fn matrix_dims(shape: &[usize]) -> (usize, usize) {
+    let cols = shape.last().copied().unwrap_or(1).max(1);
+    let rows = shape.len().checked_sub(2).map_or(1, |i| shape[i]).max(1);
+    (rows, cols)
 }
 
 /// Quantises one band of up to `block[0]` rows (`values`, `cols` wide)

@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use kestrel_core::fp8::{BLOCK, E4M3_MAX, f32_to_e4m3, quantize_band, scale_shape};
+use kestrel_core::fp8::{BLOCK, E4M3_MAX, f32_to_e4m3, matrix_dims, quantize_band, scale_shape};
 use kestrel_core::{BlockFp8, DType, HostTensor, HostWeight, dummy};
 use rayon::prelude::*;
 use serde_json::Value;
@@ -206,13 +206,7 @@ const ROWS_PER_TASK: usize = 128;
 /// [`BlockFp8::quantize`] with the bands of rows on all cores.
 pub fn quantize(t: &HostTensor) -> BlockFp8<'static> {
     let values = t.to_f32();
-    let cols = t.shape.last().copied().unwrap_or(1).max(1);
-    let rows = t
-        .shape
-        .len()
-        .checked_sub(2)
-        .map_or(1, |i| t.shape[i])
-        .max(1);
+    let (rows, cols) = matrix_dims(&t.shape);
     // Bands never straddle two matrices of a stack.
     let bands: Vec<(usize, usize)> = (0..values.len() / cols / rows)
         .flat_map(|m| {

@@ -69,7 +69,7 @@ fn gemv_split(cx: &Cx, rows: usize, k: usize, n: usize) -> usize {
 
 /// The row count a decode-sized launch of `rows` rows is split for: the
 /// step's sequence count when it has fewer (see [`gemv_split`]).
-pub(crate) fn split_rows(cx: &Cx, rows: usize) -> usize {
+fn split_rows(cx: &Cx, rows: usize) -> usize {
     cx.step
         .as_ref()
         .map_or(rows, |step| step.layout.seqs.clamp(1, rows))
