@@ -284,6 +284,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
         })
     }
 
+    /// A random block-FP8 weight of `shape` for the dummy load format, its
+    /// codes drawn as the loader draws them on the host (the value
+    /// [`dummy::dummy_value`]`(seed, i, 0, 448)` rounded to e4m3) and its
+    /// block scales `scale_inv` given: `Some` from a backend that fills the
+    /// codes itself (a GPU, in seconds instead of minutes), `None` to let the
+    /// loader draw them on the host and upload them.
+    fn dummy_fp8_weight(
+        &self,
+        _shape: &[usize],
+        _seed: u64,
+        _scale_inv: &[f32],
+    ) -> Option<Result<Self::Weight>> {
+        None
+    }
+
     /// Wait until every queued operation has finished (a no-op for backends
     /// that compute synchronously). Timing code calls it before reading a clock.
     fn synchronize(&self) -> Result<()> {

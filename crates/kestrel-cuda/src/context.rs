@@ -8,6 +8,7 @@ use kestrel_core::{ForwardBatch, Result};
 use crate::device::Gpu;
 use crate::ops::attention::kernels::AttentionKernels;
 use crate::ops::elementwise::kernels::ElementwiseKernels;
+use crate::ops::fp8::kernels::Fp8Kernels;
 use crate::ops::gdn::kernels::GdnKernels;
 use crate::ops::linear::kernels::LinearKernels;
 use crate::ops::moe::kernels::MoeKernels;
@@ -26,6 +27,7 @@ pub struct Kernels {
     pub gdn: GdnKernels,
     pub moe: MoeKernels,
     pub sample: SampleKernels,
+    pub fp8: Fp8Kernels,
     pub probe: ProbeKernels,
 }
 
@@ -39,6 +41,7 @@ impl Kernels {
             gdn: GdnKernels::load(gpu)?,
             moe: MoeKernels::load(gpu)?,
             sample: SampleKernels::load(gpu)?,
+            fp8: Fp8Kernels::load(gpu)?,
             probe: ProbeKernels::load(gpu)?,
         })
     }

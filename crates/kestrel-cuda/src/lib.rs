@@ -42,7 +42,7 @@ mod tensor;
 
 use kestrel_core::{
     AttentionSpec, AttentionWeights, Backend, BackendError, CacheSpec, DType, ForwardBatch,
-    GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, PreNorm, Result, StepKey,
+    GdnSpec, GdnWeights, HostTensor, HostWeight, MoeSpec, MoeWeights, PreNorm, Result, StepKey,
 };
 
 pub use cache::CudaCache;
@@ -213,11 +213,31 @@ impl Backend for CudaBackend {
         })
     }
 
-    /// Block-FP8 weights arrive dequantised to bf16, the stored type of
-    /// every matrix here (docs/cuda.md, "FP8 checkpoints"): kernels that
-    /// read the codes and block scales directly will take them as they are.
+    /// Block-FP8 weights arrive as they are (codes and block scales): the
+    /// decode kernels read them directly (`ops::fp8`).
     fn fp8_dequantize_to(&self) -> Option<DType> {
-        Some(DType::BF16)
+        None
+    }
+
+    fn upload_weight(&self, w: &HostWeight) -> Result<CudaWeight> {
+        match w {
+            HostWeight::Dense(t) => self.upload(t),
+            HostWeight::BlockFp8(q) if ops::fp8::kept_as_fp8(&q.shape, q.block) => {
+                ops::fp8::upload(&self.gpu, q)
+            }
+            // A layout the FP8 kernels do not take: bf16, as any matrix.
+            HostWeight::BlockFp8(q) => self.upload(&q.dequantize()),
+        }
+    }
+
+    fn dummy_fp8_weight(
+        &self,
+        shape: &[usize],
+        seed: u64,
+        scale_inv: &[f32],
+    ) -> Option<Result<CudaWeight>> {
+        ops::fp8::kept_as_fp8(shape, kestrel_core::fp8::BLOCK)
+            .then(|| ops::fp8::dummy(&self.gpu, &self.kernels.fp8, shape, seed, scale_inv))
     }
 
     fn dummy_weight(

@@ -6,11 +6,14 @@
 //! dtype, except that an f16 checkpoint keeps f16 matrices when uploaded
 //! under `Precision::F32` (exact; only the decode-style kernels that
 //! precision uses read them); vectors (norm weights, `A_log`, `dt_bias`) are
-//! stored f32.
+//! stored f32. Block-FP8 matrices (`kestrel_core::fp8`) keep their e4m3
+//! codes and block scales: the decode kernels read them as they are, and
+//! products without an FP8 kernel read a bf16 copy made for the call
+//! (`ops::fp8::bf16_matrix`).
 
 use std::borrow::Cow;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use kestrel_core::{BackendError, DType, HostTensor, Result};
 
@@ -31,13 +34,41 @@ pub enum WeightData {
     /// f16 bit patterns (see the module docs).
     F16(CudaSlice<u16>),
     F32(CudaSlice<f32>),
+    /// Block-FP8: e4m3 codes in the weight's shape, and one f32 scale per
+    /// 128 x 128 block, `[.., ceil(rows / 128), ceil(cols / 128)]`.
+    Fp8 {
+        codes: CudaSlice<u8>,
+        scale_inv: CudaSlice<f32>,
+    },
 }
 
-/// The element format of a 16-bit matrix weight.
+/// The element format of a matrix weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Half {
+pub enum Format {
     Bf16,
     F16,
+    Fp8,
+}
+
+/// A matrix weight as kernels take it: the device address of its elements
+/// and, for FP8, of its block scales (0 otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Matrix {
+    pub ptr: u64,
+    pub scales: u64,
+    pub format: Format,
+}
+
+impl Matrix {
+    /// A 16-bit matrix at `ptr`.
+    pub fn half(ptr: u64, format: Format) -> Self {
+        debug_assert!(format != Format::Fp8, "an FP8 matrix needs its scales");
+        Matrix {
+            ptr,
+            scales: 0,
+            format,
+        }
+    }
 }
 
 pub struct CudaWeight {
@@ -54,22 +85,46 @@ impl CudaWeight {
         self.shape.first().copied().unwrap_or(1)
     }
 
-    /// A bf16 matrix, for paths that read nothing else.
+    /// A bf16 matrix, for paths that read nothing else (an FP8 weight goes
+    /// through `ops::fp8::bf16_matrix` there).
     pub fn bf16(&self, what: &str) -> &CudaSlice<u16> {
-        match self.matrix(what) {
-            (b, Half::Bf16) => b,
-            (_, Half::F16) => panic!(
+        match &self.data {
+            WeightData::Bf16(b) => b,
+            WeightData::F16(_) => panic!(
                 "{what}: this path reads bf16 weights, but they were uploaded as f16 \
                  (an f16 checkpoint loaded under the f32 precision runs with that precision only)"
+            ),
+            WeightData::Fp8 { .. } => {
+                panic!("{what}: an FP8 weight where a bf16 copy was expected")
+            }
+            WeightData::F32(_) => panic!(
+                "{what}: expected a matrix weight, got a vector of shape {:?}",
+                self.shape
             ),
         }
     }
 
-    /// A 16-bit matrix and its format.
-    pub fn matrix(&self, what: &str) -> (&CudaSlice<u16>, Half) {
+    /// The matrix format, `None` for a vector.
+    pub fn format(&self) -> Option<Format> {
         match &self.data {
-            WeightData::Bf16(b) => (b, Half::Bf16),
-            WeightData::F16(b) => (b, Half::F16),
+            WeightData::Bf16(_) => Some(Format::Bf16),
+            WeightData::F16(_) => Some(Format::F16),
+            WeightData::Fp8 { .. } => Some(Format::Fp8),
+            WeightData::F32(_) => None,
+        }
+    }
+
+    /// The matrix as kernels take it, its addresses on stream `s`.
+    pub fn matrix(&self, what: &str, s: &CudaStream) -> Matrix {
+        let p16 = |b: &CudaSlice<u16>| crate::device::ptr(b, s);
+        match &self.data {
+            WeightData::Bf16(b) => Matrix::half(p16(b), Format::Bf16),
+            WeightData::F16(b) => Matrix::half(p16(b), Format::F16),
+            WeightData::Fp8 { codes, scale_inv } => Matrix {
+                ptr: crate::device::ptr(codes, s),
+                scales: crate::device::ptr(scale_inv, s),
+                format: Format::Fp8,
+            },
             WeightData::F32(_) => panic!(
                 "{what}: expected a matrix weight, got a vector of shape {:?}",
                 self.shape
@@ -80,7 +135,7 @@ impl CudaWeight {
     pub fn f32(&self, what: &str) -> &CudaSlice<f32> {
         match &self.data {
             WeightData::F32(b) => b,
-            WeightData::Bf16(_) | WeightData::F16(_) => panic!(
+            WeightData::Bf16(_) | WeightData::F16(_) | WeightData::Fp8 { .. } => panic!(
                 "{what}: expected a vector weight, got a matrix of shape {:?}",
                 self.shape
             ),

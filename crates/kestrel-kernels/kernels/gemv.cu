@@ -1,5 +1,6 @@
-// Decode-time matrix product y[m, n] = sum_k x[m, k] * w[n, k] for 1..8 rows of
-// f32 x and bf16 w [N, K] (K % 8 == 0), f32 accumulation and output.
+// Decode-time matrix product y[m, n] = sum_k x[m, k] * w[n, k] for 1..8 (or
+// 16) rows of f32 x and w [N, K] in bf16 or f16 (K % 8 == 0) or block-FP8
+// (K % 16 == 0, a scale per 128 x 128 block), f32 accumulation and output.
 // Weight-bandwidth bound: see gemv.cuh for the inner loop.
 #include "gemv.cuh"
 
@@ -100,6 +101,10 @@ __device__ __forceinline__ void norm_prologue(float* __restrict__ xs, const Norm
     __syncthreads();
 }
 
+// Output row m is `ldy` floats from row m - 1 (ldy >= n_rows): a product
+// over the leading rows of a weight whose last rows are in another format
+// writes its part of the whole output.
+//
 // Block: 256 threads = 8 warps = (8 / split) row groups x `split` warps that
 // share one group's rows and interleave over its 16-byte chunks of K (so
 // short, wide matrices still spread over enough warps). A group owns R rows.
@@ -115,24 +120,26 @@ __device__ __forceinline__ void norm_prologue(float* __restrict__ xs, const Norm
 // launches one block per group and takes one).
 template <int M, int R, int U, typename WT, bool NORM = false>
 __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __restrict__ x,
-                                          const uint16_t* __restrict__ w, const uint16_t* __restrict__ w_last,
-                                          int n_rows, int k, int split, const NormIn* norm = nullptr) {
+                                          const void* __restrict__ w, const void* __restrict__ w_last,
+                                          int n_rows, int k, int split, int ldy, const NormIn* norm = nullptr,
+                                          const float* __restrict__ scales = nullptr) {
     constexpr int V = M * R, SLOTS = (V + 31) / 32;  // sums per warp, per lane
     __shared__ float part[8][V];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int groups = 8 / split;
     const int g = warp / split, s = warp % split;
-    const int first = lane + 32 * s, stride = 32 * split, chunks = k >> 3;
+    const int first = lane + 32 * s, stride = 32 * split, chunks = k / WT::ELEMS;
     const int block_groups = (n_rows + groups * R - 1) / (groups * R);
 
     // Rows past the end re-read the last row (always valid) and are not stored.
     const uint4* rows[R];
+    const float* sc[R];
     auto set_rows = [&](int row0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int n = min(row0 + r, n_rows - 1);
-            const uint16_t* p = (w_last != nullptr && n == n_rows - 1) ? w_last : w + (size_t)n * k;
-            rows[r] = reinterpret_cast<const uint4*>(p);
+            rows[r] = (w_last != nullptr && n == n_rows - 1) ? weight_row<WT>(w_last, 0, k) : weight_row<WT>(w, n, k);
+            sc[r] = scale_row<WT>(scales, n, k);
         }
     };
     int bg = blockIdx.x;
@@ -158,8 +165,8 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         for (int m = 0; m < M; ++m)
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-        use_chunks<M, R, U, WT, NORM>(acc, wv0, x, k, first, stride, chunks);
-        dot_chunks<M, R, U, WT, NORM>(acc, rows, x, k, first + U * stride, stride, chunks);
+        use_chunks<M, R, U, WT, NORM>(acc, wv0, x, k, first, stride, chunks, sc);
+        dot_chunks<M, R, U, WT, NORM>(acc, rows, x, k, first + U * stride, stride, chunks, sc);
 
         // Every lane ends with every sum; sum v = m * R + r is kept by lane v % 32.
         float mine[SLOTS];
@@ -174,7 +181,7 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 #pragma unroll
             for (int slot = 0; slot < SLOTS; ++slot) {
                 const int v = slot * 32 + lane, m = v / R, r = v % R;
-                if (v < V && row0 + r < n_rows) y[(size_t)m * n_rows + row0 + r] = mine[slot];
+                if (v < V && row0 + r < n_rows) y[(size_t)m * ldy + row0 + r] = mine[slot];
             }
         } else {
 #pragma unroll
@@ -186,7 +193,7 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
                 const int n = (bg * groups + gg) * R + r;
                 float v = part[gg * split][mr];
                 for (int ss = 1; ss < split; ++ss) v += part[gg * split + ss][mr];
-                if (n < n_rows) y[(size_t)m * n_rows + n] = v;
+                if (n < n_rows) y[(size_t)m * ldy + n] = v;
             }
         }
         if (!NORM) return;
@@ -203,20 +210,31 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 // L1 traffic well under the HBM traffic; U keeps 8 or 16 loads in flight per
 // lane. Chosen by timing variants (R 1..8, U 1..8, 1..3 blocks per SM) over
 // K 512..4096 and N 512..248320.
-// `gemv_f16_m*` take f16 weights (the reference precision's f16 checkpoints);
+// `gemv_f16_m*` take f16 weights (the reference precision's f16 checkpoints),
+// `gemv_fp8_m*` and `gemv_norm_fp8_m*` block-FP8 weights with their scales
+// (no w_last: the router, the only user, stays bf16);
 // `gemv_norm_m*` compute their rows with norm_prologue (dynamic shared
 // memory: M * k floats); at one row, capped at 85 registers so that three
 // blocks share an SM, since each block streams many row groups.
 #define KESTREL_GEMV(M, R, U, MIN_BLOCKS)                                                                     \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,         \
-                  const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                        \
-        gemv_body<M, R, U, Bf16W>(y, x, w, w_last, n_rows, k, split);                                         \
+                  const uint16_t* __restrict__ w_last, int n_rows, int k, int split, int ldy) {                        \
+        gemv_body<M, R, U, Bf16W>(y, x, w, w_last, n_rows, k, split, ldy);                                         \
     }                                                                                                         \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_f16_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,     \
-                      const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                    \
-        gemv_body<M, R, U, F16W>(y, x, w, w_last, n_rows, k, split);                                          \
+                      const uint16_t* __restrict__ w_last, int n_rows, int k, int split, int ldy) {                    \
+        gemv_body<M, R, U, F16W>(y, x, w, w_last, n_rows, k, split, ldy);                                          \
+    }
+// Block-FP8 weights convert each chunk before the x rows meet it, which
+// needs registers for the converted chunks: more than 4 rows per warp
+// spilled at 5..8 rows.
+#define KESTREL_GEMV_FP8(M, R, U, MIN_BLOCKS)                                                                 \
+    KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
+        gemv_fp8_m##M(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,      \
+                      const float* __restrict__ scales, int n_rows, int k, int split, int ldy) {                       \
+        gemv_body<M, R, U, Fp8W>(y, x, w, nullptr, n_rows, k, split, ldy, nullptr, scales);                        \
     }
 // Only for the row counts the fused norm takes (`NORM_MAX_ROWS` in ops/linear/gemv.rs).
 #define KESTREL_GEMV_NORM(M, R, U, MIN_BLOCKS)                                                                \
@@ -224,9 +242,17 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         gemv_norm_m##M(float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out,   \
                        const float* __restrict__ residual, const float* __restrict__ delta,                   \
                        const float* __restrict__ norm_w, float eps, const uint16_t* __restrict__ w,          \
-                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                   \
+                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split, int ldy) {                   \
         const NormIn n{x_out, residual_out, residual, delta, norm_w, eps};                                    \
-        gemv_body<M, R, U, Bf16W, true>(y, nullptr, w, w_last, n_rows, k, split, &n);                         \
+        gemv_body<M, R, U, Bf16W, true>(y, nullptr, w, w_last, n_rows, k, split, ldy, &n);                         \
+    }                                                                                                         \
+    KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
+        gemv_norm_fp8_m##M(float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out, \
+                           const float* __restrict__ residual, const float* __restrict__ delta,               \
+                           const float* __restrict__ norm_w, float eps, const uint8_t* __restrict__ w,        \
+                           const float* __restrict__ scales, int n_rows, int k, int split, int ldy) {                  \
+        const NormIn n{x_out, residual_out, residual, delta, norm_w, eps};                                    \
+        gemv_body<M, R, U, Fp8W, true>(y, nullptr, w, nullptr, n_rows, k, split, ldy, &n, scales);                 \
     }
 
 KESTREL_GEMV(1, 2, 4, 1)
@@ -244,3 +270,13 @@ KESTREL_GEMV(8, 8, 2, 1)
 KESTREL_GEMV(16, 4, 2, 1)
 KESTREL_GEMV_NORM(1, 2, 4, 3)
 KESTREL_GEMV_NORM(2, 4, 2, 1)
+// Rows per warp must match `gemv_rows_per_warp` in ops/linear/gemv.rs.
+KESTREL_GEMV_FP8(1, 2, 4, 1)
+KESTREL_GEMV_FP8(2, 4, 2, 1)
+KESTREL_GEMV_FP8(3, 4, 2, 1)
+KESTREL_GEMV_FP8(4, 4, 2, 1)
+KESTREL_GEMV_FP8(5, 4, 2, 1)
+KESTREL_GEMV_FP8(6, 4, 2, 1)
+KESTREL_GEMV_FP8(7, 4, 2, 1)
+KESTREL_GEMV_FP8(8, 4, 2, 1)
+KESTREL_GEMV_FP8(16, 2, 2, 1)

@@ -1,4 +1,4 @@
-// Streaming dot products of bf16 weight rows with f32 activation rows: the core
+// Streaming dot products of bf16 (or f16, or block-FP8) weight rows with f32 activation rows: the core
 // of every decode-time (few-token) matrix product. At batch <= 8 a product
 // reads each weight once and does almost no arithmetic per byte, so the only
 // goal is to keep HBM busy: 16-byte weight loads, several of them in flight
@@ -8,6 +8,7 @@
 // fixed shuffle tree), never on timing, so results are bit-reproducible.
 #pragma once
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "common.cuh"
 
@@ -22,18 +23,64 @@ __device__ __forceinline__ uint4 ld_weights(const uint4* p) {
     return v;
 }
 
-// The 16-bit weight formats: bf16 (every checkpoint in serving) and f16
-// (f16 checkpoints under the reference precision, kept exact). Element 0 of
-// a pair is the low half.
+// The weight formats. A 16-byte chunk holds ELEMS weights of one row:
+// 8 bf16 (every checkpoint in serving) or f16 (f16 checkpoints under the
+// reference precision, kept exact); or 16 block-FP8 codes (Qwen's -FP8
+// checkpoints: e4m3 with one f32 scale per 128 x 128 block, SCALED). Element
+// 0 of a 16-bit pair is the low half.
 struct Bf16W {
+    static constexpr int ELEMS = 8;
+    static constexpr bool SCALED = false;
     // bf16 -> f32 is a 16-bit shift.
     static __device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
     static __device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 };
 struct F16W {
+    static constexpr int ELEMS = 8;
+    static constexpr bool SCALED = false;
     static __device__ __forceinline__ float lo(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); }
     static __device__ __forceinline__ float hi(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
 };
+struct Fp8W {
+    static constexpr int ELEMS = 16;
+    static constexpr bool SCALED = true;
+};
+
+// Columns of one FP8 scale block, and the chunks that span it.
+constexpr int FP8_BLOCK = 128;
+constexpr int FP8_BLOCK_CHUNKS = FP8_BLOCK / Fp8W::ELEMS;
+
+// The 16 codes of an FP8 chunk as two chunks of 8 f16 values, exactly
+// (e4m3 is a subset of f16): one hardware conversion per pair, so that the
+// chunk costs about what a bf16 chunk costs once its values are f32 (the
+// f16 -> f32 step runs on the FMA pipe). Integer bit tricks to bf16 took
+// about three integer operations per code, which bound the kernel far below
+// the memory's rate.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pair, __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+__device__ __forceinline__ void fp8_chunk_to_f16(uint4 w, uint4& lo, uint4& hi) {
+    lo = make_uint4(e4m3x2_to_f16x2(w.x & 0xffffu), e4m3x2_to_f16x2(w.x >> 16), e4m3x2_to_f16x2(w.y & 0xffffu),
+                    e4m3x2_to_f16x2(w.y >> 16));
+    hi = make_uint4(e4m3x2_to_f16x2(w.z & 0xffffu), e4m3x2_to_f16x2(w.z >> 16), e4m3x2_to_f16x2(w.w & 0xffffu),
+                    e4m3x2_to_f16x2(w.w >> 16));
+}
+
+// Row n of a [rows, k] matrix of format WT at w, as 16-byte chunks.
+template <typename WT>
+__device__ __forceinline__ const uint4* weight_row(const void* w, size_t n, int k) {
+    constexpr size_t BYTES = WT::ELEMS == 16 ? 1 : 2;
+    return reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(w) + n * (size_t)k * BYTES);
+}
+
+// The scales of row n's blocks (FP8: a [ceil(rows/128), ceil(k/128)] grid),
+// null for the 16-bit formats.
+template <typename WT>
+__device__ __forceinline__ const float* scale_row(const float* scales, size_t n, int k) {
+    if constexpr (WT::SCALED) return scales + (n / FP8_BLOCK) * (size_t)((k + FP8_BLOCK - 1) / FP8_BLOCK);
+    else return nullptr;
+}
 
 // acc + sum_i a|b[i] * w[i] over 8 elements, in element order.
 template <typename WT>
@@ -71,35 +118,63 @@ __device__ __forceinline__ float4 load_x(const float4* p) {
 }
 
 // acc[m][r] += x[m, chunk] . wv[u][r] for the chunks loaded by load_chunks(c).
+// FP8 chunks are turned into f16 once, before the x rows meet them; each
+// chunk's 16-term sum starts at zero and is added with its block's scale.
+// `sc` holds the rows' scale rows (scale_row; unused by the 16-bit
+// formats). Fetching the scales with the codes instead (one more array of
+// loads in flight) measured slower.
 template <int M, int R, int U, typename WT, bool XS = false>
 __device__ __forceinline__ void use_chunks(float (&acc)[M][R], const uint4 (&wv)[U][R],
-                                           const float* __restrict__ x, size_t ldx, int c, int stride, int chunks) {
+                                           const float* __restrict__ x, size_t ldx, int c, int stride, int chunks,
+                                           const float* const (&sc)[R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int cu = c + u * stride;
         if (cu >= chunks) break;
+        if constexpr (WT::SCALED) {
+            uint4 lo[R], hi[R];
+            float scale[R];
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            const float4* xm = reinterpret_cast<const float4*>(x + m * ldx) + 2 * cu;
-            const float4 a = load_x<XS>(xm), b = load_x<XS>(xm + 1);
+            for (int r = 0; r < R; ++r) {
+                fp8_chunk_to_f16(wv[u][r], lo[r], hi[r]);
+                scale[r] = __ldg(sc[r] + cu / FP8_BLOCK_CHUNKS);
+            }
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[m][r] = dot8<WT>(acc[m][r], wv[u][r], a, b);
+            for (int m = 0; m < M; ++m) {
+                const float4* xm = reinterpret_cast<const float4*>(x + m * ldx) + 4 * cu;
+                const float4 a = load_x<XS>(xm), b = load_x<XS>(xm + 1);
+                const float4 c2 = load_x<XS>(xm + 2), d = load_x<XS>(xm + 3);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const float p = dot8<F16W>(dot8<F16W>(0.f, lo[r], a, b), hi[r], c2, d);
+                    acc[m][r] = fmaf(p, scale[r], acc[m][r]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                const float4* xm = reinterpret_cast<const float4*>(x + m * ldx) + 2 * cu;
+                const float4 a = load_x<XS>(xm), b = load_x<XS>(xm + 1);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[m][r] = dot8<WT>(acc[m][r], wv[u][r], a, b);
+            }
         }
     }
 }
 
-// Per-lane partial sums acc[m][r] += x[m, 8c .. 8c+8] . w[r][8c .. 8c+8] over the
-// 16-byte chunks c = first, first + stride, ... < chunks. `x` rows are `ldx`
-// floats apart (16-byte aligned). U chunks of every row are loaded before any
-// is used, so U * R loads are in flight per lane; the x rows (tiny, shared by
-// all warps) come through the read-only cache and are reused across the R rows.
+// Per-lane partial sums acc[m][r] += x[m, E*c .. E*c+E] . w[r][E*c .. E*c+E]
+// (E = WT::ELEMS) over the 16-byte chunks c = first, first + stride, ... <
+// chunks. `x` rows are `ldx` floats apart (16-byte aligned). U chunks of
+// every row are loaded before any is used, so U * R loads are in flight per
+// lane; the x rows (tiny, shared by all warps) come through the read-only
+// cache and are reused across the R rows. `sc`: as for use_chunks.
 template <int M, int R, int U, typename WT = Bf16W, bool XS = false>
 __device__ __forceinline__ void dot_chunks(float (&acc)[M][R], const uint4* const (&w)[R],
                                            const float* __restrict__ x, size_t ldx, int first,
-                                           int stride, int chunks) {
+                                           int stride, int chunks, const float* const (&sc)[R]) {
     for (int c = first; c < chunks; c += U * stride) {
         uint4 wv[U][R];
         load_chunks<R, U>(wv, w, c, stride, chunks);
-        use_chunks<M, R, U, WT, XS>(acc, wv, x, ldx, c, stride, chunks);
+        use_chunks<M, R, U, WT, XS>(acc, wv, x, ldx, c, stride, chunks, sc);
     }
 }

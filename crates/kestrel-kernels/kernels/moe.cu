@@ -425,9 +425,11 @@ template <typename WT>
 __device__ __forceinline__ void moe_gate_up_body(float* __restrict__ act, int* __restrict__ ids,
                                                  float* __restrict__ weights, const float* __restrict__ logits,
                                                  int logits_ld, int experts, int renormalize,
-                                                 const float* __restrict__ x, const uint16_t* __restrict__ w_gate_up,
-                                                 const uint16_t* __restrict__ w_shared, int hidden, int inter,
-                                                 int shared_inter, int top_k, int act_ld, int rows_per_block) {
+                                                 const float* __restrict__ x, const void* __restrict__ w_gate_up,
+                                                 const void* __restrict__ w_shared, int hidden, int inter,
+                                                 int shared_inter, int top_k, int act_ld, int rows_per_block,
+                                                 const float* __restrict__ s_gate_up,
+                                                 const float* __restrict__ s_shared) {
     __shared__ MoeRoute route;
     const int t = blockIdx.x, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (logits == nullptr) {
@@ -449,20 +451,26 @@ __device__ __forceinline__ void moe_gate_up_body(float* __restrict__ act, int* _
     const int items = blockDim.x >> 5;
     const bool shared = j >= top_k;
     const int rows = shared ? shared_inter : inter;
-    const uint16_t* w = shared ? w_shared : w_gate_up + (size_t)route.id[j] * 2 * inter * hidden;
+    // The item's matrix: rows `base ..` of the expert stack (or the shared
+    // expert's own), whose FP8 scale rows then follow from the row index.
+    const void* w = shared ? w_shared : w_gate_up;
+    const float* scales = shared ? s_shared : s_gate_up;
+    const size_t base = shared ? 0 : (size_t)route.id[j] * 2 * inter;
     const float* xt = x + (size_t)t * hidden;
     float* out = act + ((size_t)t * items + j) * act_ld;
     const int a_end = min((int)(blockIdx.y + 1) * rows_per_block, rows);
     for (int a = blockIdx.y * rows_per_block; a < a_end; a += 2) {
         const int a1 = min(a + 1, rows - 1);
-        const uint4* wr[4] = {
-            reinterpret_cast<const uint4*>(w + (size_t)a * hidden),
-            reinterpret_cast<const uint4*>(w + (size_t)a1 * hidden),
-            reinterpret_cast<const uint4*>(w + (size_t)(rows + a) * hidden),
-            reinterpret_cast<const uint4*>(w + (size_t)(rows + a1) * hidden),
-        };
+        const size_t n[4] = {base + a, base + a1, base + rows + a, base + rows + a1};
+        const uint4* wr[4];
+        const float* sc[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            wr[i] = weight_row<WT>(w, n[i], hidden);
+            sc[i] = scale_row<WT>(scales, n[i], hidden);
+        }
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-        dot_chunks<1, 4, 4, WT>(acc, wr, xt, 0, lane, 32, hidden >> 3);
+        dot_chunks<1, 4, 4, WT>(acc, wr, xt, 0, lane, 32, hidden / WT::ELEMS, sc);
         const float g0 = warp_sum(acc[0][0]), g1 = warp_sum(acc[0][1]);
         const float u0 = warp_sum(acc[0][2]), u1 = warp_sum(acc[0][3]);
         if (lane == 0) out[a] = siluf_exact(g0) * u0;
@@ -470,16 +478,18 @@ __device__ __forceinline__ void moe_gate_up_body(float* __restrict__ act, int* _
     }
 }
 
-// bf16 weights, and f16 weights (`_f16`: the reference precision's f16 checkpoints).
+// bf16 weights, f16 weights (`_f16`: the reference precision's f16
+// checkpoints) and block-FP8 weights (`_fp8`, with their scales).
 #define KESTREL_MOE_GATE_UP(NAME, WT)                                                                          \
     KESTREL_EXTERN void __launch_bounds__(32 * MOE_MAX_ITEMS) NAME(const __grid_constant__ MoeGateUpArgs a) { \
         pdl_begin();                                                                                          \
         moe_gate_up_body<WT>(a.act, a.ids, a.weights, a.logits, a.logits_ld, a.experts, a.renormalize, a.x,  \
                              a.w_gate_up, a.w_shared, a.hidden, a.inter, a.shared_inter, a.top_k, a.act_ld,  \
-                             a.rows_per_block);                                                               \
+                             a.rows_per_block, a.s_gate_up, a.s_shared);                                      \
     }
 KESTREL_MOE_GATE_UP(moe_gate_up, Bf16W)
 KESTREL_MOE_GATE_UP(moe_gate_up_f16, F16W)
+KESTREL_MOE_GATE_UP(moe_gate_up_fp8, Fp8W)
 
 // Weight rows per down-kernel warp step: with I = 512 each lane holds two
 // chunks per row, so 8 rows keep 16 loads in flight.
@@ -497,26 +507,34 @@ template <typename WT>
 __device__ __forceinline__ void moe_down_body(float* __restrict__ out, const float* __restrict__ act,
                                               const int* __restrict__ ids, const float* __restrict__ weights,
                                               const float* __restrict__ logits, int logits_ld, int gate_col,
-                                              const uint16_t* __restrict__ w_down,
-                                              const uint16_t* __restrict__ w_shared, int hidden, int inter,
-                                              int shared_inter, int top_k, int act_ld, int rows_per_block) {
+                                              const void* __restrict__ w_down,
+                                              const void* __restrict__ w_shared, int hidden, int inter,
+                                              int shared_inter, int top_k, int act_ld, int rows_per_block,
+                                              const float* __restrict__ s_down,
+                                              const float* __restrict__ s_shared) {
     extern __shared__ float ys[];  // [items][rows_per_block]
     const int t = blockIdx.x, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int items = blockDim.x >> 5;
     const bool shared = j >= top_k;
     const int k_len = shared ? shared_inter : inter;
-    const uint16_t* w = shared ? w_shared : w_down + (size_t)ids[t * top_k + j] * hidden * inter;
+    const void* w = shared ? w_shared : w_down;
+    const float* scales = shared ? s_shared : s_down;
+    const size_t base = shared ? 0 : (size_t)ids[t * top_k + j] * hidden;
     const float* a = act + ((size_t)t * items + j) * act_ld;
     const int h0 = blockIdx.y * rows_per_block;
     for (int r0 = 0; r0 < rows_per_block; r0 += MOE_DOWN_R) {
         const uint4* wr[MOE_DOWN_R];
+        const float* sc[MOE_DOWN_R];
 #pragma unroll
-        for (int r = 0; r < MOE_DOWN_R; ++r)
-            wr[r] = reinterpret_cast<const uint4*>(w + (size_t)min(h0 + r0 + r, hidden - 1) * k_len);
+        for (int r = 0; r < MOE_DOWN_R; ++r) {
+            const size_t n = base + min(h0 + r0 + r, hidden - 1);
+            wr[r] = weight_row<WT>(w, n, k_len);
+            sc[r] = scale_row<WT>(scales, n, k_len);
+        }
         float acc[1][MOE_DOWN_R];
 #pragma unroll
         for (int r = 0; r < MOE_DOWN_R; ++r) acc[0][r] = 0.f;
-        dot_chunks<1, MOE_DOWN_R, 2, WT>(acc, wr, a, 0, lane, 32, k_len >> 3);
+        dot_chunks<1, MOE_DOWN_R, 2, WT>(acc, wr, a, 0, lane, 32, k_len / WT::ELEMS, sc);
 #pragma unroll
         for (int r = 0; r < MOE_DOWN_R; ++r) {
             const float v = warp_sum(acc[0][r]);
@@ -542,7 +560,9 @@ __device__ __forceinline__ void moe_down_body(float* __restrict__ out, const flo
     KESTREL_EXTERN void __launch_bounds__(512) NAME(const __grid_constant__ MoeDownArgs a) {                    \
         pdl_begin();                                                                                           \
         moe_down_body<WT>(a.out, a.act, a.ids, a.weights, a.logits, a.logits_ld, a.gate_col, a.w_down,         \
-                          a.w_shared, a.hidden, a.inter, a.shared_inter, a.top_k, a.act_ld, a.rows_per_block); \
+                          a.w_shared, a.hidden, a.inter, a.shared_inter, a.top_k, a.act_ld, a.rows_per_block,  \
+                          a.s_down, a.s_shared);                                                                 \
     }
 KESTREL_MOE_DOWN(moe_down, Bf16W)
 KESTREL_MOE_DOWN(moe_down_f16, F16W)
+KESTREL_MOE_DOWN(moe_down_fp8, Fp8W)

@@ -159,8 +159,10 @@ kernel_records! {
         pub dv: i32 => "int",
     }
 
-    /// `moe_gate_up` / `moe_gate_up_f16`: SwiGLU activations of each
-    /// token's picked experts and the shared one (decode path).
+    /// `moe_gate_up` / `moe_gate_up_f16` / `moe_gate_up_fp8`: SwiGLU
+    /// activations of each token's picked experts and the shared one
+    /// (decode path). The weight pointers are `uint16_t` matrices, or FP8
+    /// codes (bytes) in the `_fp8` kernel, which also reads the scales.
     pub struct MoeGateUpArgs {
         /// `[T, items, act_ld]`.
         pub act: u64 => "float*",
@@ -172,9 +174,13 @@ kernel_records! {
         /// `[T, hidden]`.
         pub x: u64 => "const float*",
         /// `[E, 2 * inter, hidden]`.
-        pub w_gate_up: u64 => "const uint16_t*",
+        pub w_gate_up: u64 => "const void*",
         /// `[2 * shared_inter, hidden]`, or null.
-        pub w_shared: u64 => "const uint16_t*",
+        pub w_shared: u64 => "const void*",
+        /// FP8 only: the block scales of `w_gate_up` (`[E * 2 * inter / 128,
+        /// hidden / 128]`) and of `w_shared`; null otherwise.
+        pub s_gate_up: u64 => "const float*",
+        pub s_shared: u64 => "const float*",
         pub logits_ld: i32 => "int",
         pub experts: i32 => "int",
         pub renormalize: i32 => "int",
@@ -187,7 +193,8 @@ kernel_records! {
         pub rows_per_block: i32 => "int",
     }
 
-    /// `moe_down` / `moe_down_f16`: down projections, weighted and added.
+    /// `moe_down` / `moe_down_f16` / `moe_down_fp8`: down projections,
+    /// weighted and added (weights as in `MoeGateUpArgs`).
     pub struct MoeDownArgs {
         /// `[T, hidden]`.
         pub out: u64 => "float*",
@@ -197,8 +204,12 @@ kernel_records! {
         /// Router logits, for the shared-expert gate at column `gate_col`.
         pub logits: u64 => "const float*",
         /// `[E, hidden, inter]`.
-        pub w_down: u64 => "const uint16_t*",
-        pub w_shared: u64 => "const uint16_t*",
+        pub w_down: u64 => "const void*",
+        pub w_shared: u64 => "const void*",
+        /// FP8 only: the block scales of `w_down` (`[E * hidden / 128,
+        /// ceil(inter / 128)]`) and of `w_shared`; null otherwise.
+        pub s_down: u64 => "const float*",
+        pub s_shared: u64 => "const float*",
         pub logits_ld: i32 => "int",
         /// Below 0: no shared-expert gate.
         pub gate_col: i32 => "int",

@@ -18,7 +18,7 @@ pub fn available() -> Result<(), &'static str> {
 }
 
 /// Every embedded module, by name (the `.cu` file stem).
-pub fn modules() -> [(&'static str, &'static [u8]); 15] {
+pub fn modules() -> [(&'static str, &'static [u8]); 16] {
     [
         ("dummy", DUMMY),
         ("elementwise", ELEMENTWISE),
@@ -34,6 +34,7 @@ pub fn modules() -> [(&'static str, &'static [u8]); 15] {
         ("gdn_decode", GDN_DECODE),
         ("gdn_chunk", GDN_CHUNK),
         ("gemv", GEMV),
+        ("fp8", FP8),
         ("sample", SAMPLE),
     ]
 }

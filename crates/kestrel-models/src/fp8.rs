@@ -282,8 +282,8 @@ pub fn for_backend(w: HostWeight<'_>, dequantize_to: Option<DType>) -> HostWeigh
 }
 
 /// A random block-FP8 weight of `shape` drawn from `seed`: codes of values
-/// uniform in `[-448, 448)` and scales near `scale / 448`, so that values
-/// spread like the dense dummy weights of the same `scale`.
+/// uniform in `[-448, 448)` and scales near `scale / 448` ([`dummy_scales`]),
+/// so that values spread like the dense dummy weights of the same `scale`.
 pub fn dummy_weight(shape: &[usize], seed: u64, scale: f32) -> BlockFp8<'static> {
     let numel: usize = shape.iter().product();
     let mut codes = vec![0u8; numel];
@@ -296,15 +296,20 @@ pub fn dummy_weight(shape: &[usize], seed: u64, scale: f32) -> BlockFp8<'static>
                 *c = f32_to_e4m3(dummy::dummy_value(seed, base + i as u64, 0.0, E4M3_MAX));
             }
         });
-    let scales: usize = scale_shape(shape, BLOCK).iter().product();
-    let scale_seed = dummy::mix64(seed ^ 0x5ca1e);
-    let scale_inv = (0..scales as u64)
-        .map(|i| dummy::dummy_value(scale_seed, i, 1.0, 0.1) * scale / E4M3_MAX)
-        .collect();
     BlockFp8 {
         shape: shape.to_vec(),
         codes: Cow::Owned(codes),
         block: BLOCK,
-        scale_inv,
+        scale_inv: dummy_scales(shape, seed, scale),
     }
+}
+
+/// The block scales of [`dummy_weight`] (a backend that draws the codes on
+/// the device takes these from the host: they are few).
+pub fn dummy_scales(shape: &[usize], seed: u64, scale: f32) -> Vec<f32> {
+    let scales: usize = scale_shape(shape, BLOCK).iter().product();
+    let scale_seed = dummy::mix64(seed ^ 0x5ca1e);
+    (0..scales as u64)
+        .map(|i| dummy::dummy_value(scale_seed, i, 1.0, 0.1) * scale / E4M3_MAX)
+        .collect()
 }

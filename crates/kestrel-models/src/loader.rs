@@ -321,6 +321,12 @@ impl<'a, B: Backend> Loader<'a, B> {
                 let init = Init::for_tensor(name, shape);
                 if self.quantizes(name, shape) {
                     let seed = dummy::tensor_seed(d.seed, name);
+                    let scales = fp8::dummy_scales(shape, seed, init.scale);
+                    if let Some(w) = self.backend.dummy_fp8_weight(shape, seed, &scales) {
+                        return w.with_context(|| {
+                            format!("cannot create dummy FP8 tensor {name} of shape {shape:?}")
+                        });
+                    }
                     let q = fp8::dummy_weight(shape, seed, init.scale);
                     let w =
                         fp8::for_backend(HostWeight::BlockFp8(q), self.backend.fp8_dequantize_to());

@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod fp8;
 pub mod gdn;
 pub mod linear;
 pub mod moe;

@@ -55,6 +55,7 @@ group_tests!(
     top_candidates,
     top_candidates_draw,
     precision_f32,
+    fp8,
 );
 
 #[test]

@@ -21,6 +21,7 @@ mod device;
 mod golden;
 
 mod cuda_matches_cpu;
+mod fp8_fixtures;
 mod golden_fixtures;
 mod speculative;
 mod speculative_shapes;

@@ -4,7 +4,7 @@
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
-use crate::tensor::{CudaTensor, CudaWeight, Half};
+use crate::tensor::{CudaTensor, CudaWeight, Format};
 
 pub mod kernels;
 
@@ -33,18 +33,19 @@ pub fn embedding(cx: &Cx, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
     };
     let s = &gpu.stream;
     let ids_ptr = staged.unwrap_or_else(|| ptr(ids_dev.as_ref().unwrap(), s));
-    let (table_bits, half) = table.matrix("embedding");
+    let m = table.matrix("embedding", s);
     gpu.launch(
-        match half {
-            Half::Bf16 => &cx.k.elementwise.embedding_bf16,
-            Half::F16 => &cx.k.elementwise.embedding_f16,
+        match m.format {
+            Format::Bf16 => &cx.k.elementwise.embedding_bf16,
+            Format::F16 => &cx.k.elementwise.embedding_f16,
+            Format::Fp8 => panic!("embedding: FP8 checkpoints keep the embedding bf16"),
         },
         (blocks(cols, THREADS as usize), ids.len() as u32, 1),
         THREADS,
         0,
         &[
             Arg::Ptr(ptr(&out, s)),
-            Arg::Ptr(ptr(table_bits, s)),
+            Arg::Ptr(m.ptr),
             Arg::Ptr(ids_ptr),
             Arg::I32(cols as i32),
         ],

@@ -10,7 +10,7 @@ use super::kernels::{GEMV_MAX_ROWS, GEMV_PASS_ROWS, NORM_MAX_ROWS, NORM_SMEM_MAX
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
-use crate::tensor::{CudaTensor, CudaWeight, Half};
+use crate::tensor::{CudaTensor, CudaWeight, Format, Matrix};
 
 /// Weight rows a `gemv` launch aims to have in flight, in warps x rows per
 /// warp: about 16 warps of 4 rows per SM of a large GPU cover HBM latency.
@@ -18,9 +18,19 @@ use crate::tensor::{CudaTensor, CudaWeight, Half};
 const GEMV_TARGET_ROWS: usize = 8192;
 
 /// Whether `gemv` takes `rows` rows of length `k`: its loads are 16 bytes
-/// (8 bf16) wide, so K must be a multiple of 8.
+/// (8 bf16) wide, so K must be a multiple of 8. (Block-FP8 weights, 16
+/// codes a load, are only kept as FP8 with K a multiple of 16:
+/// `ops::fp8::kept_as_fp8`.)
 pub fn gemv_fits(rows: usize, k: usize) -> bool {
     (1..=GEMV_MAX_ROWS).contains(&rows) && k > 0 && k.is_multiple_of(8)
+}
+
+/// Weights per 16-byte load of `format`.
+fn chunk_elems(format: Format) -> usize {
+    match format {
+        Format::Bf16 | Format::F16 => 8,
+        Format::Fp8 => 16,
+    }
 }
 
 /// Whether one `gemv` launch takes `rows` rows of length `k`: [`gemv_fits`],
@@ -29,12 +39,12 @@ fn launch_fits(rows: usize, k: usize) -> bool {
     gemv_fits(rows, k) || (rows == GEMV_PASS_ROWS && gemv_fits(1, k))
 }
 
-/// Weight rows per warp in `gemv_m{rows}` (must match `KESTREL_GEMV` in gemv.cu).
-fn gemv_rows_per_warp(rows: usize) -> usize {
-    match rows {
-        1 => 2,
-        2..=4 => 4,
-        GEMV_PASS_ROWS => 4,
+/// Weight rows per warp in `gemv_m{rows}` (must match `KESTREL_GEMV` and
+/// `KESTREL_GEMV_FP8` in gemv.cu).
+fn gemv_rows_per_warp(rows: usize, format: Format) -> usize {
+    match (rows, format) {
+        (1, _) | (GEMV_PASS_ROWS, Format::Fp8) => 2,
+        (2..=4, _) | (GEMV_PASS_ROWS, _) | (_, Format::Fp8) => 4,
         _ => 8,
     }
 }
@@ -51,17 +61,17 @@ fn gemv_rows_per_warp(rows: usize) -> usize {
 ///   step's k + 1 rows per sequence then take the split of the plain decode
 ///   step of the same sequences, so each row's product is the one decode
 ///   would compute, and speculation leaves greedy output unchanged.
-fn gemv_split(cx: &Cx, rows: usize, k: usize, n: usize) -> usize {
+fn gemv_split(cx: &Cx, rows: usize, k: usize, n: usize, format: Format) -> usize {
     let rows = if cx.plan.batch_invariant {
         GEMV_MAX_ROWS
     } else {
         split_rows(cx, rows)
     };
-    let per_warp = gemv_rows_per_warp(rows);
+    let per_warp = gemv_rows_per_warp(rows, format);
     let target = (GEMV_TARGET_ROWS / per_warp).min(2048);
     let groups = n.div_ceil(per_warp);
     let mut split = 1;
-    while split < 8 && groups * split < target && k / (8 * 32 * 2 * split) >= 1 {
+    while split < 8 && groups * split < target && k / (chunk_elems(format) * 32 * 2 * split) >= 1 {
         split *= 2;
     }
     split
@@ -75,41 +85,42 @@ fn split_rows(cx: &Cx, rows: usize) -> usize {
         .map_or(rows, |step| step.layout.seqs.clamp(1, rows))
 }
 
-/// `y[rows, n] = x[rows, k] . w[n, k]^T` with f32 `x` and `y`, 16-bit `w` of
-/// format `half`, all raw device addresses (16-byte aligned). `w_last` (0 for
-/// none, else of the same format) replaces row `n - 1` of `w`, which lets the
-/// MoE router append the shared-expert gate.
+/// `y[rows, n] = x[rows, k] . w[n, k]^T` with f32 `x` and `y` and matrix
+/// `w`, all raw device addresses (16-byte aligned). `w_last` (0 for none,
+/// else a 16-bit row of `w`'s format) replaces row `n - 1` of `w`, which
+/// lets the MoE router append the shared-expert gate.
 /// Only kernel launches: safe to record in a CUDA graph.
 #[allow(clippy::too_many_arguments)]
-pub fn gemv(
-    cx: &Cx,
-    y: u64,
-    x: u64,
-    rows: usize,
-    k: usize,
-    (w, half): (u64, Half),
-    n: usize,
-    w_last: u64,
-) {
+pub fn gemv(cx: &Cx, y: u64, x: u64, rows: usize, k: usize, w: Matrix, n: usize, w_last: u64) {
     assert!(
         launch_fits(rows, k),
         "gemv: {rows} rows of {k} not supported"
     );
     assert!(
-        (x | w | w_last).is_multiple_of(16),
+        (x | w.ptr | w_last).is_multiple_of(16),
         "gemv: operands must be 16-byte aligned"
     );
     if n == 0 {
         return;
     }
-    let split = gemv_split(cx, rows, k, n);
-    let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
+    let split = gemv_split(cx, rows, k, n, w.format);
+    let rows_per_block = (8 / split) * gemv_rows_per_warp(rows, w.format);
     let lk = &cx.k.linear;
-    let f = match (half, rows) {
-        (Half::Bf16, GEMV_PASS_ROWS) => &lk.gemv_pass,
-        (Half::F16, GEMV_PASS_ROWS) => &lk.gemv_pass_f16,
-        (Half::Bf16, _) => &lk.gemv[rows - 1],
-        (Half::F16, _) => &lk.gemv_f16[rows - 1],
+    let f = match (w.format, rows) {
+        (Format::Bf16, GEMV_PASS_ROWS) => &lk.gemv_pass,
+        (Format::F16, GEMV_PASS_ROWS) => &lk.gemv_pass_f16,
+        (Format::Fp8, GEMV_PASS_ROWS) => &lk.gemv_pass_fp8,
+        (Format::Bf16, _) => &lk.gemv[rows - 1],
+        (Format::F16, _) => &lk.gemv_f16[rows - 1],
+        (Format::Fp8, _) => &lk.gemv_fp8[rows - 1],
+    };
+    // The FP8 kernels take the block scales where the others take `w_last`.
+    let last_or_scales = match w.format {
+        Format::Fp8 => {
+            assert_eq!(w_last, 0, "gemv: an FP8 product has no appended row");
+            w.scales
+        }
+        Format::Bf16 | Format::F16 => w_last,
     };
     cx.gpu.launch(
         f,
@@ -119,21 +130,24 @@ pub fn gemv(
         &[
             Arg::Ptr(y),
             Arg::Ptr(x),
-            Arg::Ptr(w),
-            Arg::Ptr(w_last),
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(last_or_scales),
             Arg::I32(n as i32),
             Arg::I32(k as i32),
             Arg::I32(split as i32),
+            // Output rows n apart (the kernels allow wider, for a product
+            // over part of a weight).
+            Arg::I32(n as i32),
         ],
     );
 }
 
 /// Whether `gemv_norm` forms `rows` normalised rows of length `k` itself for
-/// a product with weights of format `half` (its kernels read bf16), unless
-/// the plan leaves the fusion out (`norm_fusion`).
-pub fn norm_fits(cx: &Cx, rows: usize, k: usize, half: Half) -> bool {
+/// a product with weights of `format` (its kernels read bf16 and FP8),
+/// unless the plan leaves the fusion out (`norm_fusion`).
+pub fn norm_fits(cx: &Cx, rows: usize, k: usize, format: Format) -> bool {
     cx.plan.norm_fusion
-        && half == Half::Bf16
+        && format != Format::F16
         && gemv_fits(rows, k)
         && rows <= NORM_MAX_ROWS
         && rows * k * 4 <= NORM_SMEM_MAX
@@ -155,14 +169,14 @@ pub const NORM_MAX_N: usize = 65_536;
 pub fn gemv_norm(
     cx: &Cx,
     pre: PreNorm<'_, CudaTensor, CudaWeight>,
-    (w, half): (u64, Half),
+    w: Matrix,
     n: usize,
     w_last: u64,
     keep_x: bool,
 ) -> (CudaSlice<f32>, Option<CudaTensor>) {
     let (rows, k) = (pre.residual.rows, pre.residual.cols);
     assert!(
-        norm_fits(cx, rows, k, half),
+        norm_fits(cx, rows, k, w.format),
         "gemv_norm: {rows} rows of {k} not supported"
     );
     if let Some(d) = pre.delta {
@@ -174,9 +188,16 @@ pub fn gemv_norm(
     }
     assert_eq!(pre.weight.numel(), k, "gemv_norm: norm weight length");
     assert!(
-        (w | w_last).is_multiple_of(16),
+        (w.ptr | w_last).is_multiple_of(16),
         "gemv_norm: weights must be 16-byte aligned"
     );
+    let last_or_scales = match w.format {
+        Format::Fp8 => {
+            assert_eq!(w_last, 0, "gemv_norm: an FP8 product has no appended row");
+            w.scales
+        }
+        Format::Bf16 | Format::F16 => w_last,
+    };
     let gpu = cx.gpu;
     let s = &gpu.stream;
     let y = gpu.alloc::<f32>(rows * n);
@@ -190,11 +211,14 @@ pub fn gemv_norm(
     // the new one, so it goes to a fresh buffer. The old one is freed after
     // the launch (stream-ordered), never before.
     let residual_out = pre.delta.map(|_| gpu.alloc::<f32>(rows * k));
-    let split = gemv_split(cx, rows, k, n);
-    let rows_per_block = (8 / split) * gemv_rows_per_warp(rows);
+    let split = gemv_split(cx, rows, k, n, w.format);
+    let rows_per_block = (8 / split) * gemv_rows_per_warp(rows, w.format);
     // Each block normalises the rows once and then takes row groups in turn:
     // as many blocks as fit on the device at once.
-    let f = &cx.k.linear.gemv_norm[rows - 1];
+    let f = match w.format {
+        Format::Fp8 => &cx.k.linear.gemv_norm_fp8[rows - 1],
+        Format::Bf16 | Format::F16 => &cx.k.linear.gemv_norm[rows - 1],
+    };
     let smem = rows * k * 4;
     let resident = f
         .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
@@ -214,11 +238,14 @@ pub fn gemv_norm(
             Arg::Ptr(pre.delta.map_or(0, |d| ptr(&d.buf, s))),
             Arg::Ptr(ptr(pre.weight.f32("gemv_norm"), s)),
             Arg::F32(pre.eps),
-            Arg::Ptr(w),
-            Arg::Ptr(w_last),
+            Arg::Ptr(w.ptr),
+            Arg::Ptr(last_or_scales),
             Arg::I32(n as i32),
             Arg::I32(k as i32),
             Arg::I32(split as i32),
+            // Output rows n apart (the kernels allow wider, for a product
+            // over part of a weight).
+            Arg::I32(n as i32),
         ],
     );
     if let Some(r) = residual_out {
@@ -238,7 +265,7 @@ pub fn gemv_passes(
     x: u64,
     rows: usize,
     k: usize,
-    w: (u64, Half),
+    w: Matrix,
     n: usize,
     w_last: u64,
 ) {

@@ -27,9 +27,13 @@ pub struct LinearKernels {
     /// `gemv` that computes its rows' RMSNorm itself (`gemv::gemv_norm`), allowed
     /// [`NORM_SMEM_MAX`] of dynamic shared memory.
     pub gemv_norm: [CudaFunction; NORM_MAX_ROWS],
-    /// `gemv_m16` / `gemv_f16_m16`: passes of [`GEMV_PASS_ROWS`] rows.
+    /// `gemv_m16` / `gemv_f16_m16` / `gemv_fp8_m16`: passes of [`GEMV_PASS_ROWS`] rows.
     pub gemv_pass: CudaFunction,
     pub gemv_pass_f16: CudaFunction,
+    pub gemv_pass_fp8: CudaFunction,
+    /// `gemv` and `gemv_norm` for block-FP8 weights (`ops::fp8`).
+    pub gemv_fp8: [CudaFunction; GEMV_MAX_ROWS],
+    pub gemv_norm_fp8: [CudaFunction; NORM_MAX_ROWS],
 }
 
 /// Rows of the widest `gemv` pass (over a decode-shaped step's rows beyond
@@ -46,6 +50,9 @@ impl LinearKernels {
             gemv_norm: per_row_count(&m, "gemv_norm_m", with_norm_smem)?,
             gemv_pass: function(&m, "gemv_m16")?,
             gemv_pass_f16: function(&m, "gemv_f16_m16")?,
+            gemv_pass_fp8: function(&m, "gemv_fp8_m16")?,
+            gemv_fp8: per_row_count(&m, "gemv_fp8_m", function)?,
+            gemv_norm_fp8: per_row_count(&m, "gemv_norm_fp8_m", with_norm_smem)?,
         })
     }
 }

@@ -1,4 +1,4 @@
-//! Matrix products: bf16 weights, f32 accumulation and output.
+//! Matrix products: bf16 (or block-FP8) weights, f32 accumulation and output.
 //!
 //! Up to [`GEMV_MAX_ROWS`](kernels::GEMV_MAX_ROWS) rows (decode steps) go through the `gemv` kernels
 //! (`gemv.rs`): the product is bound by reading the weights once, the
@@ -7,7 +7,8 @@
 //! activations rounded to bf16 (`gemm.rs`), except under `Precision::F32`,
 //! where they run through `gemv` 8 rows at a time (the weights are read once
 //! per 8 rows: slow, but no rounding); rows whose length is not a multiple
-//! of 8 still go through cuBLAS in bf16. The rows of a decode-shaped step
+//! of 8 still go through cuBLAS in bf16. Block-FP8 weights go to the FP8
+//! `gemv` kernels, and to cuBLAS through a bf16 copy (`ops::fp8`). The rows of a decode-shaped step
 //! ([`Cx::decode_shaped`](crate::context::Cx::decode_shaped): a verify step
 //! of up to 8 sequences) take `gemv` too, in passes, so that each computes
 //! what its sequence's plain decode row would. The bf16 activations come from the
@@ -22,6 +23,7 @@ use kestrel_core::PreNorm;
 
 use crate::context::Cx;
 use crate::device::ptr;
+use crate::ops::fp8::bf16_matrix;
 use crate::ops::norm::pre_norm;
 use crate::tensor::{CudaTensor, CudaWeight};
 use gemm::{gemm_bf16, takes_bf16, to_bf16};
@@ -36,11 +38,11 @@ pub fn norm_matmul(
 ) -> CudaTensor {
     let (rows, k) = (pre.residual.rows, pre.residual.cols);
     let n = w.dim0();
-    let (wb, half) = w.matrix("norm_matmul");
-    if w.numel() != n * k || !norm_fits(cx, rows, k, half) || n > NORM_MAX_N {
+    let m = w.matrix("norm_matmul", &cx.gpu.stream);
+    if w.numel() != n * k || !norm_fits(cx, rows, k, m.format) || n > NORM_MAX_N {
         return matmul(cx, &pre_norm(cx, pre), w);
     }
-    let (y, _) = gemv_norm(cx, pre, (ptr(wb, &cx.gpu.stream), half), n, 0, false);
+    let (y, _) = gemv_norm(cx, pre, m, n, 0, false);
     CudaTensor {
         bf16: None,
         rows,
@@ -61,14 +63,13 @@ pub fn matmul(cx: &Cx, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
     if !takes_bf16(cx, x.rows, k) {
         let out = gpu.alloc::<f32>(x.rows * n);
         let s = &gpu.stream;
-        let (wb, half) = w.matrix("matmul");
         gemv_passes(
             cx,
             ptr(&out, s),
             ptr(&x.buf, s),
             x.rows,
             k,
-            (ptr(wb, s), half),
+            w.matrix("matmul", s),
             n,
             0,
         );
@@ -90,15 +91,8 @@ pub fn matmul(cx: &Cx, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
     };
     let out = gpu.alloc::<f32>(x.rows * n);
     let s = &gpu.stream;
-    gemm_bf16(
-        cx,
-        ptr(xb, s),
-        x.rows,
-        k,
-        ptr(w.bf16("matmul"), s),
-        n,
-        ptr(&out, s),
-    );
+    let wb = bf16_matrix(cx, w, "matmul");
+    gemm_bf16(cx, ptr(xb, s), x.rows, k, wb.ptr, n, ptr(&out, s));
     CudaTensor {
         bf16: None,
         rows: x.rows,

@@ -10,8 +10,9 @@ use super::routing::{DECODE_MAX_TOKENS, MoeInput, SharedExpert, top_k};
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
+use crate::ops::fp8::bf16_matrix;
 use crate::ops::linear::gemv::{gemv_norm, gemv_passes};
-use crate::tensor::{CudaTensor, CudaWeight, Half};
+use crate::tensor::{CudaTensor, CudaWeight, Format, Matrix};
 
 /// Intermediate rows per `moe_gate_up` block (even). A lone token needs small
 /// blocks to spread its few experts over all SMs; with more tokens there are
@@ -47,14 +48,13 @@ pub fn moe_decode(
     let s = &gpu.stream;
     let shared = SharedExpert::of(gpu, w, spec);
     let gate = shared.and_then(|e| e.gate);
-    let (sgu, sdn, si) = shared.map_or((0, 0, inter), |e| (e.gate_up, e.down, e.inter));
+    let si = shared.map_or(inter, |e| e.inter);
     let items = k + usize::from(shared.is_some());
     let act_ld = inter.max(si);
 
     // Router logits [T, E], plus the gate logit as column E when there is one.
     let ld = ne + usize::from(gate.is_some());
-    let (router, router_half) = w.router.matrix("router");
-    let router = (ptr(router, s), router_half);
+    let router = w.router.matrix("router", s);
     // `_normed` keeps the rows the router's product normalised alive until
     // the experts, launched below, have read them.
     let (logits, x_ptr, _normed) = match input {
@@ -79,19 +79,37 @@ pub fn moe_decode(
             (logits, ptr(&x.buf, s), Some(x))
         }
     };
-    // One format for the whole block (one checkpoint): the kernels take one.
-    let (gate_up, half) = w.gate_up.matrix("experts' gate_up");
-    let (down, down_half) = w.down.matrix("experts' down");
-    let shared_half = shared.map_or(half, |e| e.half);
-    assert!(
-        [router_half, down_half, shared_half]
-            .iter()
-            .all(|&x| x == half),
-        "MoE weights of one block mix bf16 and f16"
-    );
-    let (gate_up_kernel, down_kernel) = match half {
-        Half::Bf16 => (&cx.k.moe.gate_up, &cx.k.moe.down),
-        Half::F16 => (&cx.k.moe.gate_up_f16, &cx.k.moe.down_f16),
+    // The kernels take one format for all experts. A checkpoint's FP8
+    // experts are all FP8 when their matrices are whole 128-row blocks; a
+    // block whose weights mix formats (a tiny model's cut blocks went bf16)
+    // runs on bf16 copies of its FP8 parts, made for the call.
+    let mut gate_up = w.gate_up.matrix("experts' gate_up", s);
+    let mut down = w.down.matrix("experts' down", s);
+    let mut shared_m = shared.map(|e| (e.gate_up, e.down));
+    let formats = [down.format]
+        .into_iter()
+        .chain(shared_m.iter().flat_map(|(g, d)| [g.format, d.format]));
+    let mut copies = Vec::new();
+    if formats.into_iter().any(|f| f != gate_up.format) {
+        let mut bf16 = |wt: &CudaWeight, what| {
+            let c = bf16_matrix(cx, wt, what);
+            let m = Matrix::half(c.ptr, Format::Bf16);
+            copies.push(c);
+            m
+        };
+        gate_up = bf16(&w.gate_up, "experts' gate_up");
+        down = bf16(&w.down, "experts' down");
+        if let (Some(gu), Some(dn)) = (&w.shared_gate_up, &w.shared_down) {
+            shared_m = Some((bf16(gu, "shared gate_up"), bf16(dn, "shared down")));
+        }
+    }
+    let (sgu, sdn) = shared_m.map_or((Default::default(), Default::default()), |(g, d)| {
+        ((g.ptr, g.scales), (d.ptr, d.scales))
+    });
+    let (gate_up_kernel, down_kernel) = match gate_up.format {
+        Format::Bf16 => (&cx.k.moe.gate_up, &cx.k.moe.down),
+        Format::F16 => (&cx.k.moe.gate_up_f16, &cx.k.moe.down_f16),
+        Format::Fp8 => (&cx.k.moe.gate_up_fp8, &cx.k.moe.down_fp8),
     };
 
     // act[t, item, :] = silu(gate) * up of each picked expert (and the shared
@@ -125,8 +143,10 @@ pub fn moe_decode(
             weights: ptr(&weights, s),
             logits: route_logits,
             x: x_ptr,
-            w_gate_up: ptr(gate_up, s),
-            w_shared: sgu,
+            w_gate_up: gate_up.ptr,
+            w_shared: sgu.0,
+            s_gate_up: gate_up.scales,
+            s_shared: sgu.1,
             logits_ld: as_i32(ld),
             experts: as_i32(ne),
             renormalize: i32::from(spec.norm_topk_prob),
@@ -153,8 +173,10 @@ pub fn moe_decode(
             ids: ptr(&ids, s),
             weights: ptr(&weights, s),
             logits: ptr(&logits, s),
-            w_down: ptr(down, s),
-            w_shared: sdn,
+            w_down: down.ptr,
+            w_shared: sdn.0,
+            s_down: down.scales,
+            s_shared: sdn.1,
             logits_ld: as_i32(ld),
             gate_col: if gate.is_some() { as_i32(ne) } else { -1 },
             hidden: as_i32(h),

@@ -9,6 +9,7 @@ use super::routing::THREADS;
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
+use crate::ops::fp8::bf16_matrix;
 use crate::ops::linear::gemm::gemm_bf16;
 use crate::tensor::{CudaTensor, CudaWeight};
 
@@ -142,10 +143,12 @@ pub fn moe_host_routed(
         .max()
         .unwrap_or(0);
     let y = gpu.alloc::<f32>(max_rows * h);
-    let (gate_up, down) = (
-        ptr(w.gate_up.bf16("experts' gate_up"), s),
-        ptr(w.down.bf16("experts' down"), s),
+    // FP8 experts: bf16 copies for the call (kept alive to its end).
+    let (gate_up_b, down_b) = (
+        bf16_matrix(cx, &w.gate_up, "experts' gate_up"),
+        bf16_matrix(cx, &w.down, "experts' down"),
     );
+    let (gate_up, down) = (gate_up_b.ptr, down_b.ptr);
     for e in 0..ne {
         let (o, n) = (offsets[e], offsets[e + 1] - offsets[e]);
         if n == 0 {
@@ -177,10 +180,19 @@ pub fn moe_host_routed(
         let all_dev = gpu.upload(&all);
         let ys = gpu.alloc::<f32>(t * h);
         let (sgu, sdn) = (
-            ptr(sgu.bf16("shared gate_up"), s),
-            ptr(sdn.bf16("shared down"), s),
+            bf16_matrix(cx, sgu, "shared gate_up"),
+            bf16_matrix(cx, sdn, "shared down"),
         );
-        expert_mlp(cx, x, ptr(&all_dev, s), t, sgu, sdn, si, ptr(&ys, s));
+        expert_mlp(
+            cx,
+            x,
+            ptr(&all_dev, s),
+            t,
+            sgu.ptr,
+            sdn.ptr,
+            si,
+            ptr(&ys, s),
+        );
         let gate = w.shared_gate.as_ref().map(|g| router_logits(cx, x, g, 1));
         gpu.launch(
             &cx.k.moe.add_gated_rows,

@@ -58,6 +58,8 @@ pub struct MoeKernels {
     pub down: CudaFunction,
     pub gate_up_f16: CudaFunction,
     pub down_f16: CudaFunction,
+    pub gate_up_fp8: CudaFunction,
+    pub down_fp8: CudaFunction,
     // The device-routed prefill.
     pub split_x: CudaFunction,
     pub norm_split: CudaFunction,
@@ -102,6 +104,8 @@ impl MoeKernels {
             down: function(&moe, "moe_down")?,
             gate_up_f16: function(&moe, "moe_gate_up_f16")?,
             down_f16: function(&moe, "moe_down_f16")?,
+            gate_up_fp8: function(&moe, "moe_gate_up_fp8")?,
+            down_fp8: function(&moe, "moe_down_fp8")?,
             split_x: function(&prefill, "moe_split_x")?,
             norm_split: function(&prefill, "moe_norm_split")?,
             router_gemm: mma("moe_router_gemm")?,

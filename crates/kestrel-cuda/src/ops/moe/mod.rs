@@ -105,7 +105,7 @@ pub fn norm_moe(
     let (t, h) = (pre.residual.rows, pre.residual.cols);
     w.check_shapes(h, spec, |x| x.numel());
     match path(cx, t, h, spec) {
-        Path::Decode if norm_fits(cx, t, h, w.router.matrix("router").1) => {
+        Path::Decode if norm_fits(cx, t, h, w.router.matrix("router", &cx.gpu.stream).format) => {
             moe_decode(cx, MoeInput::Norm(pre), w, spec)
         }
         Path::DeviceRouted if cx.plan.norm_fusion && norm_split_fits(h) => {

@@ -11,6 +11,7 @@ use super::routing::{MoeInput, SharedExpert, THREADS, top_k};
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
+use crate::ops::fp8::bf16_matrix;
 use crate::plan::Mma;
 use crate::tensor::{CudaTensor, CudaWeight};
 
@@ -290,7 +291,10 @@ pub fn moe_prefill(
     router(cx, &b, xs_ptr, ptr(w.router.bf16("router"), s), &logits);
     let (ids, weights) = top_k(cx, &logits, b.ld, t, spec);
 
-    // The routed experts, in grouped row order.
+    // The routed experts, in grouped row order. FP8 experts are read
+    // through bf16 copies made for the call (kept alive to its end).
+    let gate_up = bf16_matrix(cx, &w.gate_up, "experts' gate_up");
+    let down = bf16_matrix(cx, &w.down, "experts' down");
     let routed_rows = tile_rows(cx, pairs, ne);
     let g = group(cx, &b, k, &ids, routed_rows);
     let y = mlp(
@@ -299,8 +303,8 @@ pub fn moe_prefill(
         xs_ptr,
         &Mlp {
             a_rows: ptr(&g.pair_token, s),
-            gate_up: ptr(w.gate_up.bf16("experts' gate_up"), s),
-            down: ptr(w.down.bf16("experts' down"), s),
+            gate_up: gate_up.ptr,
+            down: down.ptr,
             gate_up_stride: 2 * spec.intermediate * h,
             down_stride: h * spec.intermediate,
             inter: spec.intermediate,
@@ -312,7 +316,12 @@ pub fn moe_prefill(
     );
 
     // The shared expert: the same kernels, one dense group of all tokens.
-    let ys = shared.map(|e| {
+    let shared_copies = shared.map(|_| {
+        let (gu, dn) = (w.shared_gate_up.as_ref(), w.shared_down.as_ref());
+        let copy = |m: Option<&CudaWeight>, what| bf16_matrix(cx, m.expect("shared expert"), what);
+        (copy(gu, "shared gate_up"), copy(dn, "shared down"))
+    });
+    let ys = shared.zip(shared_copies.as_ref()).map(|(e, (sgu, sdn))| {
         let shared_rows = tile_rows(cx, t, 1);
         mlp(
             cx,
@@ -320,8 +329,8 @@ pub fn moe_prefill(
             xs_ptr,
             &Mlp {
                 a_rows: 0,
-                gate_up: e.gate_up,
-                down: e.down,
+                gate_up: sgu.ptr,
+                down: sdn.ptr,
                 gate_up_stride: 0,
                 down_stride: 0,
                 inter: e.inter,

@@ -7,7 +7,7 @@ use kestrel_core::{MoeSpec, MoeWeights, PreNorm};
 use crate::context::Cx;
 use crate::device::{Gpu, ptr};
 use crate::launch::Arg;
-use crate::tensor::{CudaTensor, CudaWeight, Half};
+use crate::tensor::{CudaTensor, CudaWeight, Format, Matrix};
 
 /// Softmax and top-k of router logits `[t, ld]` (the first `num_experts`
 /// columns): picked ids and weights `[t, top_k]`, in ascending expert id so
@@ -53,14 +53,13 @@ pub fn top_k(
 }
 
 /// The shared expert's weights as device addresses: `gate_up` `[2SI, H]`,
-/// `down` `[H, SI]`, and its gate row when it has one.
+/// `down` `[H, SI]`, and its gate row when it has one (a row
+/// appended to the router's product, so in the router's format).
 #[derive(Clone, Copy)]
 pub struct SharedExpert {
-    pub gate_up: u64,
-    pub down: u64,
+    pub gate_up: Matrix,
+    pub down: Matrix,
     pub inter: usize,
-    /// The format of all three matrices.
-    pub half: Half,
     /// The `[1, H]` gate row (`None`: the expert is added ungated).
     pub gate: Option<u64>,
 }
@@ -72,22 +71,22 @@ impl SharedExpert {
         let s = &gpu.stream;
         match (&w.shared_gate_up, &w.shared_down, spec.shared_intermediate) {
             (Some(gu), Some(dn), Some(si)) => {
-                let (gate_up, half) = gu.matrix("shared gate_up");
-                let (down, down_half) = dn.matrix("shared down");
+                let gate_up = gu.matrix("shared gate_up", s);
+                let down = dn.matrix("shared down", s);
+                let router = w.router.format();
                 let gate = w
                     .shared_gate
                     .as_ref()
-                    .map(|g| g.matrix("shared expert gate"));
+                    .map(|g| g.matrix("shared expert gate", s));
                 assert!(
-                    down_half == half && gate.is_none_or(|g| g.1 == half),
-                    "the shared expert's weights mix bf16 and f16"
+                    gate.is_none_or(|g| Some(g.format) == router && g.format != Format::Fp8),
+                    "the shared expert's gate must have the router's 16-bit format"
                 );
                 Some(SharedExpert {
-                    gate_up: ptr(gate_up, s),
-                    down: ptr(down, s),
+                    gate_up,
+                    down,
                     inter: si,
-                    half,
-                    gate: gate.map(|g| ptr(g.0, s)),
+                    gate: gate.map(|g| g.ptr),
                 })
             }
             _ => None,

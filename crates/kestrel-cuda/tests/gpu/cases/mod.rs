@@ -8,6 +8,7 @@
 
 mod attention;
 mod elementwise;
+mod fp8;
 mod gdn;
 mod gdn_snapshot;
 mod gdn_verify;
@@ -26,6 +27,7 @@ use crate::data::Data;
 
 pub use attention::attention;
 pub use elementwise::{elementwise, embedding, norms};
+pub use fp8::fp8;
 pub use gdn::gated_delta_net;
 pub use matmul::matmul;
 pub use moe::moe;
@@ -39,7 +41,7 @@ type Outputs = Vec<(String, Vec<f32>)>;
 pub type Group = fn(&mut Ctx);
 
 /// Every group, in the order the example runs them.
-pub const GROUPS: [(&str, Group); 13] = [
+pub const GROUPS: [(&str, Group); 14] = [
     ("embedding", embedding),
     ("elementwise", elementwise),
     ("norms", norms),
@@ -53,6 +55,7 @@ pub const GROUPS: [(&str, Group); 13] = [
     ("top_candidates", top_candidates),
     ("top_candidates_draw", top_candidates_draw),
     ("precision_f32", precision_f32),
+    ("fp8", fp8),
 ];
 
 /// The seed a run uses unless told otherwise (`kernel_check --seed`).

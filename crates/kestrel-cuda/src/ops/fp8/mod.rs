@@ -1,0 +1,155 @@
+//! Block-FP8 weights (Qwen's `-FP8` checkpoints, `kestrel_core::fp8`) on the
+//! device: kept as e4m3 codes and one f32 scale per 128 x 128 block, which
+//! the decode kernels (`gemv`, the MoE decode path) read directly, halving
+//! the bytes a decode step streams. Products without an FP8 kernel (the
+//! cuBLAS and grouped prefill GEMMs) read a bf16 copy made for the call
+//! ([`bf16_matrix`]): a prefill's arithmetic dwarfs the copy.
+//!
+//! A weight whose layout the kernels cannot take as it is ([`kept_as_fp8`])
+//! is stored dequantised to bf16 instead, the format of every other matrix.
+
+pub mod kernels;
+
+use cudarc::driver::CudaSlice;
+use kestrel_core::{BackendError, BlockFp8, Result, fp8};
+
+use crate::context::Cx;
+use crate::device::{Gpu, blocks, ptr};
+use crate::launch::Arg;
+use crate::tensor::{CudaWeight, WeightData};
+use kernels::Fp8Kernels;
+
+/// Codes per 16-byte load of the FP8 kernels.
+const CHUNK: usize = 16;
+
+/// Grid of the grid-stride kernels here.
+const GRID: u32 = 1024;
+
+/// Whether the kernels take a block-FP8 weight of `shape` as it is: a
+/// matrix (or a stack of them) with rows of whole 16-byte chunks; in a
+/// stack, matrices of whole 128-row blocks, so that a row's scale row
+/// follows from its index in the stack.
+pub fn kept_as_fp8(shape: &[usize], block: [usize; 2]) -> bool {
+    let n = shape.len();
+    n >= 2
+        && block == fp8::BLOCK
+        && shape[n - 1].is_multiple_of(CHUNK)
+        && (n == 2 || shape[n - 2].is_multiple_of(block[0]))
+}
+
+/// `q` as the device stores it: codes and scales as they are.
+pub fn upload(gpu: &Gpu, q: &BlockFp8) -> Result<CudaWeight> {
+    debug_assert!(kept_as_fp8(&q.shape, q.block));
+    let codes = gpu.stream.clone_htod(&q.codes[..]).map_err(|e| {
+        BackendError::OutOfMemory(format!("uploading {} FP8 codes: {e:?}", q.codes.len()))
+    })?;
+    let scale_inv = gpu.stream.clone_htod(&q.scale_inv[..]).map_err(|e| {
+        BackendError::OutOfMemory(format!("uploading {} FP8 scales: {e:?}", q.scale_inv.len()))
+    })?;
+    Ok(CudaWeight {
+        shape: q.shape.clone(),
+        data: WeightData::Fp8 { codes, scale_inv },
+    })
+}
+
+/// A random FP8 weight of `shape`: codes drawn on the device as
+/// [`fp8::dummy_codes`] draws them on the host, and the host's `scale_inv`.
+pub fn dummy(
+    gpu: &Gpu,
+    k: &Fp8Kernels,
+    shape: &[usize],
+    seed: u64,
+    scale_inv: &[f32],
+) -> Result<CudaWeight> {
+    let n: usize = shape.iter().product();
+    let codes = unsafe { gpu.stream.alloc::<u8>(n.max(1)) }
+        .map_err(|e| BackendError::OutOfMemory(format!("allocating {n} FP8 codes: {e:?}")))?;
+    gpu.launch(
+        &k.dummy_codes,
+        (GRID.min(blocks(n, 256).max(1)), 1, 1),
+        256,
+        0,
+        &[
+            Arg::Ptr(ptr(&codes, &gpu.stream)),
+            Arg::U64(n as u64),
+            Arg::U64(seed),
+        ],
+    );
+    let scale_inv = gpu.stream.clone_htod(scale_inv).map_err(|e| {
+        BackendError::OutOfMemory(format!("uploading {} FP8 scales: {e:?}", scale_inv.len()))
+    })?;
+    Ok(CudaWeight {
+        shape: shape.to_vec(),
+        data: WeightData::Fp8 { codes, scale_inv },
+    })
+}
+
+/// A weight as a bf16 matrix: its own storage, or for FP8 a copy made on
+/// the stream (`code * scale` rounded once), freed when this is dropped,
+/// after the launches that read it were queued (stream-ordered).
+pub struct Bf16Matrix {
+    pub ptr: u64,
+    _copy: Option<CudaSlice<u16>>,
+}
+
+/// `w` as bf16, for a product that reads nothing else.
+pub fn bf16_matrix(cx: &Cx, w: &CudaWeight, what: &str) -> Bf16Matrix {
+    let gpu = cx.gpu;
+    let s = &gpu.stream;
+    let WeightData::Fp8 { codes, scale_inv } = &w.data else {
+        return Bf16Matrix {
+            ptr: ptr(w.bf16(what), s),
+            _copy: None,
+        };
+    };
+    let n = w.numel();
+    let dims = w.shape.len();
+    let (rows, cols) = (w.shape[dims - 2], w.shape[dims - 1]);
+    let copy = gpu.alloc::<u16>(n);
+    gpu.launch(
+        &cx.k.fp8.to_bf16,
+        (GRID.min(blocks(n / 4, 256).max(1)), 1, 1),
+        256,
+        0,
+        &[
+            Arg::Ptr(ptr(&copy, s)),
+            Arg::Ptr(ptr(codes, s)),
+            Arg::Ptr(ptr(scale_inv, s)),
+            Arg::U64((n / (rows * cols).max(1)) as u64),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+        ],
+    );
+    Bf16Matrix {
+        ptr: ptr(&copy, s),
+        _copy: Some(copy),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_is_kept_for_whole_chunks_and_stacks_of_whole_blocks() {
+        let b = fp8::BLOCK;
+        // Qwen3.6: a projection, the expert stacks, a short-row matrix.
+        assert!(kept_as_fp8(&[12352, 2048], b));
+        assert!(kept_as_fp8(&[256, 1024, 2048], b));
+        assert!(kept_as_fp8(&[256, 2048, 512], b));
+        assert!(
+            kept_as_fp8(&[300, 48], b),
+            "a matrix may end inside a block"
+        );
+        assert!(
+            !kept_as_fp8(&[300, 40], b),
+            "rows must be whole 16-code loads"
+        );
+        assert!(
+            !kept_as_fp8(&[8, 64, 64], b),
+            "stacked matrices of cut blocks"
+        );
+        assert!(!kept_as_fp8(&[2048], b), "vectors are never FP8 here");
+        assert!(!kept_as_fp8(&[256, 256], [64, 64]), "only 128 x 128 blocks");
+    }
+}
