@@ -26,6 +26,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use kestrel_cpu::CpuBackend;
 use kestrel_cuda::CudaBackend;
+use kestrel_models::Quantization;
+use kestrel_models::fp8::QuantConfig;
 
 use replay::Profile;
 use replay_bench::ReplaySettings;
@@ -241,10 +243,24 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
     };
+    // Block-FP8 weights (a checkpoint's, or quantised while loading) stay
+    // FP8 on CUDA; the CPU reference dequantises them to f32.
+    let config = if source.dummy {
+        source.path.clone()
+    } else {
+        source.path.join("config.json")
+    };
+    let fp8 = args.quantization.get() == Quantization::Fp8
+        || matches!(QuantConfig::from_file(&config), Ok(Some(_)));
     match args.backend {
         BackendKind::Cpu => {
             let b = Timed::new(CpuBackend::new());
-            run::bench(&b, Storage { matrix: 4, kv: 4 }, &source, &args, None)
+            let storage = Storage {
+                matrix: 4,
+                quantized: 4,
+                kv: 4,
+            };
+            run::bench(&b, storage, &source, &args, None)
         }
         BackendKind::Cuda => {
             let mut cuda = CudaBackend::new(args.device).context("cannot open the CUDA backend")?;
@@ -255,7 +271,12 @@ pub fn run(args: Args) -> Result<()> {
             eprintln!("{}", cuda.plan());
             let plan = serde_json::to_value(cuda.plan())?;
             let b = Timed::new(cuda);
-            run::bench(&b, Storage { matrix: 2, kv: 2 }, &source, &args, Some(plan))
+            let storage = Storage {
+                matrix: 2,
+                quantized: if fp8 { 1 } else { 2 },
+                kv: 2,
+            };
+            run::bench(&b, storage, &source, &args, Some(plan))
         }
     }
 }

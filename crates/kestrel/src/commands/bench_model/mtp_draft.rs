@@ -56,15 +56,17 @@ pub fn draft_bytes(
 ) -> DraftBytes {
     let h = cfg.hidden_size;
     let mat = |rows: usize, cols: usize| (rows * cols * st.matrix) as f64;
+    let qmat = |rows: usize, cols: usize| (rows * cols * st.quantized) as f64;
     let vec = |n: usize| (n * VECTOR) as f64;
     let attn = attention_spec(cfg);
-    // Target final norm; embedding rows, the two input norms, fc, the
-    // layer's two norms and attention, the head's output norm.
+    // Target final norm; embedding rows, the two input norms, fc (bf16 in
+    // FP8 checkpoints too), the layer's two norms and attention, the head's
+    // output norm.
     let mut per_step = mat(seqs, h)
         + 5.0 * vec(h)
         + mat(h, 2 * h)
-        + mat(attn.proj_width(), h)
-        + mat(h, attn.q_width())
+        + qmat(attn.proj_width(), h)
+        + qmat(h, attn.q_width())
         + 2.0 * vec(attn.head_dim);
     let mut b = DraftBytes::default();
     match &cfg.moe {
@@ -73,12 +75,12 @@ pub fn draft_bytes(
             b.expected_experts_per_step = e * (1.0 - (1.0 - top / e).powi(seqs as i32));
             per_step += mat(moe.num_experts, h);
             if let Some(si) = moe.shared_intermediate {
-                per_step += mat(3 * si, h) + mat(1, h);
+                per_step += qmat(3 * si, h) + mat(1, h);
             }
             b.expert_weights =
-                k as f64 * b.expected_experts_per_step * mat(3 * moe.intermediate, h);
+                k as f64 * b.expected_experts_per_step * qmat(3 * moe.intermediate, h);
         }
-        None => per_step += mat(3 * cfg.dense_intermediate.unwrap_or_default(), h),
+        None => per_step += qmat(3 * cfg.dense_intermediate.unwrap_or_default(), h),
     }
     b.layer_weights = vec(h) + k as f64 * per_step;
     b.lm_head = k as f64 * mat(head_rows, h);
@@ -339,7 +341,11 @@ mod tests {
         ModelConfig::from_file(&path).unwrap()
     }
 
-    const BF16: Storage = Storage { matrix: 2, kv: 2 };
+    const BF16: Storage = Storage {
+        matrix: 2,
+        quantized: 2,
+        kv: 2,
+    };
 
     #[test]
     fn a_qwen3_6_draft_step_reads_the_layer_and_the_lm_head_rows() {

@@ -183,7 +183,11 @@ pub fn bench<B: Backend>(
         },
         "backend": b.name(),
         "plan": plan,
-        "storage_bytes": { "matrix_weight": storage.matrix, "kv_cache": storage.kv },
+        "storage_bytes": {
+            "matrix_weight": storage.matrix,
+            "quantized_weight": storage.quantized,
+            "kv_cache": storage.kv,
+        },
         "bandwidth_gbs": bandwidth_gbs,
         "bandwidth_source": bandwidth_source,
         "settings": {

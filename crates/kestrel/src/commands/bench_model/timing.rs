@@ -126,6 +126,15 @@ impl<B: Backend> Backend for Timed<B> {
         self.inner.dummy_weight(shape, dtype, seed, offset, scale)
     }
 
+    fn dummy_fp8_weight(
+        &self,
+        shape: &[usize],
+        seed: u64,
+        scale_inv: &[f32],
+    ) -> Option<Result<B::Weight>> {
+        self.inner.dummy_fp8_weight(shape, seed, scale_inv)
+    }
+
     fn synchronize(&self) -> Result<()> {
         self.inner.synchronize()
     }

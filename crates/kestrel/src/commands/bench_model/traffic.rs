@@ -12,6 +12,11 @@ use serde_json::{Value, json};
 pub struct Storage {
     /// Matrix weights (bf16 on CUDA, f32 on the CPU reference backend).
     pub matrix: usize,
+    /// The matrices block-FP8 checkpoints quantise (attention and DeltaNet
+    /// projections but their `a`/`b` rows, dense and expert MLPs): 1 where
+    /// the backend reads them as FP8 (their scales, 4 bytes per 16,384
+    /// weights, are left out), else `matrix`.
+    pub quantized: usize,
     /// KV-cache entries.
     pub kv: usize,
 }
@@ -65,6 +70,7 @@ pub fn step_bytes(
     let h = cfg.hidden_size;
     let tokens = seqs * new_tokens;
     let mat = |rows: usize, cols: usize| (rows * cols * st.matrix) as f64;
+    let qmat = |rows: usize, cols: usize| (rows * cols * st.quantized) as f64;
     let vec = |n: usize| (n * VECTOR) as f64;
     let mut b = StepBytes::default();
     // Embedding rows of the new tokens, final norm.
@@ -75,7 +81,7 @@ pub fn step_bytes(
         match kind {
             LayerKind::FullAttention => {
                 b.dense_weights +=
-                    mat(attn.proj_width(), h) + mat(h, attn.q_width()) + 2.0 * vec(attn.head_dim);
+                    qmat(attn.proj_width(), h) + qmat(h, attn.q_width()) + 2.0 * vec(attn.head_dim);
                 // Keys and values of every cached and new position.
                 b.kv_cache += seqs as f64
                     * (context + new_tokens as f64)
@@ -83,8 +89,10 @@ pub fn step_bytes(
             }
             LayerKind::LinearAttention => {
                 let g = gdn_spec(cfg).expect("hybrid configs have linear attention");
-                b.dense_weights += mat(g.proj_width(), h)
-                    + mat(h, g.value_width())
+                let ba = 2 * g.num_v_heads;
+                b.dense_weights += qmat(g.proj_width() - ba, h)
+                    + mat(ba, h)
+                    + qmat(h, g.value_width())
                     + mat(g.conv_dim(), g.conv_kernel)
                     + vec(2 * g.num_v_heads + g.head_v_dim);
                 let state = g.num_v_heads * g.head_k_dim * g.head_v_dim
@@ -99,11 +107,11 @@ pub fn step_bytes(
                 b.expected_experts_per_layer = distinct;
                 b.dense_weights += mat(moe.num_experts, h);
                 if let Some(si) = moe.shared_intermediate {
-                    b.dense_weights += mat(3 * si, h) + mat(1, h);
+                    b.dense_weights += qmat(3 * si, h) + mat(1, h);
                 }
-                b.expert_weights += distinct * mat(3 * moe.intermediate, h);
+                b.expert_weights += distinct * qmat(3 * moe.intermediate, h);
             }
-            _ => b.dense_weights += mat(3 * cfg.dense_intermediate.unwrap_or_default(), h),
+            _ => b.dense_weights += qmat(3 * cfg.dense_intermediate.unwrap_or_default(), h),
         }
     }
     b.lm_head = mat(cfg.vocab_size, h);
@@ -136,7 +144,12 @@ pub fn verify_bytes(
 /// multiply-add over the weights each token uses (top-k experts only), plus
 /// causal attention scores and values.
 pub fn prefill_flops(cfg: &ModelConfig, tokens: usize) -> f64 {
-    let per_token = step_bytes(cfg, Storage { matrix: 1, kv: 0 }, 1, 0.0, 1);
+    let one_byte = Storage {
+        matrix: 1,
+        quantized: 1,
+        kv: 0,
+    };
+    let per_token = step_bytes(cfg, one_byte, 1, 0.0, 1);
     // With one token, the "distinct experts" are exactly top-k; bytes at one
     // byte per element are parameters. The embedding row is a lookup, not math.
     let params = per_token.dense_weights + per_token.expert_weights + per_token.lm_head
@@ -163,7 +176,11 @@ mod tests {
         ModelConfig::from_file(&path).unwrap()
     }
 
-    const BF16: Storage = Storage { matrix: 2, kv: 2 };
+    const BF16: Storage = Storage {
+        matrix: 2,
+        quantized: 2,
+        kv: 2,
+    };
 
     #[test]
     fn qwen3_6_batch_one_reads_about_six_gigabytes() {
@@ -215,5 +232,23 @@ mod tests {
         let f = prefill_flops(&cfg, 1);
         // About 3.3 B active parameters (with the lm_head) per token.
         assert!((6.0e9..7.0e9).contains(&f), "{f}");
+    }
+
+    #[test]
+    fn fp8_halves_the_quantised_weights_and_keeps_the_lm_head() {
+        let cfg = config("qwen3.6-35b-a3b");
+        let fp8 = Storage {
+            quantized: 1,
+            ..BF16
+        };
+        let (b, q) = (
+            step_bytes(&cfg, BF16, 1, 0.0, 1),
+            step_bytes(&cfg, fp8, 1, 0.0, 1),
+        );
+        assert_eq!(q.lm_head, b.lm_head);
+        assert!((q.expert_weights * 2.0 - b.expert_weights).abs() < 1.0);
+        // The figure: about 1.7x fewer bytes with the lm_head in bf16.
+        let gain = b.total / q.total;
+        assert!((1.6..1.8).contains(&gain), "{gain}");
     }
 }
