@@ -9,11 +9,13 @@
 //! - [`decoder`]: the layer stack shared by all four architectures.
 //! - [`mtp`]: the Qwen3.5/3.6 multi-token-prediction head.
 //! - [`draft_head`]: the lm_head drafting scores with, whole or reduced.
+//! - [`dflash`]: the DFlash block drafter and its per-sequence context.
 
 pub mod blocks;
 mod buffers;
 pub mod config;
 pub mod decoder;
+pub mod dflash;
 pub mod draft_head;
 mod dummy_init;
 pub mod eval;
@@ -32,6 +34,7 @@ use kestrel_core::Backend;
 
 pub use config::{Arch, LayerKind, ModelConfig};
 pub use decoder::Decoder;
+pub use dflash::{DflashConfig, DflashDrafter, DraftContext};
 pub use draft_head::DraftHead;
 pub use fp8::Quantization;
 pub use mtp::MtpHead;
