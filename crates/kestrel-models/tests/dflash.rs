@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use kestrel_core::Backend;
 use kestrel_cpu::CpuBackend;
+use kestrel_models::runner::SequenceRunner;
 use kestrel_models::{DflashDrafter, DraftContext, Model};
 use serde_json::Value;
 
@@ -66,11 +67,19 @@ fn load() -> Fixture {
 }
 
 impl Fixture {
-    /// Rows `from..to` of the recorded target taps, as a backend tensor.
-    fn taps(&self, from: usize, to: usize) -> <CpuBackend as Backend>::Tensor {
+    /// Rows `from..to` of the recorded target taps, one backend tensor per
+    /// tapped layer.
+    fn taps(&self, from: usize, to: usize) -> Vec<<CpuBackend as Backend>::Tensor> {
         let (shape, values) = &self.tensors["target_taps"];
-        let w = shape[1];
-        self.b.from_host(to - from, w, &values[from * w..to * w])
+        let (w, h) = (shape[1], 64);
+        (0..w / h)
+            .map(|j| {
+                let rows: Vec<f32> = (from..to)
+                    .flat_map(|r| values[r * w + j * h..r * w + (j + 1) * h].iter().copied())
+                    .collect();
+                self.b.from_host(to - from, h, &rows)
+            })
+            .collect()
     }
 
     fn check_step(&self, ctx: &DraftContext<CpuBackend>, step: &Value, logits_name: &str) {
@@ -189,5 +198,42 @@ fn malformed_drafter_folders_are_refused_with_the_reason() {
         err(tmp.path()).contains("target layer 9"),
         "{}",
         err(tmp.path())
+    );
+}
+
+#[test]
+fn the_target_records_the_tapped_hidden_states_without_changing_its_logits() {
+    let f = load();
+    let seq: Vec<u32> = f.meta["sequence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let taps = &f.drafter.config.target_layer_ids;
+    let (shape, want) = &f.tensors["target_taps"];
+    let (w, h) = (shape[1], 64);
+    let mut tapped = SequenceRunner::new(&f.b, &f.target, 64).unwrap();
+    let mut plain = SequenceRunner::new(&f.b, &f.target, 64).unwrap();
+    let mut worst = 0.0f32;
+    // A prefill chunk, then verify-sized and decode-sized steps.
+    for (from, to) in [(0, 5), (5, 6), (6, 14), (14, 15), (15, seq.len())] {
+        let (states, logits) = tapped.feed_tapped(&seq[from..to], taps).unwrap();
+        let reference = plain.feed_last_logits(&seq[from..to]).unwrap();
+        assert_eq!(logits, reference, "logits with taps are bit-identical");
+        for (j, state) in states.iter().enumerate() {
+            let got = f.b.to_host(state);
+            assert_eq!(got.len(), (to - from) * h);
+            for (r, row) in got.chunks_exact(h).enumerate() {
+                let start = (from + r) * w + j * h;
+                for (x, y) in row.iter().zip(&want[start..start + h]) {
+                    worst = worst.max((x - y).abs() / y.abs().max(1.0));
+                }
+            }
+        }
+    }
+    assert!(
+        worst < 1e-3,
+        "tapped states differ from transformers' by {worst}"
     );
 }

@@ -61,14 +61,14 @@ impl<B: Backend> DraftContext<B> {
     }
 
     /// Appends the committed tokens whose tapped target hidden states are
-    /// `features` (`[n, taps * H]`, positions `end()..end()+n`), then drops
-    /// the oldest rows beyond the window.
-    pub fn append(&mut self, b: &B, drafter: &DflashDrafter<B>, features: &B::Tensor) {
-        let n = b.dims(features).0;
+    /// `taps` (one `[n, H]` per target layer tapped, positions
+    /// `end()..end()+n`), then drops the oldest rows beyond the window.
+    pub fn append(&mut self, b: &B, drafter: &DflashDrafter<B>, taps: &[B::Tensor]) {
+        let n = taps.first().map_or(0, |t| b.dims(t).0);
         if n == 0 {
             return;
         }
-        let new = drafter.context_kv(b, features, self.end());
+        let new = drafter.context_kv(b, taps, self.end());
         self.layers = if self.layers.is_empty() {
             new
         } else {

@@ -23,7 +23,7 @@ mod context;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use kestrel_core::{AttentionSpec, Backend, PreNorm, RopeSpec};
+use kestrel_core::{AttentionSpec, Backend, HostTensor, PreNorm, RopeSpec};
 
 pub use config::DflashConfig;
 pub use context::DraftContext;
@@ -76,8 +76,9 @@ impl<B: Backend> DraftLayer<B> {
 pub struct DflashDrafter<B: Backend> {
     pub config: DflashConfig,
     spec: AttentionSpec,
-    /// `[H, taps * H]`.
-    fc: B::Weight,
+    /// `fc.weight` `[H, taps * H]` split by input block: `fc[j]` `[H, H]`
+    /// reads tap j, so the concatenated feature is never formed.
+    fc: Vec<B::Weight>,
     hidden_norm: B::Weight,
     layers: Vec<DraftLayer<B>>,
     norm: B::Weight,
@@ -116,8 +117,17 @@ impl<B: Backend> DflashDrafter<B> {
         let layers = (0..c.num_layers)
             .map(|i| DraftLayer::load(l, &format!("layers.{i}."), &config, &spec))
             .collect::<Result<Vec<_>>>()?;
+        let taps = config.target_layer_ids.len();
+        let fc = (0..taps)
+            .map(|j| {
+                l.materialize(&format!("fc.weight#tap{j}"), &[h, h], || {
+                    let full = l.tensor("fc.weight", &[h, taps * h])?.into_dense();
+                    Ok(column_block(&full, j * h, h))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(DflashDrafter {
-            fc: l.weight("fc.weight", &[h, config.feature_width()])?,
+            fc,
             hidden_norm: l.norm("hidden_norm.weight", h)?,
             norm: l.norm("norm.weight", h)?,
             layers,
@@ -131,11 +141,21 @@ impl<B: Backend> DflashDrafter<B> {
     }
 
     /// Every layer's context keys and values (`[n, 2 * Hkv * D]` each) of
-    /// `features` (`[n, taps * H]`, the target's tapped hidden states of n
-    /// consecutive tokens from `first_position` on).
-    pub fn context_kv(&self, b: &B, features: &B::Tensor, first_position: usize) -> Vec<B::Tensor> {
+    /// `taps` (per target layer of `target_layer_ids`, `[n, H]`: the
+    /// target's hidden states of n consecutive tokens from
+    /// `first_position` on).
+    pub fn context_kv(&self, b: &B, taps: &[B::Tensor], first_position: usize) -> Vec<B::Tensor> {
+        assert_eq!(
+            taps.len(),
+            self.fc.len(),
+            "one hidden state per target layer tapped"
+        );
         let eps = self.config.layers.rms_norm_eps;
-        let x = b.rms_norm(&b.matmul(features, &self.fc), &self.hidden_norm, eps);
+        let mut projected = b.matmul(&taps[0], &self.fc[0]);
+        for (tap, fc) in taps.iter().zip(&self.fc).skip(1) {
+            b.add_assign(&mut projected, &b.matmul(tap, fc));
+        }
+        let x = b.rms_norm(&projected, &self.hidden_norm, eps);
         self.layers
             .iter()
             .map(|layer| {
@@ -228,5 +248,20 @@ impl<B: Backend> DflashDrafter<B> {
         }
         let logits = self.block_logits(b, target, context, anchor, block);
         b.argmax_rows(&logits, vocab.min(b.dims(&logits).1))
+    }
+}
+
+/// Columns `start .. start + width` of a `[rows, cols]` tensor.
+fn column_block(t: &HostTensor, start: usize, width: usize) -> HostTensor<'static> {
+    let (rows, cols) = (t.shape[0], t.shape[1]);
+    let es = t.dtype.size();
+    let mut data = Vec::with_capacity(rows * width * es);
+    for r in 0..rows {
+        data.extend_from_slice(&t.data[(r * cols + start) * es..(r * cols + start + width) * es]);
+    }
+    HostTensor {
+        dtype: t.dtype,
+        shape: vec![rows, width],
+        data: std::borrow::Cow::Owned(data),
     }
 }
