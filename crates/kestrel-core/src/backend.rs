@@ -444,6 +444,49 @@ pub trait Backend: Send + Sync + Sized + 'static {
         batch: &ForwardBatch,
     ) -> Self::Tensor;
 
+    /// Keys and values for attention outside the paged cache
+    /// ([`Backend::block_attention`]): `kv` rows hold the projections
+    /// `[k (Hkv*D) | v (Hkv*D)]`; each key head gets its RMSNorm with
+    /// `k_norm` and RoPE at its row's position (`first_position + row`);
+    /// values pass through. A block drafter (DFlash) keeps its context this
+    /// way. The default computes on the host through `to_host`/`from_host`:
+    /// correct on every backend but slow on a device, where a kernel should
+    /// replace it.
+    fn prepare_keys(
+        &self,
+        kv: &Self::Tensor,
+        k_norm: &Self::Weight,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) -> Self::Tensor {
+        crate::block_attention::prepare_keys_on_host(self, kv, k_norm, spec, first_position)
+    }
+
+    /// Non-causal GQA attention of the query rows `q` (`[T, Hq*D]`
+    /// projections; their per-head RMSNorm with `q_norm` and RoPE at
+    /// positions `first_position..` are applied here) over every row of
+    /// `kv` (made by [`Backend::prepare_keys`]): no mask, every query sees
+    /// every key. No output gate. Returns `[T, Hq*D]`. The default computes
+    /// on the host through `to_host`/`from_host` (correct but slow on a
+    /// device).
+    fn block_attention(
+        &self,
+        q: &Self::Tensor,
+        q_norm: &Self::Weight,
+        kv: &Self::Tensor,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) -> Self::Tensor {
+        crate::block_attention::block_attention_on_host(self, q, q_norm, kv, spec, first_position)
+    }
+
+    /// The rows of `a` followed by the rows of `b` (same width; either may
+    /// have no rows). The default copies through the host (correct but slow
+    /// on a device).
+    fn concat_rows(&self, a: &Self::Tensor, b: &Self::Tensor) -> Self::Tensor {
+        crate::block_attention::concat_rows_on_host(self, a, b)
+    }
+
     /// Router (softmax, top-k, optional renormalise), the selected experts and
     /// the gated shared expert. Returns `[T, H]`.
     fn moe(&self, x: &Self::Tensor, w: &MoeWeights<Self::Weight>, spec: &MoeSpec) -> Self::Tensor;

@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod block_attention;
 pub mod candidates;
 pub mod dummy;
 pub mod fp8;

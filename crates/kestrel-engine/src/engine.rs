@@ -383,6 +383,9 @@ impl<B: Backend> EngineLoop<B> {
             return;
         };
         let vocab = self.vocab_size;
+        let running: std::collections::HashSet<_> =
+            self.scheduler.running_mut().map(|seq| seq.id).collect();
+        proposer.retain(|id| running.contains(&id));
         for seq in self.scheduler.running_mut() {
             seq.drafts.clear();
             if !seq.is_decoding() {

@@ -17,7 +17,8 @@ use crate::engine::LogitsObserver;
 use crate::handle::EngineEvent;
 use crate::scheduler::{Scheduler, StateOp, StepPlan};
 use crate::sequence::Sequence;
-use crate::spec::mtp::{CommittedRows, MtpDrafter};
+use crate::spec::capture::{self, StepReader};
+use crate::spec::mtp::CommittedRows;
 use crate::timing;
 
 /// What happened to a sequence in this step, applied after all sampling.
@@ -44,7 +45,7 @@ pub(crate) fn execute<B: Backend>(
     plan: StepPlan,
     mut observer: Option<&mut LogitsObserver>,
     use_candidates: bool,
-    drafter: Option<&mut MtpDrafter<B>>,
+    drafter: Option<StepReader<'_, B>>,
 ) -> Result<()> {
     if plan.chunks.is_empty() {
         return Ok(());
@@ -99,33 +100,16 @@ pub(crate) fn execute<B: Backend>(
 
     let forward_start = Instant::now();
     // One step either way; ending in logits lets decode steps be replayed.
-    // A drafter that reads the hidden states gets them too.
-    let wants_hidden = drafter.is_some();
-    let (out, hidden) = match (logit_rows.is_empty(), wants_hidden) {
-        (true, false) => {
-            model.decoder.forward(backend, &ids, &batch, cache);
-            (None, None)
-        }
-        (true, true) => (
-            None,
-            Some(model.decoder.forward(backend, &ids, &batch, cache)),
-        ),
-        (false, false) => (
-            Some(
-                model
-                    .decoder
-                    .step_logits(backend, &ids, &batch, cache, &logit_rows),
-            ),
-            None,
-        ),
-        (false, true) => {
-            let (logits, hidden) =
-                model
-                    .decoder
-                    .step_logits_and_hidden(backend, &ids, &batch, cache, &logit_rows);
-            (Some(logits), Some(hidden))
-        }
-    };
+    // A drafter that reads the target's states gets them too.
+    let (out, captured) = capture::forward(
+        backend,
+        model,
+        &ids,
+        &batch,
+        cache,
+        &logit_rows,
+        drafter.as_ref(),
+    );
     let step_logits = out
         .as_ref()
         .map(|out| StepLogits::new(backend, out, sched.config().sampled_vocab));
@@ -257,7 +241,7 @@ pub(crate) fn execute<B: Backend>(
         })?;
     }
 
-    if let (Some(drafter), Some(hidden)) = (drafter, hidden.as_ref()) {
+    if let (Some(drafter), Some(captured)) = (drafter, captured.as_ref()) {
         let ended: Vec<SeqId> = outcomes
             .iter()
             .map(|o| match o {
@@ -283,7 +267,7 @@ pub(crate) fn execute<B: Backend>(
                 decodes_next: committed + 1 == seq.tokens.len(),
             });
         }
-        drafter.after_step(backend, model, hidden, &rows)?;
+        drafter.after_step(backend, model, captured, &rows)?;
     }
 
     for outcome in outcomes {

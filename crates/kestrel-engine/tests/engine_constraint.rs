@@ -24,7 +24,7 @@ struct Multiples {
 impl TokenConstraint for Multiples {
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         for (id, l) in logits.iter_mut().enumerate() {
-            if id as u32 % self.step != 0 {
+            if !(id as u32).is_multiple_of(self.step) {
                 *l = f32::NEG_INFINITY;
             }
         }
@@ -32,7 +32,7 @@ impl TokenConstraint for Multiples {
     }
 
     fn accept(&mut self, token: u32) -> Result<(), String> {
-        if token % self.step != 0 || self.left == 0 {
+        if !token.is_multiple_of(self.step) || self.left == 0 {
             return Err(format!("{token} is not allowed"));
         }
         self.left -= 1;

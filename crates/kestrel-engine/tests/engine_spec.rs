@@ -1,6 +1,7 @@
 //! Speculative decoding never changes the output: every scenario runs with
 //! speculation off and then on with one proposer after another (drafts all
-//! right, all wrong, none, k alternating 0/3/1, random, n-gram lookup), and
+//! right, all wrong, none, k alternating 0/3/1, random, n-gram lookup, MTP,
+//! a random DFlash drafter on the hybrid golden model), and
 //! the tokens, finish reasons, usage and every sampled logits row must be
 //! bit-identical. Scenarios cover prefix-cache hits on and one token past a
 //! block boundary, forced preemption, the context limit, stop tokens inside
@@ -13,7 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use kestrel_cpu::CpuBackend;
-use kestrel_engine::spec::{DraftSource, NgramConfig, SpeculativeConfig, SpeculativeMethod};
+use kestrel_engine::spec::{
+    DflashOptions, DraftSource, NgramConfig, SpeculativeConfig, SpeculativeMethod,
+};
 use kestrel_engine::{Engine, EngineConfig, EngineOptions, EngineStats, GenerateRequest};
 use kestrel_sampling::{FinishReason, SamplingParams};
 
@@ -164,6 +167,24 @@ fn check_all_proposers(model: TestModel, s: &Scenario) {
     if model.has_mtp_head() {
         methods.push(("mtp".into(), SpeculativeMethod::mtp(), 3));
     }
+    if let Some(drafter) = model.dflash_drafter() {
+        // The random drafter's whole block, and a shorter one.
+        for k in [7, 3] {
+            let options = DflashOptions::new(&drafter);
+            methods.push((
+                format!("dflash k={k}"),
+                SpeculativeMethod::Dflash(options),
+                k,
+            ));
+        }
+        let mut narrow = DflashOptions::new(&drafter);
+        narrow.window = 6;
+        methods.push((
+            "dflash window 6".into(),
+            SpeculativeMethod::Dflash(narrow),
+            7,
+        ));
+    }
     for (name, method, k) in methods {
         let on = run(model, s, Some(method), k);
         let what = format!("{model:?} / {} / {name}", s.name);
@@ -189,6 +210,12 @@ fn check_all_proposers(model: TestModel, s: &Scenario) {
         if name == "AllWrong" {
             assert_eq!(st.spec_decode_num_accepted_tokens_total, 0, "{what}");
             assert!(st.spec_decode_num_draft_tokens_total > 0, "{what}");
+        }
+        if name.starts_with("dflash") {
+            assert!(
+                st.spec_decode_num_draft_tokens_total > 0,
+                "{what}: the drafter drafted"
+            );
         }
         if name == "Zero" {
             assert_eq!(st.spec_decode_num_drafts_total, 0, "{what}");
@@ -372,6 +399,29 @@ fn mtp_at_every_depth_is_lossless() {
             );
         }
     }
+}
+
+#[test]
+fn a_dflash_drafter_is_refused_by_a_target_it_does_not_fit() {
+    let drafter = TestModel::HybridGolden.dflash_drafter().unwrap();
+    let start = |model: TestModel, dir: &std::path::Path| {
+        let options = EngineOptions {
+            speculative: Some(SpeculativeConfig {
+                method: SpeculativeMethod::Dflash(DflashOptions::new(dir)),
+                num_speculative_tokens: 7,
+            }),
+            ..EngineOptions::default()
+        };
+        let err = Engine::spawn_with_options(CpuBackend::new(), model.load(), config(), options)
+            .err()
+            .expect("refused");
+        format!("{err:#}")
+    };
+    // The attention-only MoE has 4 layers; the drafter taps layer 5.
+    let err = start(TestModel::Moe, &drafter);
+    assert!(err.contains("target layer 5"), "{err}");
+    let err = start(TestModel::HybridGolden, &drafter.join("absent"));
+    assert!(err.contains("config.json"), "{err}");
 }
 
 #[test]

@@ -20,6 +20,9 @@ pub const MAX_REPLAYED_BATCH: usize = 8;
 /// speculative verify step one per draft plus one.
 pub const MAX_REPLAYED_TOKENS: usize = 16;
 
+/// The residual stream and the last layer's output, not yet added.
+pub(crate) type Unadded<T> = (T, Option<T>);
+
 pub enum Mixer<B: Backend> {
     Attention(Attention<B>),
     GatedDeltaNet(GatedDeltaNet<B>),
@@ -293,13 +296,39 @@ impl<B: Backend> Decoder<B> {
         batch: &ForwardBatch,
         cache: &mut B::Cache,
     ) -> (B::Tensor, Option<B::Tensor>) {
+        self.forward_layers_tapped(b, ids, batch, cache, &[]).0
+    }
+
+    /// [`Self::forward_layers_unadded`], also returning the hidden states
+    /// after each layer of `taps` (in that order): extra copies, the
+    /// stream itself untouched, so outputs do not change.
+    pub(crate) fn forward_layers_tapped(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut B::Cache,
+        taps: &[usize],
+    ) -> (Unadded<B::Tensor>, Vec<B::Tensor>) {
         let eps = self.config.rms_norm_eps;
         let mut residual = b.embedding(&self.embed, ids);
         let mut out: Option<B::Tensor> = None;
-        for layer in &self.layers {
-            out = Some(layer.forward(b, &mut residual, out.as_ref(), eps, cache, batch));
+        let mut tapped: Vec<Option<B::Tensor>> = taps.iter().map(|_| None).collect();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let o = layer.forward(b, &mut residual, out.as_ref(), eps, cache, batch);
+            for (slot, _) in tapped.iter_mut().zip(taps).filter(|(_, t)| **t == i) {
+                let all: Vec<usize> = (0..b.dims(&residual).0).collect();
+                let mut sum = b.gather_rows(&residual, &all);
+                b.add_assign(&mut sum, &o);
+                *slot = Some(sum);
+            }
+            out = Some(o);
         }
-        (residual, out)
+        let tapped = tapped
+            .into_iter()
+            .map(|t| t.expect("every tapped layer exists (checked by the drafter's loader)"))
+            .collect();
+        ((residual, out), tapped)
     }
 
     /// Logits of the selected rows of `hidden` (pre-final-norm states).
@@ -313,7 +342,7 @@ impl<B: Backend> Decoder<B> {
     /// and the final norm inside the lm_head's product (`norm_matmul`: on
     /// CUDA one kernel at decode sizes, in place of an add, a norm and the
     /// product). Rows are gathered first where they are not all of them.
-    fn logits_of_sum(
+    pub(crate) fn logits_of_sum(
         &self,
         b: &B,
         residual: B::Tensor,

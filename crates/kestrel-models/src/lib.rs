@@ -9,11 +9,14 @@
 //! - [`decoder`]: the layer stack shared by all four architectures.
 //! - [`mtp`]: the Qwen3.5/3.6 multi-token-prediction head.
 //! - [`draft_head`]: the lm_head drafting scores with, whole or reduced.
+//! - [`dflash`]: the DFlash block drafter and its per-sequence context;
+//!   [`taps`]: the target's hidden states after chosen layers, which it reads.
 
 pub mod blocks;
 mod buffers;
 pub mod config;
 pub mod decoder;
+pub mod dflash;
 pub mod draft_head;
 mod dummy_init;
 pub mod eval;
@@ -22,6 +25,7 @@ pub mod loader;
 pub mod mtp;
 pub mod pipeline;
 pub mod runner;
+pub mod taps;
 pub mod transform;
 pub mod weights;
 
@@ -32,10 +36,12 @@ use kestrel_core::Backend;
 
 pub use config::{Arch, LayerKind, ModelConfig};
 pub use decoder::Decoder;
+pub use dflash::{DflashConfig, DflashDrafter, DraftContext};
 pub use draft_head::DraftHead;
 pub use fp8::Quantization;
 pub use mtp::MtpHead;
 pub use pipeline::{LoadMode, LoadStats};
+pub use taps::TappedStep;
 pub use weights::WeightFiles;
 
 /// A loaded model: the decoder and, when the checkpoint has one, its MTP head.

@@ -107,6 +107,35 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
         Ok(hidden)
     }
 
+    /// Appends `tokens` and returns the hidden states after each layer of
+    /// `taps` (one `[n, hidden]` per tap) and the logits of the last token:
+    /// what a DFlash drafter reads from its target.
+    pub fn feed_tapped(
+        &mut self,
+        tokens: &[u32],
+        taps: &[usize],
+    ) -> Result<(Vec<B::Tensor>, Vec<f32>)> {
+        self.check_feed(tokens)?;
+        if let Some(bad) = taps.iter().find(|&&t| t >= self.model.config().num_layers) {
+            bail!(
+                "layer {bad} cannot be tapped: the model has {} layers",
+                self.model.config().num_layers
+            );
+        }
+        let batch = self.batch(tokens.len());
+        let step = self.model.decoder.step_with_taps(
+            self.backend,
+            tokens,
+            &batch,
+            &mut self.cache,
+            &[tokens.len() - 1],
+            taps,
+        );
+        self.len += tokens.len();
+        let logits = step.logits.expect("a row was asked for");
+        Ok((step.taps, self.backend.to_host(&logits)))
+    }
+
     /// Appends `tokens` and returns the logits of the last one. One-token
     /// feeds are decode steps, which a backend may record and replay.
     pub fn feed_last_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {

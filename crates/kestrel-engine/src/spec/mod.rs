@@ -23,6 +23,8 @@
 //! the last accepted token. Verify chunks start after the prompt, so nothing
 //! speculative is offered to the prefix cache.
 
+pub(crate) mod capture;
+pub mod dflash;
 pub mod draft_vocab;
 pub(crate) mod mtp;
 pub mod ngram;
@@ -34,11 +36,15 @@ use std::sync::Arc;
 use kestrel_core::Backend;
 use kestrel_models::Model;
 
+pub use dflash::{DEFAULT_DRAFT_WINDOW, DflashOptions};
 pub use draft_vocab::DraftVocab;
 pub use ngram::NgramConfig;
 
+use crate::client::SeqId;
 use crate::handle::EngineConfig;
 use crate::sequence::Sequence;
+use capture::StepReader;
+use dflash::DflashProposer;
 use mtp::MtpDrafter;
 
 /// How drafts are made.
@@ -49,6 +55,9 @@ pub enum SpeculativeMethod {
     /// The model's multi-token-prediction head, chained (vLLM's
     /// `qwen3_next_mtp`).
     Mtp(MtpOptions),
+    /// A DFlash block drafter reading the target's hidden states (z-lab
+    /// checkpoints; vLLM's `dflash`).
+    Dflash(DflashOptions),
     /// Drafts from outside the engine: adversarial drafts in tests, the
     /// replayed continuation of `bench-model`.
     External(Arc<dyn DraftSource>),
@@ -59,18 +68,20 @@ impl std::fmt::Debug for SpeculativeMethod {
         match self {
             SpeculativeMethod::Ngram(c) => write!(f, "Ngram({c:?})"),
             SpeculativeMethod::Mtp(o) => write!(f, "Mtp({o:?})"),
+            SpeculativeMethod::Dflash(o) => write!(f, "Dflash({o:?})"),
             SpeculativeMethod::External(source) => write!(f, "External({})", source.label()),
         }
     }
 }
 
 impl SpeculativeMethod {
-    /// How logs and metrics name the method: `ngram`, `mtp`, or the
+    /// How logs and metrics name the method: `ngram`, `mtp`, `dflash`, or the
     /// external source's own label.
     pub fn label(&self) -> String {
         match self {
             SpeculativeMethod::Ngram(_) => "ngram".into(),
             SpeculativeMethod::Mtp(_) => "mtp".into(),
+            SpeculativeMethod::Dflash(_) => "dflash".into(),
             SpeculativeMethod::External(source) => source.label(),
         }
     }
@@ -144,6 +155,7 @@ pub(crate) struct Proposer<B: Backend> {
     method: SpeculativeMethod,
     max_drafts: usize,
     mtp: Option<MtpDrafter<B>>,
+    dflash: Option<DflashProposer<B>>,
 }
 
 /// The settings a configuration must pass before the engine starts.
@@ -188,10 +200,21 @@ impl<B: Backend> Proposer<B> {
             )?),
             _ => None,
         };
+        let dflash = match &config.method {
+            SpeculativeMethod::Dflash(options) => Some(DflashProposer::new(
+                backend,
+                model,
+                options,
+                config.num_speculative_tokens,
+                vocab,
+            )?),
+            _ => None,
+        };
         Ok(Self {
             method: config.method.clone(),
             max_drafts: config.num_speculative_tokens,
             mtp,
+            dflash,
         })
     }
 
@@ -217,13 +240,30 @@ impl<B: Backend> Proposer<B> {
                 .as_ref()
                 .map(|m| m.drafts(seq.id).to_vec())
                 .unwrap_or_default(),
+            SpeculativeMethod::Dflash(_) => self
+                .dflash
+                .as_ref()
+                .map(|d| d.drafts(seq.id).to_vec())
+                .unwrap_or_default(),
         };
         drafts.truncate(limit);
         drafts
     }
 
     /// The drafter that reads the target's hidden states after each step.
-    pub fn hidden_reader(&mut self) -> Option<&mut MtpDrafter<B>> {
-        self.mtp.as_mut()
+    pub(crate) fn hidden_reader(&mut self) -> Option<StepReader<'_, B>> {
+        match (&mut self.mtp, &mut self.dflash) {
+            (Some(m), _) => Some(StepReader::Mtp(m)),
+            (None, Some(d)) => Some(StepReader::Dflash(d)),
+            (None, None) => None,
+        }
+    }
+
+    /// Forget what is kept for sequences that are no longer running
+    /// (`running` says which are).
+    pub fn retain(&mut self, running: impl Fn(SeqId) -> bool) {
+        if let Some(d) = &mut self.dflash {
+            d.retain(running);
+        }
     }
 }

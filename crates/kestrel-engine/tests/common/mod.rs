@@ -44,6 +44,13 @@ impl TestModel {
         !matches!(self, TestModel::Moe)
     }
 
+    /// A DFlash drafter folder made for this model, if there is one (a
+    /// random one for the hybrid golden model, testdata/dflash).
+    pub fn dflash_drafter(self) -> Option<PathBuf> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        matches!(self, TestModel::HybridGolden).then(|| root.join("testdata/dflash/drafter"))
+    }
+
     pub fn is_hybrid(self) -> bool {
         !matches!(self, TestModel::Moe)
     }

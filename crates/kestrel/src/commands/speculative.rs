@@ -1,5 +1,6 @@
 //! The speculative-decoding flags of `serve` and `generate`: kestrel's own
-//! (`--speculative ngram|mtp --num-speculative-tokens K`) and vLLM's
+//! (`--speculative ngram|mtp|dflash --num-speculative-tokens K`, with
+//! `--draft-model DIR` and `--draft-window N` for DFlash) and vLLM's
 //! `--speculative-config '{"method": ..., "num_speculative_tokens": ...}'`,
 //! accepted as vLLM users write it, plus `--draft-vocab FILE` (in the JSON:
 //! `"draft_vocab"`) for MTP drafting over a reduced vocabulary.
@@ -14,14 +15,15 @@ use anyhow::{Result, bail};
 use kestrel_engine::spec::prompt_replay::PromptReplay;
 use kestrel_engine::spec::replay::Profile;
 use kestrel_engine::spec::{
-    DraftVocab, MtpOptions, NgramConfig, SpeculativeConfig, SpeculativeMethod,
+    DflashOptions, DraftVocab, MtpOptions, NgramConfig, SpeculativeConfig, SpeculativeMethod,
 };
 use serde_json::Value;
 
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct SpeculativeArgs {
-    /// Speculative decoding: `ngram` (prompt lookup) or `mtp` (the model's
-    /// multi-token-prediction head); `replay` is a benchmark proposer for
+    /// Speculative decoding: `ngram` (prompt lookup), `mtp` (the model's
+    /// multi-token-prediction head) or `dflash` (a DFlash block drafter,
+    /// --draft-model); `replay` is a benchmark proposer for
     /// dummy weights (see --acceptance). Output is the same with it on or off.
     #[arg(long, value_name = "METHOD")]
     speculative: Option<String>,
@@ -41,6 +43,14 @@ pub struct SpeculativeArgs {
     /// array), scoring only their rows of the lm_head. Output is unchanged.
     #[arg(long, value_name = "FILE")]
     draft_vocab: Option<PathBuf>,
+    /// The drafter folder of `--speculative dflash` (z-lab form; in the
+    /// JSON: `"model"`). K defaults to its block size minus one.
+    #[arg(long, value_name = "DIR")]
+    draft_model: Option<PathBuf>,
+    /// Most context tokens the DFlash drafter keeps per sequence (in the
+    /// JSON: `"draft_window"`).
+    #[arg(long, value_name = "TOKENS")]
+    draft_window: Option<usize>,
     /// Per-position acceptance rates of `--speculative replay`, e.g.
     /// 0.87,0.74,0.61 (k is their number): a greedy request whose prompt the
     /// server has answered before gets that answer as drafts, corrupted at
@@ -70,6 +80,8 @@ impl SpeculativeArgs {
         let (mut min, mut max) = (self.prompt_lookup_min, self.prompt_lookup_max);
         let mut draft_vocab = self.draft_vocab.clone();
         let mut acceptance = self.acceptance.clone();
+        let mut draft_model = self.draft_model.clone();
+        let mut draft_window = self.draft_window;
         if let Some(json) = &self.speculative_config {
             let v: Value = serde_json::from_str(json)
                 .map_err(|e| anyhow::anyhow!("--speculative-config is not JSON: {e}"))?;
@@ -105,6 +117,13 @@ impl SpeculativeArgs {
                         draft_vocab = Some(path.into());
                     }
                     "acceptance" => acceptance = Some(rates(value)?),
+                    "model" => {
+                        let path = value.as_str().ok_or_else(|| {
+                            anyhow::anyhow!("--speculative-config: model must be a folder path")
+                        })?;
+                        draft_model = Some(path.into());
+                    }
+                    "draft_window" => draft_window = Some(as_count()?),
                     other => {
                         eprintln!("warning: --speculative-config: `{other}` is not used by kestrel")
                     }
@@ -124,6 +143,9 @@ impl SpeculativeArgs {
             if acceptance.is_some() {
                 bail!("--acceptance needs --speculative replay");
             }
+            if draft_model.is_some() || draft_window.is_some() {
+                bail!("--draft-model and --draft-window need --speculative dflash");
+            }
             return Ok(None);
         };
         if method == "replay" {
@@ -134,6 +156,12 @@ impl SpeculativeArgs {
         }
         if acceptance.is_some() {
             bail!("--acceptance is for --speculative replay, not {method}");
+        }
+        if method == "dflash" {
+            return dflash(draft_model, draft_window, k, draft_vocab.is_some()).map(Some);
+        }
+        if draft_model.is_some() || draft_window.is_some() {
+            bail!("--draft-model and --draft-window are for --speculative dflash");
         }
         let k = k.unwrap_or(DEFAULT_DRAFTS);
         if k == 0 {
@@ -152,7 +180,7 @@ impl SpeculativeArgs {
             other => {
                 bail!(
                     "speculative method `{other}` is not supported (kestrel has: ngram, mtp, \
-                     and replay for benchmarks)"
+                     dflash, and replay for benchmarks)"
                 )
             }
         };
@@ -164,6 +192,37 @@ impl SpeculativeArgs {
             num_speculative_tokens: k,
         }))
     }
+}
+
+/// DFlash drafting with the drafter in `dir`; k defaults to the drafter's
+/// block size minus one.
+fn dflash(
+    dir: Option<PathBuf>,
+    window: Option<usize>,
+    k: Option<usize>,
+    has_draft_vocab: bool,
+) -> Result<SpeculativeConfig> {
+    let Some(dir) = dir else {
+        bail!("--speculative dflash needs --draft-model DIR (a DFlash drafter folder)");
+    };
+    if has_draft_vocab {
+        bail!("a draft vocabulary is for MTP drafting (--speculative mtp)");
+    }
+    let k = match k {
+        Some(k) => k,
+        None => kestrel_models::DflashConfig::from_file(&dir.join("config.json"))?.block_size - 1,
+    };
+    if k == 0 {
+        bail!("--num-speculative-tokens must be at least 1");
+    }
+    let mut options = DflashOptions::new(dir);
+    if let Some(w) = window {
+        options.window = w;
+    }
+    Ok(SpeculativeConfig {
+        method: SpeculativeMethod::Dflash(options),
+        num_speculative_tokens: k,
+    })
 }
 
 /// The replay proposer at the profile `rates`; k is the number of rates.
@@ -211,6 +270,54 @@ mod tests {
             .config()
             .unwrap_err();
         assert!(err.to_string().contains("--speculative"), "{err}");
+    }
+
+    #[test]
+    fn dflash_takes_its_drafter_from_the_flags_or_the_json() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/dflash/drafter");
+        let from_flags = args(|a| {
+            a.speculative = Some("dflash".into());
+            a.draft_model = Some(dir.clone());
+        })
+        .config()
+        .unwrap()
+        .unwrap();
+        // The fixture drafter's block is 8: 7 drafts unless told otherwise.
+        assert_eq!(from_flags.num_speculative_tokens, 7);
+        match &from_flags.method {
+            SpeculativeMethod::Dflash(o) => {
+                assert_eq!((o.draft_model.as_path(), o.window), (dir.as_path(), 8192))
+            }
+            other => panic!("{other:?}"),
+        }
+        let json = format!(
+            r#"{{"method": "dflash", "model": {}, "num_speculative_tokens": 5, "draft_window": 512}}"#,
+            serde_json::to_string(&dir).unwrap()
+        );
+        let from_json = args(|a| a.speculative_config = Some(json))
+            .config()
+            .unwrap()
+            .unwrap();
+        assert_eq!(from_json.num_speculative_tokens, 5);
+        match &from_json.method {
+            SpeculativeMethod::Dflash(o) => assert_eq!(o.window, 512),
+            other => panic!("{other:?}"),
+        }
+        let err = args(|a| a.speculative = Some("dflash".into()))
+            .config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--draft-model"), "{err}");
+        let err = args(|a| a.draft_model = Some(dir.clone()))
+            .config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--speculative dflash"), "{err}");
+        let err = args(|a| {
+            a.speculative = Some("mtp".into());
+            a.draft_window = Some(10);
+        })
+        .config()
+        .unwrap_err();
+        assert!(err.to_string().contains("dflash"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,169 @@
+//! Attention over keys and values held outside the paged cache, with no
+//! causal mask: what a block drafter (DFlash) runs. Its queries are a block
+//! of new rows that see every key at once, the context's and the block's
+//! own, so the causal paged [`Backend::attention`] cannot express it.
+//!
+//! These are the host forms behind the trait's default methods
+//! ([`Backend::prepare_keys`], [`Backend::block_attention`],
+//! [`Backend::concat_rows`]): they copy activations to the host, compute in
+//! f32 and copy back. Correct on every backend, slow on a device one; a
+//! backend with kernels overrides the trait methods. The per-head RMSNorm
+//! goes through the backend's own [`Backend::rms_norm`] (on a
+//! `[rows * heads, head_dim]` view), so no weight is ever read back.
+
+use crate::{AttentionSpec, Backend, RopeSpec};
+
+/// Rotate one head in place at `position` (rotate-half pairing over the
+/// first `rotary_dim` dims; `inv_freq[j] = theta^(-2j / rotary_dim)` and the
+/// angle computed in f32, as transformers computes them).
+fn rotate_head(head: &mut [f32], rope: &RopeSpec, position: usize) {
+    let half = rope.rotary_dim / 2;
+    let dim = rope.rotary_dim as f32;
+    for j in 0..half {
+        let inv_freq = 1.0 / rope.theta.powf((2 * j) as f32 / dim);
+        let angle = position as f32 * inv_freq;
+        let (cos, sin) = (angle.cos(), angle.sin());
+        let (x1, x2) = (head[j], head[j + half]);
+        head[j] = x1 * cos - x2 * sin;
+        head[j + half] = x2 * cos + x1 * sin;
+    }
+}
+
+/// The first `heads * d` columns of every row of `values`, each head
+/// RMS-normed with `weight` through the backend and rotated at its row's
+/// position (`first_position + row`), written back into `values`.
+fn norm_rotate_heads<B: Backend>(
+    b: &B,
+    values: &mut [f32],
+    row_len: usize,
+    heads: usize,
+    weight: &B::Weight,
+    spec: &AttentionSpec,
+    first_position: usize,
+) {
+    let d = spec.head_dim;
+    let rows = values.len() / row_len.max(1);
+    let mut gathered = Vec::with_capacity(rows * heads * d);
+    for row in values.chunks_exact(row_len) {
+        gathered.extend_from_slice(&row[..heads * d]);
+    }
+    let normed = b.to_host(&b.rms_norm(
+        &b.from_host(rows * heads, d, &gathered),
+        weight,
+        spec.norm_eps,
+    ));
+    for (r, row) in values.chunks_exact_mut(row_len).enumerate() {
+        let part = &mut row[..heads * d];
+        part.copy_from_slice(&normed[r * heads * d..(r + 1) * heads * d]);
+        for head in part.chunks_exact_mut(d) {
+            rotate_head(head, &spec.rope, first_position + r);
+        }
+    }
+}
+
+/// See [`Backend::prepare_keys`].
+pub fn prepare_keys_on_host<B: Backend>(
+    b: &B,
+    kv: &B::Tensor,
+    k_norm: &B::Weight,
+    spec: &AttentionSpec,
+    first_position: usize,
+) -> B::Tensor {
+    let (rows, cols) = b.dims(kv);
+    assert_eq!(
+        cols,
+        2 * spec.kv_width(),
+        "key/value rows must be [k (Hkv*D) | v (Hkv*D)]"
+    );
+    let mut values = b.to_host(kv);
+    if rows > 0 {
+        norm_rotate_heads(
+            b,
+            &mut values,
+            cols,
+            spec.num_kv_heads,
+            k_norm,
+            spec,
+            first_position,
+        );
+    }
+    b.from_host(rows, cols, &values)
+}
+
+/// See [`Backend::block_attention`].
+pub fn block_attention_on_host<B: Backend>(
+    b: &B,
+    q: &B::Tensor,
+    q_norm: &B::Weight,
+    kv: &B::Tensor,
+    spec: &AttentionSpec,
+    first_position: usize,
+) -> B::Tensor {
+    let (rows, q_cols) = b.dims(q);
+    let (keys, kv_cols) = b.dims(kv);
+    assert_eq!(q_cols, spec.q_width(), "query rows must be [Hq*D]");
+    assert_eq!(
+        kv_cols,
+        2 * spec.kv_width(),
+        "key/value rows must be [k | v]"
+    );
+    assert!(
+        keys > 0 || rows == 0,
+        "block attention needs at least one key"
+    );
+    let mut queries = b.to_host(q);
+    if rows > 0 {
+        norm_rotate_heads(
+            b,
+            &mut queries,
+            q_cols,
+            spec.num_q_heads,
+            q_norm,
+            spec,
+            first_position,
+        );
+    }
+    let kv = b.to_host(kv);
+    let d = spec.head_dim;
+    let group = spec.num_q_heads / spec.num_kv_heads;
+    let v_offset = spec.kv_width();
+    let mut out = vec![0.0f32; rows * q_cols];
+    let mut scores = vec![0.0f32; keys];
+    for r in 0..rows {
+        for head in 0..spec.num_q_heads {
+            let kv_head = head / group;
+            let query = &queries[r * q_cols + head * d..][..d];
+            for (k, score) in scores.iter_mut().enumerate() {
+                let key = &kv[k * kv_cols + kv_head * d..][..d];
+                *score = query.iter().zip(key).map(|(a, b)| a * b).sum::<f32>() * spec.scale;
+            }
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0.0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            let o = &mut out[r * q_cols + head * d..][..d];
+            for (k, &s) in scores.iter().enumerate() {
+                let value = &kv[k * kv_cols + v_offset + kv_head * d..][..d];
+                let weight = s / total;
+                for (oi, vi) in o.iter_mut().zip(value) {
+                    *oi += weight * vi;
+                }
+            }
+        }
+    }
+    b.from_host(rows, q_cols, &out)
+}
+
+/// See [`Backend::concat_rows`].
+pub fn concat_rows_on_host<B: Backend>(b: &B, a: &B::Tensor, c: &B::Tensor) -> B::Tensor {
+    let ((ra, ca), (rc, cc)) = (b.dims(a), b.dims(c));
+    assert!(
+        ca == cc || ra == 0 || rc == 0,
+        "concatenated rows must have the same width ({ca} and {cc})"
+    );
+    let mut values = b.to_host(a);
+    values.extend(b.to_host(c));
+    b.from_host(ra + rc, if ra == 0 { cc } else { ca }, &values)
+}

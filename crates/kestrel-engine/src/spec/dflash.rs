@@ -1,0 +1,146 @@
+//! Drafting with a DFlash block drafter: one non-causal pass proposes up
+//! to `block - 1` tokens (see `kestrel_models::dflash`).
+//!
+//! After every step each sequence's drafter context catches up on the
+//! positions the target just committed: their hidden states at the
+//! drafter's `target_layer_ids`, recorded by the step itself, become
+//! context keys and values (kept per sequence, limited to the draft
+//! window). A sequence that decodes next is then drafted from its newest
+//! token, the anchor, at the position right after its context.
+//!
+//! The context follows the sequence's committed positions: where a step
+//! starts before the context's end (a preempted sequence recomputing), the
+//! context is cut back there; where it starts after it (a prefix-cache hit
+//! whose rows the target did not compute), the context starts afresh at
+//! that position, without the skipped tokens. Drafts are greedy (a Dirac
+//! q), so the core's verification keeps output identical whatever they
+//! are; a thin context only costs acceptance. Contexts of sequences that
+//! leave the running set are dropped.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use kestrel_core::Backend;
+use kestrel_models::{DflashDrafter, DraftContext, Model};
+
+use super::mtp::CommittedRows;
+use crate::client::SeqId;
+
+/// Tokens of context a sequence's drafter keeps by default (SGLang's
+/// `--speculative-dflash-draft-window-size` default).
+pub const DEFAULT_DRAFT_WINDOW: usize = 8192;
+
+/// Settings of DFlash drafting.
+#[derive(Clone, Debug)]
+pub struct DflashOptions {
+    /// The drafter's folder (z-lab form: `config.json` with `dflash_config`
+    /// and safetensors).
+    pub draft_model: PathBuf,
+    /// Most context tokens a sequence's drafter keeps.
+    pub window: usize,
+}
+
+impl DflashOptions {
+    pub fn new(draft_model: impl Into<PathBuf>) -> Self {
+        DflashOptions {
+            draft_model: draft_model.into(),
+            window: DEFAULT_DRAFT_WINDOW,
+        }
+    }
+}
+
+pub(crate) struct DflashProposer<B: Backend> {
+    drafter: DflashDrafter<B>,
+    window: usize,
+    /// Tokens per drafted block: the anchor and the drafts.
+    block: usize,
+    /// Drafts are chosen among the ids below this.
+    vocab: usize,
+    contexts: HashMap<SeqId, DraftContext<B>>,
+    drafts: HashMap<SeqId, Vec<u32>>,
+}
+
+impl<B: Backend> DflashProposer<B> {
+    pub fn new(
+        backend: &B,
+        model: &Model<B>,
+        options: &DflashOptions,
+        max_drafts: usize,
+        vocab: usize,
+    ) -> Result<Self> {
+        let drafter = DflashDrafter::load(&options.draft_model, backend, &model.decoder)?;
+        if options.window == 0 {
+            anyhow::bail!("the DFlash draft window must hold at least one token");
+        }
+        Ok(Self {
+            drafter,
+            window: options.window,
+            block: max_drafts + 1,
+            vocab,
+            contexts: HashMap::new(),
+            drafts: HashMap::new(),
+        })
+    }
+
+    /// The target layers whose hidden states each step must record.
+    pub fn taps(&self) -> &[usize] {
+        &self.drafter.config.target_layer_ids
+    }
+
+    /// The drafts made for `id` after the last step.
+    pub fn drafts(&self, id: SeqId) -> &[u32] {
+        self.drafts.get(&id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Drops the contexts of sequences for which `running` says no.
+    pub fn retain(&mut self, running: impl Fn(SeqId) -> bool) {
+        self.contexts.retain(|id, _| running(*id));
+    }
+
+    /// Catch every sequence's context up on its committed rows of the step
+    /// whose tapped hidden states are `taps` (one `[step tokens, H]` per
+    /// target layer), then draft for those that decode next.
+    pub fn after_step(
+        &mut self,
+        b: &B,
+        model: &Model<B>,
+        taps: &[B::Tensor],
+        seqs: &[CommittedRows<'_>],
+    ) -> Result<()> {
+        self.drafts.clear();
+        let window = self.window;
+        for s in seqs {
+            let ctx = self
+                .contexts
+                .entry(s.id)
+                .or_insert_with(|| DraftContext::starting_at(s.start, window));
+            if ctx.end() > s.start {
+                ctx.truncate(b, s.start);
+            }
+            if ctx.end() < s.start {
+                *ctx = DraftContext::starting_at(s.start, window);
+            }
+            if s.committed > s.start {
+                let rows: Vec<usize> = (s.first_row..s.first_row + s.committed - s.start).collect();
+                let own: Vec<B::Tensor> = taps.iter().map(|t| b.gather_rows(t, &rows)).collect();
+                ctx.append(b, &self.drafter, &own);
+            }
+            if s.decodes_next && ctx.end() == s.committed {
+                let anchor = *s
+                    .tokens
+                    .get(s.committed)
+                    .context("a decoding sequence has its newest token")?;
+                let drafts =
+                    self.drafter
+                        .drafts(b, &model.decoder, ctx, anchor, self.block, self.vocab);
+                self.drafts.insert(s.id, drafts);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "dflash_tests.rs"]
+mod tests;
