@@ -59,6 +59,8 @@ pub struct LinearAttnConfig {
     pub head_k_dim: usize,
     pub head_v_dim: usize,
     pub conv_kernel: usize,
+    /// SiLU everywhere but Qwen3.8-Flash-Next (sigmoid).
+    pub output_gate: kestrel_core::GdnGate,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -306,6 +308,7 @@ impl ModelConfig {
                     .linear_value_head_dim
                     .context("missing linear_value_head_dim")?,
                 conv_kernel: raw.linear_conv_kernel_dim.unwrap_or(4),
+                output_gate: kestrel_core::GdnGate::Silu,
             })
         } else {
             None

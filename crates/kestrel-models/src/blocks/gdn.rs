@@ -25,6 +25,7 @@ pub fn gdn_spec(cfg: &ModelConfig) -> Option<GdnSpec> {
         head_v_dim: la.head_v_dim,
         conv_kernel: la.conv_kernel,
         norm_eps: cfg.rms_norm_eps,
+        output_gate: la.output_gate,
     })
 }
 
