@@ -10,6 +10,11 @@ use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch};
 use crate::{CpuBackend, CpuCache, CpuTensor, CpuWeight, attention};
 
 impl FlashNextOps for CpuBackend {
+    fn repeat_streams(&self, x: &CpuTensor, streams: usize) -> CpuTensor {
+        let out = host::repeat_streams(&x.data, x.cols, streams);
+        CpuTensor::new(x.rows, x.cols * streams, out)
+    }
+
     fn grouped_rms_norm(&self, x: &CpuTensor, w: &[f32], group: usize, eps: f32) -> CpuTensor {
         let out = host::grouped_rms_norm(&x.data, x.cols, w, group, eps);
         CpuTensor::new(x.rows, x.cols, out)

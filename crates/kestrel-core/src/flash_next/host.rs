@@ -3,6 +3,7 @@
 //! rounding. The CPU backend runs these directly; the trait defaults run them
 //! on copies of a device's tensors.
 
+use super::topk::top_k_set;
 use super::{HyperSpec, PleParams, PleSpec, QsaNorms, QsaSpec, TokenSelection};
 use crate::{ForwardBatch, RopeSpec};
 
@@ -48,6 +49,13 @@ pub fn grouped_rms_norm(x: &[f32], cols: usize, w: &[f32], group: usize, eps: f3
         rms_norm_into(xr, &w[g * group..(g + 1) * group], eps, o);
     }
     out
+}
+
+/// Each `cols`-wide row repeated `streams` times side by side.
+pub fn repeat_streams(x: &[f32], cols: usize, streams: usize) -> Vec<f32> {
+    x.chunks_exact(cols.max(1))
+        .flat_map(|row| std::iter::repeat_n(row, streams).flatten().copied())
+        .collect()
 }
 
 /// `silu(x / divisor)`.
@@ -262,17 +270,14 @@ pub fn qsa_select(
                 apply_rope(&mut qh[..spec.rope.rotary_dim], &cs);
             }
             let complete = (pos + 1) / r;
-            let mut scored: Vec<(f32, usize)> = (0..complete)
+            let scores: Vec<f32> = (0..complete)
                 .map(|b| {
                     let k = &block_keys[b * d..(b + 1) * d];
                     let relu_sum: f32 = q.chunks_exact(d).map(|qh| dot(qh, k).max(0.0)).sum();
-                    (relu_sum / scale, b)
+                    relu_sum / scale
                 })
                 .collect();
-            // Highest score first; the lower block on ties.
-            scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            let mut chosen: Vec<usize> =
-                scored.iter().take(spec.top_blocks()).map(|x| x.1).collect();
+            let mut chosen = top_k_set(&scores, spec.top_blocks());
             chosen.sort_unstable();
             let mut sel: Vec<u32> = chosen
                 .iter()

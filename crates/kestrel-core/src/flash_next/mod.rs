@@ -13,6 +13,7 @@
 //! kernel would take them as weights instead.
 
 pub mod host;
+pub mod topk;
 
 use crate::{AttentionSpec, AttentionWeights, Backend, ForwardBatch, RopeSpec};
 
@@ -110,6 +111,13 @@ pub struct PleParams {
 }
 
 pub trait FlashNextOps: Backend {
+    /// `streams` copies of each row side by side: the initial residual streams.
+    fn repeat_streams(&self, x: &Self::Tensor, streams: usize) -> Self::Tensor {
+        let (rows, cols) = self.dims(x);
+        let out = host::repeat_streams(&self.to_host(x), cols, streams);
+        self.from_host(rows, cols * streams, &out)
+    }
+
     /// RMSNorm of each `group`-wide slice of every row, times `w` (plain
     /// form, as wide as the row).
     fn grouped_rms_norm(
