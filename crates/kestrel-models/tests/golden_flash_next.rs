@@ -155,3 +155,64 @@ fn flash_next_greedy_continuations_match_transformers_after_whole_and_chunked_pr
         }
     }
 }
+
+/// Two sequences in one batch (their own pages and state slots, fed in
+/// chunks of different sizes side by side) give each its own reference
+/// logits: the indexer keys, PLE conv state and n-gram context stay apart.
+#[test]
+fn flash_next_batched_sequences_keep_their_state_apart() {
+    use kestrel_core::{Backend, ForwardBatch, SeqChunk};
+
+    let f = load();
+    let b = CpuBackend::new();
+    let cases = f.meta["teacher_forced"].as_array().unwrap();
+    let prompts: Vec<Vec<u32>> = [1, 2]
+        .iter()
+        .map(|&i| ids(&cases[i]["input_ids"]))
+        .collect();
+    let refs: Vec<&Vec<f32>> = [1, 2]
+        .iter()
+        .map(|&i| &f.tensors[cases[i]["logits_tensor"].as_str().unwrap()])
+        .collect();
+    let block = 16;
+    let pages: Vec<Vec<u32>> = vec![(0..8).rev().collect(), (8..16).collect()];
+    let mut cache = f.model.new_cache(&b, 16, block, 2).unwrap();
+    cache.zero_state(&b, 0);
+    cache.zero_state(&b, 1);
+    let chunks = [[9usize, 23], [31, 5], [100, 100]];
+    let (mut done, mut got) = ([0usize; 2], [Vec::new(), Vec::new()]);
+    for step in chunks {
+        let mut seqs = Vec::new();
+        let mut ids_step = Vec::new();
+        let mut take = [0usize; 2];
+        for s in 0..2 {
+            take[s] = step[s].min(prompts[s].len() - done[s]);
+            if take[s] == 0 {
+                continue;
+            }
+            let total = done[s] + take[s];
+            seqs.push(SeqChunk::new(
+                take[s],
+                done[s],
+                pages[s][..total.div_ceil(block)].to_vec(),
+                s as u32,
+            ));
+            ids_step.extend_from_slice(&prompts[s][done[s]..total]);
+        }
+        let batch = ForwardBatch { seqs };
+        let hidden = f.model.forward(&b, &ids_step, &batch, &mut cache).unwrap();
+        let rows: Vec<usize> = (0..ids_step.len()).collect();
+        let logits = b.to_host(&f.model.logits(&b, &hidden, &rows));
+        let vocab = logits.len() / ids_step.len();
+        let mut row = 0;
+        for s in 0..2 {
+            got[s].extend_from_slice(&logits[row * vocab..(row + take[s]) * vocab]);
+            row += take[s];
+            done[s] += take[s];
+        }
+    }
+    for s in 0..2 {
+        let err = max_abs_diff(&got[s], refs[s]);
+        assert!(err <= LOGIT_TOL, "sequence {s}: max |diff| {err}");
+    }
+}
