@@ -216,3 +216,60 @@ fn flash_next_batched_sequences_keep_their_state_apart() {
         assert!(err <= LOGIT_TOL, "sequence {s}: max |diff| {err}");
     }
 }
+
+/// A prefix-cache hit: the state after a 32-token prefix (GDN, PLE conv,
+/// n-gram context) copied to another slot, and the pages of the prefix
+/// shared, continues exactly (bit for bit) as the sequence that computed
+/// the prefix itself does, and within tolerance of transformers.
+#[test]
+fn flash_next_state_copied_after_a_prefix_continues_bit_for_bit() {
+    use kestrel_core::{Backend, ForwardBatch, SeqChunk};
+
+    let f = load();
+    let b = CpuBackend::new();
+    let case = &f.meta["teacher_forced"].as_array().unwrap()[2];
+    let tokens = ids(&case["input_ids"]);
+    let reference = &f.tensors[case["logits_tensor"].as_str().unwrap()];
+    let (prefix, block) = (32, 16);
+    let n = tokens.len();
+    let run = |cache: &mut kestrel_models::flash_next::FlashNextCache<CpuBackend>,
+               slot: u32,
+               pages: &[u32],
+               start: usize,
+               end: usize| {
+        let batch = ForwardBatch {
+            seqs: vec![SeqChunk::new(
+                end - start,
+                start,
+                pages[..end.div_ceil(block)].to_vec(),
+                slot,
+            )],
+        };
+        let hidden = f
+            .model
+            .forward(&b, &tokens[start..end], &batch, cache)
+            .unwrap();
+        let rows: Vec<usize> = (0..end - start).collect();
+        b.to_host(&f.model.logits(&b, &hidden, &rows))
+    };
+    let mut cache = f.model.new_cache(&b, 16, block, 3).unwrap();
+    for slot in 0..3 {
+        cache.zero_state(&b, slot);
+    }
+    // Slot 0 computes the prefix and goes on; slot 2 is a snapshot of it
+    // after the prefix, resumed in slot 1 over the same first two pages.
+    let own: Vec<u32> = (0..7).collect();
+    let shared: Vec<u32> = [0, 1].into_iter().chain(7..12).collect();
+    run(&mut cache, 0, &own, 0, prefix);
+    cache.copy_state(&b, 0, 2);
+    let miss = run(&mut cache, 0, &own, prefix, n);
+    cache.copy_state(&b, 2, 1);
+    let hit = run(&mut cache, 1, &shared, prefix, n);
+    assert!(
+        miss == hit,
+        "a resumed snapshot differs from the uninterrupted sequence"
+    );
+    let vocab = hit.len() / (n - prefix);
+    let err = max_abs_diff(&hit, &reference[prefix * vocab..]);
+    assert!(err <= LOGIT_TOL, "max |diff| {err}");
+}
