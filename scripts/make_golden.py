@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the golden test fixtures under testdata/golden/ from Hugging Face transformers.
 
-For each architecture (qwen3, qwen3_moe, qwen3_5_moe, qwen3_next) this:
+For each architecture (qwen3, qwen3_moe, qwen3_5_moe, qwen3_next, qwen4_exp) this:
   1. writes a tiny config.json in the form the real checkpoint uses,
   2. fills a randomly initialised model with seeded, deliberately scaled weights,
   3. writes them as safetensors with the real checkpoint tensor names and layouts (per-expert or

@@ -1,4 +1,4 @@
-"""The four fixture architectures: config, transformers class, storage and layout choices.
+"""The fixture architectures: config, transformers class, storage and layout choices.
 
 Dtypes and sharding differ on purpose so that a loader meets all three dtypes, a single file
 and a sharded folder with its index.
@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from . import configs
-from .checkpoint import per_expert_layout, stacked_experts_layout
+from .checkpoint import per_expert_layout, qwen4_exp_layout, stacked_experts_layout
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class Arch:
     is_moe: bool
     is_hybrid: bool
     has_mtp: bool = False
+    # Positions of every prompt set to this token (the n-gram history restarts after EOS).
+    eos_positions: tuple[int, ...] = ()
+    eos_token_id: int = 2
 
 
 ARCHES = [
@@ -72,6 +75,18 @@ ARCHES = [
         zero_centred_norms=True,
         is_moe=True,
         is_hybrid=True,
+    ),
+    Arch(
+        name="qwen4_exp",
+        config=configs.qwen4_exp_config,
+        model_class="Qwen4ExpForConditionalGeneration",
+        store_dtype=torch.bfloat16,
+        num_shards=2,
+        layout=qwen4_exp_layout,
+        zero_centred_norms=True,
+        is_moe=True,
+        is_hybrid=True,
+        eos_positions=(3, 21, 22, 57),
     ),
 ]
 

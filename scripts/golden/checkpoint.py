@@ -36,6 +36,30 @@ def per_expert_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
+# Buffers transformers derives from the config (hash multipliers, prime vocabulary sizes and
+# offsets); real checkpoints do not store them.
+QWEN4_EXP_DERIVED_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
+
+
+def qwen4_exp_layout(state: dict[str, torch.Tensor], parts: int = 4) -> dict[str, torch.Tensor]:
+    """Qwen3.8-Flash-Next: stacked experts as Qwen3.6, no derived n-gram buffers, and each PLE
+    n-gram table cut along its rows into `split_ngram_parts` equal shards named
+    `ngram_embedding.shard_{i}.weight` (transformers concatenates them in index order)."""
+    out = {}
+    for name, tensor in state.items():
+        if name.rsplit(".", 1)[-1] in QWEN4_EXP_DERIVED_BUFFERS:
+            continue
+        if name.endswith("ngram_embedding.weight"):
+            base = name[: -len("weight")]
+            if tensor.shape[0] % parts:
+                raise RuntimeError(f"{name}: {tensor.shape[0]} rows do not split into {parts} shards")
+            for i, shard in enumerate(tensor.chunk(parts, dim=0)):
+                out[f"{base}shard_{i}.weight"] = shard
+            continue
+        out[name] = tensor
+    return out
+
+
 def write_checkpoint(model_dir: Path, tensors: dict[str, torch.Tensor], dtype: torch.dtype, num_shards: int) -> None:
     """Write `tensors` cast to `dtype`, as model.safetensors or as shards plus the index."""
     names = sorted(tensors)
@@ -77,6 +101,11 @@ def load_reference_model(model_class: str, model_dir: Path, is_moe: bool):
     if is_moe:
         kwargs["experts_implementation"] = "eager"
     model, info = cls.from_pretrained(str(model_dir), **kwargs)
+    # The derived n-gram buffers are not stored; transformers reports them missing and rebuilds
+    # them from the config (_init_weights), which is what a real checkpoint relies on too.
+    info["missing_keys"] = {
+        k for k in info.get("missing_keys", ()) if k.rsplit(".", 1)[-1] not in QWEN4_EXP_DERIVED_BUFFERS
+    }
     problems = {k: v for k, v in info.items() if v}
     if problems:
         raise RuntimeError(f"{model_dir}: loading reported {problems}")

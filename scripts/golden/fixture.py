@@ -42,9 +42,14 @@ ROUTER_GAP_SCALE = 1e-3
 MAX_SELF_DISAGREEMENT = 1e-4
 
 
-def make_prompts(seed: int) -> list[list[int]]:
+def make_prompts(seed: int, arch: Arch | None = None) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+    for p in prompts:
+        for pos in arch.eos_positions if arch else ():
+            if pos < len(p):
+                p[pos] = arch.eos_token_id
+    return prompts
 
 
 def top_k(model) -> int:
@@ -162,7 +167,7 @@ def greedy_reference(arch: Arch, model, prompts, tensors: dict) -> tuple[list[di
 def run_arch(arch: Arch, out_root: Path, base_seed: int) -> dict:
     arch_dir = out_root / arch.name
     model_dir = arch_dir / "model"
-    prompts = make_prompts(base_seed)
+    prompts = make_prompts(base_seed, arch)
     seed, metrics = choose_seed(arch, base_seed, prompts, model_dir)
     model, n_verified, mtp = build_candidate(arch, seed, model_dir)
 

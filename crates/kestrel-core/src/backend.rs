@@ -141,6 +141,17 @@ pub struct GdnSpec {
     pub head_v_dim: usize,
     pub conv_kernel: usize,
     pub norm_eps: f32,
+    /// Activation of `z` in the gated RMSNorm.
+    pub output_gate: GdnGate,
+}
+
+/// The activation applied to the gate `z` of the Gated DeltaNet output norm:
+/// SiLU in Qwen3.5/3.6 and Qwen3-Next, sigmoid in Qwen3.8-Flash-Next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GdnGate {
+    #[default]
+    Silu,
+    Sigmoid,
 }
 
 impl GdnSpec {

@@ -9,15 +9,17 @@ pub mod batch;
 pub mod block_attention;
 pub mod candidates;
 pub mod dummy;
+pub mod flash_next;
 pub mod fp8;
 pub mod host;
 
 pub use backend::{
-    AttentionSpec, AttentionWeights, Backend, CacheSpec, GdnSpec, GdnWeights, MoeSpec, MoeWeights,
-    PreNorm, RopeSpec, StepKey, argmax_host,
+    AttentionSpec, AttentionWeights, Backend, CacheSpec, GdnGate, GdnSpec, GdnWeights, MoeSpec,
+    MoeWeights, PreNorm, RopeSpec, StepKey, argmax_host,
 };
 pub use batch::{ForwardBatch, SeqChunk, StateSnapshot};
 pub use candidates::{CandidateRequest, RowCandidates, TokenPenalty, top_candidates_host};
+pub use flash_next::FlashNextOps;
 pub use fp8::{BlockFp8, HostWeight};
 pub use host::{DType, HostTensor};
 

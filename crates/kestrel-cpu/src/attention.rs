@@ -112,6 +112,8 @@ fn validate(
 }
 
 /// Runs one attention layer. `proj` is `[T, spec.proj_width()]`; returns `[T, Hq*D]`.
+/// With `selected`, token `t` attends to the positions `selected[t]` only
+/// (ascending; QSA sparse attention), otherwise to all of `0 ..= its position`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     proj: &[f32],
@@ -122,6 +124,7 @@ pub fn attention(
     pool: &mut KvPool,
     pages: &PageLayout,
     batch: &ForwardBatch,
+    selected: Option<&[Vec<u32>]>,
 ) -> Vec<f32> {
     let t_total = proj.len().checked_div(proj_cols).unwrap_or(0);
     validate(t_total, proj_cols, q_norm, k_norm, spec, pages, batch);
@@ -180,15 +183,33 @@ pub fn attention(
             let kvh = h / group;
             let qh = &q[t * qw + h * d..t * qw + (h + 1) * d];
             scores.clear();
-            scores.extend((0..=pos).map(|j| {
+            o.fill(0.0);
+            let score = |j: usize| {
                 let off = pages.offset(&seq.block_table, j, kvh);
                 dot(qh, &pool.k[off..off + d]) * spec.scale
-            }));
-            softmax_in_place(scores);
-            o.fill(0.0);
-            for (j, &p) in scores.iter().enumerate() {
-                let off = pages.offset(&seq.block_table, j, kvh);
-                axpy(o, p, &pool.v[off..off + d]);
+            };
+            match selected {
+                None => {
+                    scores.extend((0..=pos).map(score));
+                    softmax_in_place(scores);
+                    for (j, &p) in scores.iter().enumerate() {
+                        let off = pages.offset(&seq.block_table, j, kvh);
+                        axpy(o, p, &pool.v[off..off + d]);
+                    }
+                }
+                Some(sel) => {
+                    let sel = &sel[t];
+                    assert!(
+                        sel.iter().all(|&j| j as usize <= pos),
+                        "a selected position is past its token"
+                    );
+                    scores.extend(sel.iter().map(|&j| score(j as usize)));
+                    softmax_in_place(scores);
+                    for (&j, &p) in sel.iter().zip(scores.iter()) {
+                        let off = pages.offset(&seq.block_table, j as usize, kvh);
+                        axpy(o, p, &pool.v[off..off + d]);
+                    }
+                }
             }
             if let Some(g) = cols.gate {
                 let gate = &proj[t * proj_cols + g + h * d..t * proj_cols + g + (h + 1) * d];

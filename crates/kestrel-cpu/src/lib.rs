@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod cache;
+mod flash_next;
 pub mod gdn;
 pub mod linear;
 pub mod math;
@@ -202,6 +203,7 @@ impl Backend for CpuBackend {
             pool,
             &pages,
             batch,
+            None,
         );
         CpuTensor::new(proj.rows, spec.q_width(), out)
     }

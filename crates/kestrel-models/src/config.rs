@@ -15,12 +15,15 @@ pub enum Arch {
     Qwen3Moe,
     Qwen35Moe,
     Qwen3Next,
+    /// Qwen3.8-Flash-Next: read here for its Qwen3.5-shaped fields; the rest
+    /// of its config and the model itself are in [`crate::flash_next`].
+    Qwen4Exp,
 }
 
 impl Arch {
     /// Hybrid models (Gated DeltaNet + gated attention) use zero-centred norms.
     pub fn is_hybrid(self) -> bool {
-        matches!(self, Arch::Qwen35Moe | Arch::Qwen3Next)
+        matches!(self, Arch::Qwen35Moe | Arch::Qwen3Next | Arch::Qwen4Exp)
     }
 }
 
@@ -59,6 +62,8 @@ pub struct LinearAttnConfig {
     pub head_k_dim: usize,
     pub head_v_dim: usize,
     pub conv_kernel: usize,
+    /// SiLU everywhere but Qwen3.8-Flash-Next (sigmoid).
+    pub output_gate: kestrel_core::GdnGate,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -170,8 +175,16 @@ impl ModelConfig {
                 (Arch::Qwen35Moe, text, "model.language_model.")
             }
             "qwen3_5_moe_text" => (Arch::Qwen35Moe, root.clone(), "model."),
+            "qwen4_exp" => {
+                let text = root
+                    .get("text_config")
+                    .cloned()
+                    .context("qwen4_exp config has no \"text_config\"")?;
+                (Arch::Qwen4Exp, text, "model.language_model.")
+            }
+            "qwen4_exp_text" => (Arch::Qwen4Exp, root.clone(), "model."),
             other => bail!(
-                "unsupported model_type \"{other}\" (supported: qwen3, qwen3_moe, qwen3_5_moe, qwen3_next)"
+                "unsupported model_type \"{other}\" (supported: qwen3, qwen3_moe, qwen3_5_moe, qwen3_next, qwen4_exp)"
             ),
         };
         let mut raw: RawText = serde_json::from_value(text_value)?;
@@ -228,6 +241,10 @@ impl ModelConfig {
                         .iter()
                         .map(|t| match t.as_str() {
                             "full_attention" | "attention" => Ok(LayerKind::FullAttention),
+                            // Qwen3.8-Flash-Next's name for its (sparse) attention layers.
+                            "qwen_sparse_attention" if arch == Arch::Qwen4Exp => {
+                                Ok(LayerKind::FullAttention)
+                            }
                             "linear_attention" | "mamba" => Ok(LayerKind::LinearAttention),
                             other => bail!("unknown layer type \"{other}\""),
                         })
@@ -251,7 +268,9 @@ impl ModelConfig {
         };
 
         let moe = match (raw.num_experts, arch) {
-            (Some(e), Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next) if e > 0 => {
+            (Some(e), Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next | Arch::Qwen4Exp)
+                if e > 0 =>
+            {
                 let top_k = raw
                     .num_experts_per_tok
                     .context("missing num_experts_per_tok")?;
@@ -265,15 +284,19 @@ impl ModelConfig {
                         .moe_intermediate_size
                         .context("missing moe_intermediate_size")?,
                     // Qwen3.5's router always renormalises.
-                    norm_topk_prob: arch == Arch::Qwen35Moe || raw.norm_topk_prob.unwrap_or(false),
+                    // Qwen3.8-Flash-Next's defaults to true.
+                    norm_topk_prob: arch == Arch::Qwen35Moe
+                        || raw.norm_topk_prob.unwrap_or(arch == Arch::Qwen4Exp),
                     shared_intermediate: match arch {
-                        Arch::Qwen35Moe | Arch::Qwen3Next => raw.shared_expert_intermediate_size,
+                        Arch::Qwen35Moe | Arch::Qwen3Next | Arch::Qwen4Exp => {
+                            raw.shared_expert_intermediate_size
+                        }
                         _ => None,
                     }
                     .filter(|&s| s > 0),
                 })
             }
-            (None, Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next) => {
+            (None, Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next | Arch::Qwen4Exp) => {
                 bail!("missing num_experts")
             }
             _ => None,
@@ -283,7 +306,8 @@ impl ModelConfig {
         let sparse_layers: Vec<bool> = (0..n)
             .map(|i| {
                 moe.is_some()
-                    && (arch == Arch::Qwen35Moe || (!mlp_only.contains(&i) && (i + 1) % step == 0))
+                    && (matches!(arch, Arch::Qwen35Moe | Arch::Qwen4Exp)
+                        || (!mlp_only.contains(&i) && (i + 1) % step == 0))
             })
             .collect();
         let dense_intermediate = raw.intermediate_size;
@@ -306,6 +330,7 @@ impl ModelConfig {
                     .linear_value_head_dim
                     .context("missing linear_value_head_dim")?,
                 conv_kernel: raw.linear_conv_kernel_dim.unwrap_or(4),
+                output_gate: kestrel_core::GdnGate::Silu,
             })
         } else {
             None

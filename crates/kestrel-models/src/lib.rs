@@ -8,6 +8,7 @@
 //! - [`blocks`]: attention, Gated DeltaNet, dense and MoE feed-forward.
 //! - [`decoder`]: the layer stack shared by all four architectures.
 //! - [`mtp`]: the Qwen3.5/3.6 multi-token-prediction head.
+//! - [`flash_next`]: Qwen3.8-Flash-Next (`qwen4_exp`), its own layer stack.
 //! - [`draft_head`]: the lm_head drafting scores with, whole or reduced.
 //! - [`dflash`]: the DFlash block drafter and its per-sequence context;
 //!   [`taps`]: the target's hidden states after chosen layers, which it reads.
@@ -20,6 +21,7 @@ pub mod dflash;
 pub mod draft_head;
 mod dummy_init;
 pub mod eval;
+pub mod flash_next;
 pub mod fp8;
 pub mod loader;
 pub mod mtp;
@@ -89,6 +91,7 @@ impl<B: Backend> Model<B> {
     ) -> Result<(Self, LoadStats)> {
         let config_path = dir.join("config.json");
         let config = ModelConfig::from_file(&config_path)?;
+        refuse_flash_next(&config)?;
         let quant_config = fp8::QuantConfig::from_file(&config_path)?;
         let files = WeightFiles::open(dir)?;
         fp8::check_checkpoint(&files, quant_config.as_ref())?;
@@ -123,6 +126,7 @@ impl<B: Backend> Model<B> {
             config.to_path_buf()
         };
         let config = ModelConfig::from_file(&path)?;
+        refuse_flash_next(&config)?;
         let mut absent = std::collections::HashSet::new();
         if config.tie_word_embeddings {
             absent.insert("lm_head.weight".to_string());
@@ -154,4 +158,16 @@ impl<B: Backend> Model<B> {
     pub fn config(&self) -> &ModelConfig {
         &self.decoder.config
     }
+}
+
+/// Qwen3.8-Flash-Next does not fit the shared decoder (hyper-connections in
+/// place of the residual, PLE, sparse attention): it has its own model type.
+fn refuse_flash_next(config: &ModelConfig) -> Result<()> {
+    if config.arch == Arch::Qwen4Exp {
+        anyhow::bail!(
+            "qwen4_exp (Qwen3.8-Flash-Next) is loaded by kestrel_models::flash_next::FlashNext, \
+             not by Model"
+        );
+    }
+    Ok(())
 }

@@ -12,7 +12,7 @@ pub use chunked::{CHUNK_SIZE, chunked};
 pub use conv::{Rows, causal_conv_silu, transpose_weight};
 pub use recurrent::recurrent;
 
-use kestrel_core::{ForwardBatch, GdnSpec, GdnWeights};
+use kestrel_core::{ForwardBatch, GdnGate, GdnSpec, GdnWeights};
 use rayon::prelude::*;
 
 use crate::cache::GdnState;
@@ -412,7 +412,12 @@ pub fn gated_delta_net(
             }
         });
 
-    // 4. Gated RMSNorm per (token, head): w * (o * rsqrt(mean(o^2) + eps)) * silu(z).
+    // 4. Gated RMSNorm per (token, head): w * (o * rsqrt(mean(o^2) + eps)) * act(z),
+    // act = silu, or sigmoid for Qwen3.8-Flash-Next.
+    let act: fn(f32) -> f32 = match spec.output_gate {
+        GdnGate::Silu => silu,
+        GdnGate::Sigmoid => sigmoid,
+    };
     let width = hv * dv;
     let mut out = vec![0.0f32; t_total * width];
     out.par_chunks_mut(width.max(1))
@@ -429,7 +434,7 @@ pub fn gated_delta_net(
                     .zip(&w.norm.data)
                     .zip(&z[h * dv..(h + 1) * dv])
                 {
-                    *d = (wi * (oi * inv)) * silu(zi);
+                    *d = (wi * (oi * inv)) * act(zi);
                 }
             }
         });

@@ -18,6 +18,7 @@ fn spec() -> GdnSpec {
         head_v_dim: 6,
         conv_kernel: 4,
         norm_eps: 1e-6,
+        output_gate: Default::default(),
     }
 }
 

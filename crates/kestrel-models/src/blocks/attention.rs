@@ -9,12 +9,12 @@ use crate::loader::Loader;
 use crate::transform;
 
 pub struct Attention<B: Backend> {
-    proj: B::Weight,
-    o_proj: B::Weight,
-    weights: AttentionWeights<B::Weight>,
+    pub(crate) proj: B::Weight,
+    pub(crate) o_proj: B::Weight,
+    pub(crate) weights: AttentionWeights<B::Weight>,
     pub spec: AttentionSpec,
     /// Index of this layer among the cache's attention layers.
-    cache_layer: usize,
+    pub(crate) cache_layer: usize,
 }
 
 pub fn attention_spec(cfg: &ModelConfig) -> AttentionSpec {

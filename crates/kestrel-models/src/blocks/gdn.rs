@@ -25,6 +25,7 @@ pub fn gdn_spec(cfg: &ModelConfig) -> Option<GdnSpec> {
         head_v_dim: la.head_v_dim,
         conv_kernel: la.conv_kernel,
         norm_eps: cfg.rms_norm_eps,
+        output_gate: la.output_gate,
     })
 }
 
@@ -106,8 +107,31 @@ impl<B: Backend> GatedDeltaNet<B> {
         batch: &ForwardBatch,
     ) -> B::Tensor {
         let proj = b.norm_matmul(x, &self.in_proj);
+        self.run_projection(b, &proj, cache, batch)
+    }
+
+    /// The block on an input that is already normalised (Flash-Next's
+    /// hyper-connections form it).
+    pub fn forward_input(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        cache: &mut B::Cache,
+        batch: &ForwardBatch,
+    ) -> B::Tensor {
+        let proj = b.matmul(x, &self.in_proj);
+        self.run_projection(b, &proj, cache, batch)
+    }
+
+    fn run_projection(
+        &self,
+        b: &B,
+        proj: &B::Tensor,
+        cache: &mut B::Cache,
+        batch: &ForwardBatch,
+    ) -> B::Tensor {
         let out = b.gated_delta_net(
-            &proj,
+            proj,
             &self.weights,
             &self.spec,
             cache,

@@ -306,6 +306,7 @@ pub(super) fn gdn_spec(hk: usize, hv: usize, d: usize) -> GdnSpec {
         head_v_dim: d,
         conv_kernel: 4,
         norm_eps: 1e-6,
+        output_gate: Default::default(),
     }
 }
 

@@ -1,0 +1,242 @@
+//! The operations Qwen3.8-Flash-Next (`qwen4_exp`) adds to the Qwen3.5 set:
+//! four-stream hyper-connections, the PLE (hashed n-gram) gate with its
+//! dilated causal conv, and QSA block-sparse attention chosen by a learned
+//! indexer.
+//!
+//! They live in their own trait so that the other architectures' backend
+//! surface stays as it is. Every method has a default that computes on the
+//! host through [`Backend::to_host`] / [`Backend::from_host`] with the
+//! functions of [`host`]: correct on any backend, and slow on a GPU (each call
+//! copies its activations both ways). The CPU backend runs the same functions
+//! on its data without the copies. Small per-channel parameters (norm weights,
+//! conv taps) are passed as host slices in this first version; a device
+//! kernel would take them as weights instead.
+
+pub mod host;
+pub mod topk;
+
+use crate::{AttentionSpec, AttentionWeights, Backend, ForwardBatch, RopeSpec};
+
+/// Hyper-connection sizes: `streams` residual streams of `hidden` features,
+/// stored side by side in rows of `streams * hidden`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HyperSpec {
+    pub streams: usize,
+    pub hidden: usize,
+    pub eps: f32,
+}
+
+impl HyperSpec {
+    pub fn width(&self) -> usize {
+        self.streams * self.hidden
+    }
+}
+
+/// The learned indexer of QSA sparse attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QsaSpec {
+    /// Query heads of the indexer; it has one key head.
+    pub num_heads: usize,
+    pub head_dim: usize,
+    /// Tokens kept from complete blocks per query (`budget / compress_ratio` blocks).
+    pub budget: usize,
+    /// Consecutive positions mean-pooled into one block key.
+    pub compress_ratio: usize,
+    /// The attention layer's RoPE (its rotary dims fit inside `head_dim`).
+    pub rope: RopeSpec,
+    pub eps: f32,
+}
+
+impl QsaSpec {
+    pub fn top_blocks(&self) -> usize {
+        self.budget / self.compress_ratio
+    }
+    /// Columns of the indexer projection: `[q (heads * D) | key (D)]`.
+    pub fn proj_width(&self) -> usize {
+        (self.num_heads + 1) * self.head_dim
+    }
+}
+
+/// Plain-form norm weights of the indexer (`1 + w` already added).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QsaNorms {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+}
+
+/// For every new token of a batch, the cache positions its attention reads,
+/// ascending.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenSelection {
+    pub positions: Vec<Vec<u32>>,
+}
+
+impl TokenSelection {
+    /// Whether every token reads all of `0 ..= its position` (then sparse
+    /// attention is ordinary causal attention).
+    pub fn is_dense(&self, batch: &ForwardBatch) -> bool {
+        let positions = batch.positions();
+        self.positions.len() == positions.len()
+            && self
+                .positions
+                .iter()
+                .zip(&positions)
+                .all(|(sel, &p)| sel.len() == p as usize + 1 && sel.iter().copied().eq(0..=p))
+    }
+}
+
+/// The PLE layer's gate and conv sizes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PleSpec {
+    pub hyper: HyperSpec,
+    pub conv_kernel: usize,
+    pub conv_dilation: usize,
+}
+
+impl PleSpec {
+    /// Past inputs the dilated conv needs per sequence.
+    pub fn state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dilation
+    }
+}
+
+/// Plain-form norm weights and conv taps of a PLE layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PleParams {
+    pub norm_key: Vec<f32>,
+    pub norm_query: Vec<f32>,
+    pub norm_conv: Vec<f32>,
+    /// `[streams * hidden, kernel]`, depthwise.
+    pub conv: Vec<f32>,
+}
+
+pub trait FlashNextOps: Backend {
+    /// `streams` copies of each row side by side: the initial residual streams.
+    fn repeat_streams(&self, x: &Self::Tensor, streams: usize) -> Self::Tensor {
+        let (rows, cols) = self.dims(x);
+        let out = host::repeat_streams(&self.to_host(x), cols, streams);
+        self.from_host(rows, cols * streams, &out)
+    }
+
+    /// RMSNorm of each `group`-wide slice of every row, times `w` (plain
+    /// form, as wide as the row).
+    fn grouped_rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &[f32],
+        group: usize,
+        eps: f32,
+    ) -> Self::Tensor {
+        let (rows, cols) = self.dims(x);
+        let out = host::grouped_rms_norm(&self.to_host(x), cols, w, group, eps);
+        self.from_host(rows, cols, &out)
+    }
+
+    /// `silu(x / streams)`: the activation between the low-rank gate projections.
+    fn hyper_low_rank_act(&self, x: &Self::Tensor, streams: usize) -> Self::Tensor {
+        let (rows, cols) = self.dims(x);
+        let out = host::scaled_silu(&self.to_host(x), streams as f32);
+        self.from_host(rows, cols, &out)
+    }
+
+    /// The sublayer input: the mean over streams of `sigmoid(gate) * normed`.
+    fn hyper_mix(
+        &self,
+        normed: &Self::Tensor,
+        gate: &Self::Tensor,
+        spec: &HyperSpec,
+    ) -> Self::Tensor {
+        let rows = self.dims(normed).0;
+        let out = host::hyper_mix(&self.to_host(normed), &self.to_host(gate), spec);
+        self.from_host(rows, spec.hidden, &out)
+    }
+
+    /// `x[s] += out * 2 * sigmoid(inject[s] / streams)` for every stream `s`.
+    fn hyper_inject(
+        &self,
+        x: &mut Self::Tensor,
+        out: &Self::Tensor,
+        inject: &Self::Tensor,
+        spec: &HyperSpec,
+    ) {
+        let rows = self.dims(x).0;
+        let mut xs = self.to_host(x);
+        host::hyper_inject(&mut xs, &self.to_host(out), &self.to_host(inject), spec);
+        *x = self.from_host(rows, spec.width(), &xs);
+    }
+
+    /// The PLE output added to all streams: the per-stream sigmoid gate of
+    /// the value by the normalised key and stream, plus the dilated causal
+    /// conv (SiLU) of its norm. `state` holds `spec.state_len()` past conv
+    /// inputs per state slot (`[slots * state_len, width]`).
+    #[allow(clippy::too_many_arguments)]
+    fn ple_mix(
+        &self,
+        streams: &Self::Tensor,
+        key: &Self::Tensor,
+        value: &Self::Tensor,
+        p: &PleParams,
+        spec: &PleSpec,
+        state: &mut Self::Tensor,
+        batch: &ForwardBatch,
+    ) -> Self::Tensor {
+        let rows = self.dims(streams).0;
+        let (srows, scols) = self.dims(state);
+        let mut st = self.to_host(state);
+        let out = host::ple_mix(
+            &self.to_host(streams),
+            &self.to_host(key),
+            &self.to_host(value),
+            p,
+            spec,
+            &mut st,
+            batch,
+        );
+        *state = self.from_host(srows, scols, &st);
+        self.from_host(rows, spec.hyper.width(), &out)
+    }
+
+    /// Stores each new token's raw indexer key in `keys` (one row per paged
+    /// cache position, addressed through the batch's block tables with
+    /// `block_size` positions per page) and picks, for every new token, the
+    /// `budget / compress_ratio` best complete blocks of its visible
+    /// positions plus the incomplete tail block.
+    fn qsa_select(
+        &self,
+        proj: &Self::Tensor,
+        norms: &QsaNorms,
+        spec: &QsaSpec,
+        keys: &mut Self::Tensor,
+        block_size: usize,
+        batch: &ForwardBatch,
+    ) -> TokenSelection {
+        let (krows, kcols) = self.dims(keys);
+        let mut k = self.to_host(keys);
+        let sel = host::qsa_select(&self.to_host(proj), norms, spec, &mut k, block_size, batch);
+        *keys = self.from_host(krows, kcols, &k);
+        sel
+    }
+
+    /// [`Backend::attention`] reading only the selected positions of each
+    /// token. The default runs dense attention when the selection is every
+    /// visible position and panics otherwise: a backend without its own
+    /// sparse attention cannot run contexts longer than the indexer budget.
+    #[allow(clippy::too_many_arguments)]
+    fn sparse_attention(
+        &self,
+        proj: &Self::Tensor,
+        w: &AttentionWeights<Self::Weight>,
+        spec: &AttentionSpec,
+        cache: &mut Self::Cache,
+        layer: usize,
+        batch: &ForwardBatch,
+        selection: &TokenSelection,
+    ) -> Self::Tensor {
+        assert!(
+            selection.is_dense(batch),
+            "{}: sparse attention over a partial selection is not implemented on this backend",
+            self.name()
+        );
+        self.attention(proj, w, spec, cache, layer, batch)
+    }
+}

@@ -1,0 +1,114 @@
+//! The Flash-Next operations on the CPU: the host reference functions of
+//! `kestrel_core::flash_next::host` run on the tensors' own data, and sparse
+//! attention is the paged attention restricted to the selected positions.
+
+use kestrel_core::flash_next::{
+    FlashNextOps, HyperSpec, PleParams, PleSpec, QsaNorms, QsaSpec, TokenSelection, host,
+};
+use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch};
+
+use crate::{CpuBackend, CpuCache, CpuTensor, CpuWeight, attention};
+
+impl FlashNextOps for CpuBackend {
+    fn repeat_streams(&self, x: &CpuTensor, streams: usize) -> CpuTensor {
+        let out = host::repeat_streams(&x.data, x.cols, streams);
+        CpuTensor::new(x.rows, x.cols * streams, out)
+    }
+
+    fn grouped_rms_norm(&self, x: &CpuTensor, w: &[f32], group: usize, eps: f32) -> CpuTensor {
+        let out = host::grouped_rms_norm(&x.data, x.cols, w, group, eps);
+        CpuTensor::new(x.rows, x.cols, out)
+    }
+
+    fn hyper_low_rank_act(&self, x: &CpuTensor, streams: usize) -> CpuTensor {
+        CpuTensor::new(x.rows, x.cols, host::scaled_silu(&x.data, streams as f32))
+    }
+
+    fn hyper_mix(&self, normed: &CpuTensor, gate: &CpuTensor, spec: &HyperSpec) -> CpuTensor {
+        let out = host::hyper_mix(&normed.data, &gate.data, spec);
+        CpuTensor::new(normed.rows, spec.hidden, out)
+    }
+
+    fn hyper_inject(
+        &self,
+        x: &mut CpuTensor,
+        out: &CpuTensor,
+        inject: &CpuTensor,
+        spec: &HyperSpec,
+    ) {
+        host::hyper_inject(&mut x.data, &out.data, &inject.data, spec);
+    }
+
+    fn ple_mix(
+        &self,
+        streams: &CpuTensor,
+        key: &CpuTensor,
+        value: &CpuTensor,
+        p: &PleParams,
+        spec: &PleSpec,
+        state: &mut CpuTensor,
+        batch: &ForwardBatch,
+    ) -> CpuTensor {
+        let out = host::ple_mix(
+            &streams.data,
+            &key.data,
+            &value.data,
+            p,
+            spec,
+            &mut state.data,
+            batch,
+        );
+        CpuTensor::new(streams.rows, spec.hyper.width(), out)
+    }
+
+    fn qsa_select(
+        &self,
+        proj: &CpuTensor,
+        norms: &QsaNorms,
+        spec: &QsaSpec,
+        keys: &mut CpuTensor,
+        block_size: usize,
+        batch: &ForwardBatch,
+    ) -> TokenSelection {
+        host::qsa_select(&proj.data, norms, spec, &mut keys.data, block_size, batch)
+    }
+
+    fn sparse_attention(
+        &self,
+        proj: &CpuTensor,
+        w: &AttentionWeights<CpuWeight>,
+        spec: &AttentionSpec,
+        cache: &mut CpuCache,
+        layer: usize,
+        batch: &ForwardBatch,
+        selection: &TokenSelection,
+    ) -> CpuTensor {
+        assert_eq!(
+            selection.positions.len(),
+            proj.rows,
+            "one selection per token"
+        );
+        let pages = attention::PageLayout {
+            num_blocks: cache.spec.num_blocks,
+            block_size: cache.spec.block_size,
+            num_kv_heads: cache.spec.num_kv_heads,
+            head_dim: cache.spec.head_dim,
+        };
+        let n_layers = cache.kv.len();
+        let pool = cache.kv.get_mut(layer).unwrap_or_else(|| {
+            panic!("attention layer {layer} out of range ({n_layers} in the cache)")
+        });
+        let out = attention::attention(
+            &proj.data,
+            proj.cols,
+            &w.q_norm.data,
+            &w.k_norm.data,
+            spec,
+            pool,
+            &pages,
+            batch,
+            Some(&selection.positions),
+        );
+        CpuTensor::new(proj.rows, spec.q_width(), out)
+    }
+}

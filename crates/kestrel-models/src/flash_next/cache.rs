@@ -1,0 +1,99 @@
+//! Per-sequence state of Flash-Next beyond the backend's KV pages and GDN
+//! slots: the indexer's raw keys (one row per paged position, so pages
+//! shared by a prefix cache share them too), each PLE module's conv state
+//! and the n-gram context (per state slot, like the GDN state).
+//!
+//! `zero_state` and `copy_state` cover all of it; an engine that snapshots
+//! or rolls back GDN slots must call these instead of the backend's (the
+//! serving engine does not drive Flash-Next yet).
+
+use anyhow::Result;
+use kestrel_core::FlashNextOps;
+
+pub struct FlashNextCache<B: FlashNextOps> {
+    /// KV pages of the attention layers and state slots of the GDN layers.
+    pub base: B::Cache,
+    /// Per attention layer: `[num_blocks * block_size, indexer head_dim]`.
+    pub indexer_keys: Vec<B::Tensor>,
+    /// Per PLE module: `[slots * state_len, streams * hidden]`.
+    pub ple_conv: Vec<B::Tensor>,
+    /// Per slot: the last `ngram_size - 1` tokens, EOS before the first.
+    pub ngram_context: Vec<Vec<u32>>,
+    pub block_size: usize,
+    ple_state_rows: usize,
+    eos: u32,
+}
+
+impl<B: FlashNextOps> FlashNextCache<B> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        b: &B,
+        base: B::Cache,
+        indexer: (usize, usize),
+        ple: (usize, usize, usize),
+        ngram_context: usize,
+        eos: u32,
+        num_blocks: usize,
+        block_size: usize,
+        slots: usize,
+    ) -> Result<Self> {
+        let (attn_layers, key_dim) = indexer;
+        let (ple_modules, state_rows, width) = ple;
+        let keys = |_| {
+            b.from_host(
+                num_blocks * block_size,
+                key_dim,
+                &vec![0.0; num_blocks * block_size * key_dim],
+            )
+        };
+        let conv = |_| {
+            b.from_host(
+                slots * state_rows,
+                width,
+                &vec![0.0; slots * state_rows * width],
+            )
+        };
+        Ok(FlashNextCache {
+            base,
+            indexer_keys: (0..attn_layers).map(keys).collect(),
+            ple_conv: (0..ple_modules).map(conv).collect(),
+            ngram_context: vec![vec![eos; ngram_context]; slots],
+            block_size,
+            ple_state_rows: state_rows,
+            eos,
+        })
+    }
+
+    /// A sequence starts over in `slot`: GDN, PLE conv and n-gram context.
+    pub fn zero_state(&mut self, b: &B, slot: u32) {
+        b.zero_state(&mut self.base, slot);
+        let n = self.ple_state_rows;
+        for t in &mut self.ple_conv {
+            edit_rows(b, t, |data, cols| {
+                data[slot as usize * n * cols..(slot as usize + 1) * n * cols].fill(0.0)
+            });
+        }
+        self.ngram_context[slot as usize].fill(self.eos);
+    }
+
+    /// Snapshot all per-slot state of `src` into `dst`.
+    pub fn copy_state(&mut self, b: &B, src: u32, dst: u32) {
+        b.copy_state(&mut self.base, src, dst);
+        let n = self.ple_state_rows;
+        let (s, d) = (src as usize, dst as usize);
+        for t in &mut self.ple_conv {
+            edit_rows(b, t, |data, cols| {
+                data.copy_within(s * n * cols..(s + 1) * n * cols, d * n * cols)
+            });
+        }
+        self.ngram_context[d] = self.ngram_context[s].clone();
+    }
+}
+
+/// Edits a state pool on the host (a copy each way on a device backend).
+fn edit_rows<B: FlashNextOps>(b: &B, t: &mut B::Tensor, f: impl FnOnce(&mut [f32], usize)) {
+    let (rows, cols) = b.dims(t);
+    let mut data = b.to_host(t);
+    f(&mut data, cols);
+    *t = b.from_host(rows, cols, &data);
+}

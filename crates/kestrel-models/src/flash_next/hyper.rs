@@ -1,0 +1,67 @@
+//! Hyper-connections: the residual is `streams` parallel copies of the
+//! hidden state. Before each sublayer they are normalised per stream, gated
+//! by a low-rank projection and averaged into the sublayer's input; its
+//! output is added back to every stream with a learned per-stream weight.
+
+use anyhow::Result;
+use kestrel_core::flash_next::{FlashNextOps, HyperSpec};
+
+use crate::loader::Loader;
+
+pub struct HyperConnection<B: FlashNextOps> {
+    /// Grouped RMSNorm weight, plain form (`1 + w`), `[streams * hidden]`.
+    norm: Vec<f32>,
+    down: B::Weight,
+    up: B::Weight,
+    /// `None` for the final mixer, which only averages.
+    inject: Option<B::Weight>,
+    pub spec: HyperSpec,
+}
+
+/// A 1-D zero-centred norm weight as the plain host vector `1 + w`.
+pub fn host_norm<B: FlashNextOps>(l: &Loader<B>, name: &str, len: usize) -> Result<Vec<f32>> {
+    Ok(l.tensor(name, &[len])?
+        .to_f32()
+        .into_iter()
+        .map(|w| 1.0 + w)
+        .collect())
+}
+
+impl<B: FlashNextOps> HyperConnection<B> {
+    /// `p` is the module prefix, e.g. `model.language_model.layers.0.attn_hyper_connection.`.
+    pub fn load(
+        l: &Loader<B>,
+        p: &str,
+        spec: HyperSpec,
+        rank: usize,
+        with_inject: bool,
+    ) -> Result<Self> {
+        let w = spec.width();
+        Ok(HyperConnection {
+            norm: host_norm(l, &format!("{p}hc_norm.weight"), w)?,
+            down: l.weight(&format!("{p}input_mix_weight_down.weight"), &[rank, w])?,
+            up: l.weight(&format!("{p}input_mix_weight_up.weight"), &[w, rank])?,
+            inject: if with_inject {
+                Some(l.weight(
+                    &format!("{p}block_inject_weight.weight"),
+                    &[spec.streams, w],
+                )?)
+            } else {
+                None
+            },
+            spec,
+        })
+    }
+
+    /// The sublayer input `[T, hidden]` of the streams `x` and, with an
+    /// inject projection, its per-stream logits `[T, streams]`.
+    pub fn mix(&self, b: &B, x: &B::Tensor) -> (B::Tensor, Option<B::Tensor>) {
+        let s = &self.spec;
+        let normed = b.grouped_rms_norm(x, &self.norm, s.hidden, s.eps);
+        let low = b.hyper_low_rank_act(&b.matmul(&normed, &self.down), s.streams);
+        let gate = b.matmul(&low, &self.up);
+        let mixed = b.hyper_mix(&normed, &gate, s);
+        let inject = self.inject.as_ref().map(|w| b.matmul(&normed, w));
+        (mixed, inject)
+    }
+}

@@ -1,0 +1,231 @@
+//! Qwen3.8-Flash-Next (`model_type` `qwen4_exp`), the text model, on any
+//! backend with [`FlashNextOps`].
+//!
+//! It keeps Qwen3.5's Gated DeltaNet (with a sigmoid output gate), gated
+//! attention and MoE blocks, but replaces the residual with four-stream
+//! hyper-connections, restricts attention to blocks chosen by a learned
+//! indexer (QSA), and adds hashed n-gram embeddings (PLE) on some layers.
+//! These do not fit the shared [`crate::Decoder`], so the model has its own
+//! layer stack here; see `docs/flash-next.md`. Not yet covered: the MTP
+//! head, dummy (file-less) loading, FP8 checkpoints and the serving engine.
+
+pub mod cache;
+pub mod config;
+mod hyper;
+mod layer;
+pub mod ngram;
+mod ple;
+pub mod runner;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use kestrel_core::flash_next::{FlashNextOps, HyperSpec};
+use kestrel_core::{CacheSpec, ForwardBatch};
+
+pub use cache::FlashNextCache;
+pub use config::FlashNextConfig;
+use hyper::HyperConnection;
+use layer::FlashNextLayer;
+use ngram::{NgramHasher, NgramTable, token_history};
+use ple::Ple;
+
+use crate::blocks::{attention::attention_spec, gdn::gdn_spec};
+use crate::config::LayerKind;
+use crate::loader::Loader;
+use crate::pipeline::{self, LoadMode, LoadPlan};
+use crate::weights::WeightFiles;
+use crate::{Quantization, fp8};
+
+pub struct FlashNext<B: FlashNextOps> {
+    pub config: FlashNextConfig,
+    embed: B::Weight,
+    layers: Vec<FlashNextLayer<B>>,
+    /// Averages the streams into the hidden state the lm_head reads (no
+    /// final norm follows).
+    mixer: HyperConnection<B>,
+    lm_head: Option<B::Weight>,
+    hyper: HyperSpec,
+}
+
+impl<B: FlashNextOps> FlashNext<B> {
+    /// Loads `config.json` and the safetensors of a model folder. The n-gram
+    /// tables stay in the memory-mapped files.
+    pub fn load(dir: &Path, backend: &B) -> Result<Self> {
+        let config_path = dir.join("config.json");
+        let config = FlashNextConfig::from_file(&config_path)?;
+        if fp8::QuantConfig::from_file(&config_path)?.is_some() {
+            bail!("quantised qwen4_exp checkpoints are not supported yet");
+        }
+        let files = Arc::new(WeightFiles::open(dir)?);
+        let plan = LoadPlan {
+            zero_centred_norms: true,
+            mode: LoadMode::Upload,
+            quantization: Quantization::AsStored,
+        };
+        let shared = Arc::clone(&files);
+        pipeline::load(&files, backend, plan, move |l| {
+            Self::build(l, config, shared)
+        })
+        .map(|(model, _)| model)
+        .with_context(|| format!("cannot load model from {}", dir.display()))
+    }
+
+    fn build(l: &Loader<B>, config: FlashNextConfig, files: Arc<WeightFiles>) -> Result<Self> {
+        let cfg = &config.base;
+        let p = &cfg.weight_prefix;
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let hyper = HyperSpec {
+            streams: config.hc_count,
+            hidden: h,
+            eps: cfg.rms_norm_eps,
+        };
+        let (mut attn_idx, mut gdn_idx) = (0, 0);
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (i, &kind) in cfg.layer_kinds.iter().enumerate() {
+            let counter = match kind {
+                LayerKind::FullAttention => &mut attn_idx,
+                LayerKind::LinearAttention => &mut gdn_idx,
+            };
+            let cache_layer = *counter;
+            *counter += 1;
+            let lp = format!("{p}layers.{i}.");
+            let ple = match &config.ple {
+                Some(pc) => match pc.layers.iter().position(|&l| l == i) {
+                    Some(index) => {
+                        let hasher = NgramHasher::new(pc, v, index);
+                        let table = NgramTable::open(
+                            Arc::clone(&files),
+                            &format!("{lp}ple.ple_embedding.ngram_embedding."),
+                            hasher.rows as usize,
+                            pc.head_dim(),
+                            pc.split_parts,
+                        )?;
+                        let conv = (pc.conv_kernel, pc.ngram_size);
+                        Some(Ple::load(
+                            l,
+                            &format!("{lp}ple."),
+                            hasher,
+                            table,
+                            hyper,
+                            conv,
+                            index,
+                        )?)
+                    }
+                    None => None,
+                },
+                None => None,
+            };
+            layers.push(
+                FlashNextLayer::load(l, &lp, &config, kind, cache_layer, hyper, ple)
+                    .with_context(|| format!("layer {i}"))?,
+            );
+        }
+        let lm_head = if cfg.tie_word_embeddings && !l.has("lm_head.weight") {
+            None
+        } else {
+            Some(l.weight("lm_head.weight", &[v, h])?)
+        };
+        Ok(FlashNext {
+            embed: l.weight(&format!("{p}embed_tokens.weight"), &[v, h])?,
+            layers,
+            mixer: HyperConnection::load(
+                l,
+                &format!("{p}hyper_connection_mixer."),
+                hyper,
+                config.hc_lowrank,
+                false,
+            )?,
+            lm_head,
+            hyper,
+            config,
+        })
+    }
+
+    pub fn lm_head(&self) -> &B::Weight {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Caches for `num_blocks` pages of `block_size` positions and `slots`
+    /// sequence-state slots.
+    pub fn new_cache(
+        &self,
+        b: &B,
+        num_blocks: usize,
+        block_size: usize,
+        slots: usize,
+    ) -> Result<FlashNextCache<B>> {
+        let cfg = &self.config.base;
+        let attn = attention_spec(cfg);
+        let base = b.new_cache(&CacheSpec {
+            attn_layers: cfg.num_attention_layers(),
+            num_blocks,
+            block_size,
+            num_kv_heads: attn.num_kv_heads,
+            head_dim: attn.head_dim,
+            gdn_layers: cfg.num_linear_layers(),
+            num_state_slots: slots,
+            gdn: gdn_spec(cfg),
+        })?;
+        let ple = &self.config.ple;
+        let ple_modules = ple.as_ref().map_or(0, |p| p.layers.len());
+        let state_rows = self
+            .layers
+            .iter()
+            .find_map(|l| l.ple.as_ref().map(|p| p.spec.state_len()))
+            .unwrap_or(0);
+        FlashNextCache::new(
+            b,
+            base,
+            (cfg.num_attention_layers(), self.config.qsa.head_dim),
+            (ple_modules, state_rows, self.hyper.width()),
+            ple.as_ref().map_or(0, |p| p.ngram_size - 1),
+            ple.as_ref().map_or(0, |p| p.eos_token_id),
+            num_blocks,
+            block_size,
+            slots,
+        )
+    }
+
+    /// Runs the new tokens of `batch` and returns their hidden states
+    /// `[T, hidden]` (the streams averaged by the final mixer).
+    pub fn forward(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut FlashNextCache<B>,
+    ) -> Result<B::Tensor> {
+        if ids.len() != batch.num_tokens() {
+            bail!(
+                "{} ids for a batch of {} tokens",
+                ids.len(),
+                batch.num_tokens()
+            );
+        }
+        // The n-gram histories are the same for every PLE module.
+        let mut history = Vec::new();
+        if let Some(pc) = &self.config.ple {
+            let mut start = 0;
+            for s in &batch.seqs {
+                let ctx = &mut cache.ngram_context[s.state_slot as usize];
+                let seq = &ids[start..start + s.num_tokens];
+                history.extend(token_history(ctx, seq, pc.ngram_size, pc.eos_token_id));
+                start += s.num_tokens;
+            }
+        }
+        let mut x = b.repeat_streams(&b.embedding(&self.embed, ids), self.hyper.streams);
+        for (i, layer) in self.layers.iter().enumerate() {
+            layer
+                .forward(b, &mut x, &history, cache, batch)
+                .with_context(|| format!("layer {i}"))?;
+        }
+        Ok(self.mixer.mix(b, &x).0)
+    }
+
+    /// Logits of the selected rows of `hidden`.
+    pub fn logits(&self, b: &B, hidden: &B::Tensor, rows: &[usize]) -> B::Tensor {
+        b.matmul(&b.gather_rows(hidden, rows), self.lm_head())
+    }
+}

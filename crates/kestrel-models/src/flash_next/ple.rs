@@ -1,0 +1,85 @@
+//! The PLE layer: the hashed n-gram embedding of each token, projected to a
+//! value and one key per stream; each stream gates the value by how its
+//! normalised state agrees with its key, and a dilated depthwise causal conv
+//! adds local context. The result is added to every stream.
+
+use anyhow::Result;
+use kestrel_core::ForwardBatch;
+use kestrel_core::flash_next::{FlashNextOps, HyperSpec, PleParams, PleSpec};
+
+use super::hyper::host_norm;
+use super::ngram::{NgramHasher, NgramTable};
+use crate::loader::Loader;
+
+pub struct Ple<B: FlashNextOps> {
+    pub hasher: NgramHasher,
+    table: NgramTable,
+    key_proj: B::Weight,
+    value_proj: B::Weight,
+    params: PleParams,
+    pub spec: PleSpec,
+    /// This module's conv-state pool in the cache.
+    pub state_index: usize,
+}
+
+impl<B: FlashNextOps> Ple<B> {
+    /// `p` is the module prefix, e.g. `model.language_model.layers.0.ple.`.
+    pub fn load(
+        l: &Loader<B>,
+        p: &str,
+        hasher: NgramHasher,
+        table: NgramTable,
+        hyper: HyperSpec,
+        conv: (usize, usize),
+        state_index: usize,
+    ) -> Result<Self> {
+        let (w, e) = (hyper.width(), embed_width(&hasher, &table));
+        let (kernel, dilation) = conv;
+        let taps = l
+            .tensor(&format!("{p}conv1d.weight"), &[w, 1, kernel])?
+            .to_f32();
+        Ok(Ple {
+            key_proj: l.weight(&format!("{p}key_proj.weight"), &[w, e])?,
+            value_proj: l.weight(&format!("{p}value_proj.weight"), &[hyper.hidden, e])?,
+            params: PleParams {
+                norm_key: host_norm(l, &format!("{p}norm_key.weight"), w)?,
+                norm_query: host_norm(l, &format!("{p}norm_query.weight"), w)?,
+                norm_conv: host_norm(l, &format!("{p}norm_conv.weight"), w)?,
+                conv: taps,
+            },
+            spec: PleSpec {
+                hyper,
+                conv_kernel: kernel,
+                conv_dilation: dilation,
+            },
+            hasher,
+            table,
+            state_index,
+        })
+    }
+
+    /// `x += ple(x)` for the new tokens whose n-gram histories are `history`.
+    pub fn forward(
+        &self,
+        b: &B,
+        x: &mut B::Tensor,
+        history: &[u32],
+        state: &mut B::Tensor,
+        batch: &ForwardBatch,
+    ) -> Result<()> {
+        let rows = self.hasher.rows_of(history);
+        let t = batch.num_tokens();
+        let emb = self.table.gather(&rows)?;
+        let emb = b.from_host(t, emb.len() / t.max(1), &emb);
+        let key = b.matmul(&emb, &self.key_proj);
+        let value = b.matmul(&emb, &self.value_proj);
+        let out = b.ple_mix(x, &key, &value, &self.params, &self.spec, state, batch);
+        b.add_assign(x, &out);
+        Ok(())
+    }
+}
+
+/// The embedding width: heads times the table's row width.
+fn embed_width(hasher: &NgramHasher, table: &NgramTable) -> usize {
+    hasher.heads() * table.dim
+}

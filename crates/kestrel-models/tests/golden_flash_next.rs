@@ -1,0 +1,275 @@
+//! Golden test of Qwen3.8-Flash-Next (`qwen4_exp`): the CPU backend against
+//! Hugging Face transformers (float32) on the tiny random-weight fixture of
+//! `scripts/make_golden.py` (testdata/golden/qwen4_exp, see its README).
+//!
+//! The fixture's prompts (5, 40 and 100 tokens, with EOS inside) are longer
+//! than the indexer budget (16 tokens in 4 blocks of 4), so the block
+//! selection decides what attention sees; PLE runs on layer 0. The tolerance
+//! is the one of the other golden tests (2e-3 absolute), far above
+//! transformers' own path-to-path disagreement on this fixture (4e-5) and
+//! below its smallest teacher-forced top-1 margin (4e-3). Greedy
+//! continuations must match token for token (greedy margins above 0.06).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use kestrel_cpu::CpuBackend;
+use kestrel_models::flash_next::FlashNext;
+use kestrel_models::flash_next::runner::FlashNextRunner;
+use serde_json::Value;
+
+const LOGIT_TOL: f32 = 2e-3;
+
+struct Fixture {
+    model: FlashNext<CpuBackend>,
+    meta: Value,
+    tensors: HashMap<String, Vec<f32>>,
+}
+
+fn load() -> Fixture {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/qwen4_exp");
+    let model = FlashNext::load(&dir.join("model"), &CpuBackend::new()).expect("model loads");
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensors = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+            let values = view
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            (name, values)
+        })
+        .collect();
+    Fixture {
+        model,
+        meta,
+        tensors,
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Logits of every position of `tokens`, fed in chunks of the given sizes.
+fn logits_in_chunks(f: &Fixture, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
+    let b = CpuBackend::new();
+    let mut runner = FlashNextRunner::new(&b, &f.model, tokens.len()).unwrap();
+    let mut out = Vec::new();
+    let mut start = 0;
+    for &c in chunks.iter().cycle() {
+        if start == tokens.len() {
+            break;
+        }
+        let end = (start + c).min(tokens.len());
+        out.extend(runner.feed_all_logits(&tokens[start..end]).unwrap());
+        start = end;
+    }
+    out
+}
+
+#[test]
+fn flash_next_teacher_forced_logits_match_transformers_in_one_pass_and_in_chunks() {
+    let f = load();
+    for case in f.meta["teacher_forced"].as_array().unwrap() {
+        let tokens = ids(&case["input_ids"]);
+        let reference = &f.tensors[case["logits_tensor"].as_str().unwrap()];
+        for chunks in [&[tokens.len()][..], &[1], &[7, 1, 13, 64, 3]] {
+            let got = logits_in_chunks(&f, &tokens, chunks);
+            let err = max_abs_diff(&got, reference);
+            eprintln!(
+                "{} tokens, chunks {chunks:?}: max |logit diff| {err:.2e}",
+                tokens.len()
+            );
+            assert!(
+                err <= LOGIT_TOL,
+                "{} tokens, chunks {chunks:?}: max |diff| {err}",
+                tokens.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn flash_next_greedy_continuations_match_transformers_after_whole_and_chunked_prefill() {
+    let f = load();
+    let b = CpuBackend::new();
+    for case in f.meta["greedy"].as_array().unwrap() {
+        let prompt = ids(&case["prompt_ids"]);
+        let expected = ids(&case["new_ids"]);
+        assert!(expected.len() >= 32);
+        for chunks in [&[prompt.len()][..], &[3, 17, 1]] {
+            let mut runner =
+                FlashNextRunner::new(&b, &f.model, prompt.len() + expected.len()).unwrap();
+            let mut start = 0;
+            let mut logits = Vec::new();
+            for &c in chunks.iter().cycle() {
+                if start == prompt.len() {
+                    break;
+                }
+                let end = (start + c).min(prompt.len());
+                logits = runner.feed_last_logits(&prompt[start..end]).unwrap();
+                start = end;
+            }
+            let mut got = Vec::new();
+            for _ in 0..expected.len() {
+                let t = argmax(&logits);
+                got.push(t);
+                logits = runner.feed_last_logits(&[t]).unwrap();
+            }
+            assert_eq!(
+                got,
+                expected,
+                "greedy continuation of a {}-token prompt fed in chunks {chunks:?}",
+                prompt.len()
+            );
+        }
+    }
+}
+
+/// Two sequences in one batch (their own pages and state slots, fed in
+/// chunks of different sizes side by side) give each its own reference
+/// logits: the indexer keys, PLE conv state and n-gram context stay apart.
+#[test]
+fn flash_next_batched_sequences_keep_their_state_apart() {
+    use kestrel_core::{Backend, ForwardBatch, SeqChunk};
+
+    let f = load();
+    let b = CpuBackend::new();
+    let cases = f.meta["teacher_forced"].as_array().unwrap();
+    let prompts: Vec<Vec<u32>> = [1, 2]
+        .iter()
+        .map(|&i| ids(&cases[i]["input_ids"]))
+        .collect();
+    let refs: Vec<&Vec<f32>> = [1, 2]
+        .iter()
+        .map(|&i| &f.tensors[cases[i]["logits_tensor"].as_str().unwrap()])
+        .collect();
+    let block = 16;
+    let pages: Vec<Vec<u32>> = vec![(0..8).rev().collect(), (8..16).collect()];
+    let mut cache = f.model.new_cache(&b, 16, block, 2).unwrap();
+    cache.zero_state(&b, 0);
+    cache.zero_state(&b, 1);
+    let chunks = [[9usize, 23], [31, 5], [100, 100]];
+    let (mut done, mut got) = ([0usize; 2], [Vec::new(), Vec::new()]);
+    for step in chunks {
+        let mut seqs = Vec::new();
+        let mut ids_step = Vec::new();
+        let mut take = [0usize; 2];
+        for s in 0..2 {
+            take[s] = step[s].min(prompts[s].len() - done[s]);
+            if take[s] == 0 {
+                continue;
+            }
+            let total = done[s] + take[s];
+            seqs.push(SeqChunk::new(
+                take[s],
+                done[s],
+                pages[s][..total.div_ceil(block)].to_vec(),
+                s as u32,
+            ));
+            ids_step.extend_from_slice(&prompts[s][done[s]..total]);
+        }
+        let batch = ForwardBatch { seqs };
+        let hidden = f.model.forward(&b, &ids_step, &batch, &mut cache).unwrap();
+        let rows: Vec<usize> = (0..ids_step.len()).collect();
+        let logits = b.to_host(&f.model.logits(&b, &hidden, &rows));
+        let vocab = logits.len() / ids_step.len();
+        let mut row = 0;
+        for s in 0..2 {
+            got[s].extend_from_slice(&logits[row * vocab..(row + take[s]) * vocab]);
+            row += take[s];
+            done[s] += take[s];
+        }
+    }
+    for s in 0..2 {
+        let err = max_abs_diff(&got[s], refs[s]);
+        assert!(err <= LOGIT_TOL, "sequence {s}: max |diff| {err}");
+    }
+}
+
+/// A prefix-cache hit: the state after a 32-token prefix (GDN, PLE conv,
+/// n-gram context) copied to another slot, and the pages of the prefix
+/// shared, continues exactly (bit for bit) as the sequence that computed
+/// the prefix itself does, and within tolerance of transformers.
+#[test]
+fn flash_next_state_copied_after_a_prefix_continues_bit_for_bit() {
+    use kestrel_core::{Backend, ForwardBatch, SeqChunk};
+
+    let f = load();
+    let b = CpuBackend::new();
+    let case = &f.meta["teacher_forced"].as_array().unwrap()[2];
+    let tokens = ids(&case["input_ids"]);
+    let reference = &f.tensors[case["logits_tensor"].as_str().unwrap()];
+    let (prefix, block) = (32, 16);
+    let n = tokens.len();
+    let run = |cache: &mut kestrel_models::flash_next::FlashNextCache<CpuBackend>,
+               slot: u32,
+               pages: &[u32],
+               start: usize,
+               end: usize| {
+        let batch = ForwardBatch {
+            seqs: vec![SeqChunk::new(
+                end - start,
+                start,
+                pages[..end.div_ceil(block)].to_vec(),
+                slot,
+            )],
+        };
+        let hidden = f
+            .model
+            .forward(&b, &tokens[start..end], &batch, cache)
+            .unwrap();
+        let rows: Vec<usize> = (0..end - start).collect();
+        b.to_host(&f.model.logits(&b, &hidden, &rows))
+    };
+    let mut cache = f.model.new_cache(&b, 16, block, 3).unwrap();
+    for slot in 0..3 {
+        cache.zero_state(&b, slot);
+    }
+    // Slot 0 computes the prefix and goes on; slot 2 is a snapshot of it
+    // after the prefix, resumed in slot 1 over the same first two pages.
+    let own: Vec<u32> = (0..7).collect();
+    let shared: Vec<u32> = [0, 1].into_iter().chain(7..12).collect();
+    run(&mut cache, 0, &own, 0, prefix);
+    cache.copy_state(&b, 0, 2);
+    let miss = run(&mut cache, 0, &own, prefix, n);
+    cache.copy_state(&b, 2, 1);
+    let hit = run(&mut cache, 1, &shared, prefix, n);
+    assert!(
+        miss == hit,
+        "a resumed snapshot differs from the uninterrupted sequence"
+    );
+    let vocab = hit.len() / (n - prefix);
+    let err = max_abs_diff(&hit, &reference[prefix * vocab..]);
+    assert!(err <= LOGIT_TOL, "max |diff| {err}");
+}
