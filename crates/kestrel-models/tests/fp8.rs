@@ -14,6 +14,9 @@ use kestrel_models::runner::SequenceRunner;
 use kestrel_models::{Model, Quantization};
 use serde_json::Value;
 
+mod common;
+use common::{argmax, ids, max_abs_diff};
+
 /// The golden tests' tolerance (`tests/golden.rs`).
 const LOGIT_TOL: f32 = 2e-3;
 const ARCHES: [&str; 4] = ["qwen3", "qwen3_moe", "qwen3_5_moe", "qwen3_next"];
@@ -25,14 +28,6 @@ fn testdata() -> PathBuf {
 
 fn json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// The golden fixture's teacher-forced prompts.
@@ -63,24 +58,6 @@ fn greedy(model: &Model<CpuBackend>, prompt: &[u32], n: usize) -> Vec<u32> {
         logits = runner.feed_last_logits(&[next]).unwrap();
     }
     out
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn load(dir: &Path) -> Model<CpuBackend> {

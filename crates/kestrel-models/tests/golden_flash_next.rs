@@ -18,6 +18,9 @@ use kestrel_models::flash_next::FlashNext;
 use kestrel_models::flash_next::runner::FlashNextRunner;
 use serde_json::Value;
 
+mod common;
+use common::{argmax, ids, max_abs_diff};
+
 const LOGIT_TOL: f32 = 2e-3;
 
 struct Fixture {
@@ -52,32 +55,6 @@ fn load() -> Fixture {
         meta,
         tensors,
     }
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Logits of every position of `tokens`, fed in chunks of the given sizes.
