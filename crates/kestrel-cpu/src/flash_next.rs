@@ -7,7 +7,7 @@ use kestrel_core::flash_next::{
 };
 use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch};
 
-use crate::{CpuBackend, CpuCache, CpuTensor, CpuWeight, attention};
+use crate::{CpuBackend, CpuCache, CpuTensor, CpuWeight};
 
 impl FlashNextOps for CpuBackend {
     fn repeat_streams(&self, x: &CpuTensor, streams: usize) -> CpuTensor {
@@ -88,27 +88,14 @@ impl FlashNextOps for CpuBackend {
             proj.rows,
             "one selection per token"
         );
-        let pages = attention::PageLayout {
-            num_blocks: cache.spec.num_blocks,
-            block_size: cache.spec.block_size,
-            num_kv_heads: cache.spec.num_kv_heads,
-            head_dim: cache.spec.head_dim,
-        };
-        let n_layers = cache.kv.len();
-        let pool = cache.kv.get_mut(layer).unwrap_or_else(|| {
-            panic!("attention layer {layer} out of range ({n_layers} in the cache)")
-        });
-        let out = attention::attention(
-            &proj.data,
-            proj.cols,
-            &w.q_norm.data,
-            &w.k_norm.data,
+        crate::attend(
+            proj,
+            w,
             spec,
-            pool,
-            &pages,
+            cache,
+            layer,
             batch,
             Some(&selection.positions),
-        );
-        CpuTensor::new(proj.rows, spec.q_width(), out)
+        )
     }
 }

@@ -184,28 +184,7 @@ impl Backend for CpuBackend {
         layer: usize,
         batch: &ForwardBatch,
     ) -> CpuTensor {
-        let pages = attention::PageLayout {
-            num_blocks: cache.spec.num_blocks,
-            block_size: cache.spec.block_size,
-            num_kv_heads: cache.spec.num_kv_heads,
-            head_dim: cache.spec.head_dim,
-        };
-        let n_layers = cache.kv.len();
-        let pool = cache.kv.get_mut(layer).unwrap_or_else(|| {
-            panic!("attention layer {layer} out of range ({n_layers} in the cache)")
-        });
-        let out = attention::attention(
-            &proj.data,
-            proj.cols,
-            &w.q_norm.data,
-            &w.k_norm.data,
-            spec,
-            pool,
-            &pages,
-            batch,
-            None,
-        );
-        CpuTensor::new(proj.rows, spec.q_width(), out)
+        attend(proj, w, spec, cache, layer, batch, None)
     }
 
     fn moe(&self, x: &CpuTensor, w: &MoeWeights<CpuWeight>, spec: &MoeSpec) -> CpuTensor {
@@ -230,4 +209,39 @@ impl Backend for CpuBackend {
         let out = gdn::gated_delta_net(&proj.data, proj.cols, w, spec, state, slots, batch);
         CpuTensor::new(proj.rows, spec.value_width(), out)
     }
+}
+
+/// Attention of `layer` over its paged cache: every cached position, or per
+/// token only the `selected` ones (Flash-Next's sparse attention).
+fn attend(
+    proj: &CpuTensor,
+    w: &AttentionWeights<CpuWeight>,
+    spec: &AttentionSpec,
+    cache: &mut CpuCache,
+    layer: usize,
+    batch: &ForwardBatch,
+    selected: Option<&[Vec<u32>]>,
+) -> CpuTensor {
+    let pages = attention::PageLayout {
+        num_blocks: cache.spec.num_blocks,
+        block_size: cache.spec.block_size,
+        num_kv_heads: cache.spec.num_kv_heads,
+        head_dim: cache.spec.head_dim,
+    };
+    let n_layers = cache.kv.len();
+    let pool = cache.kv.get_mut(layer).unwrap_or_else(|| {
+        panic!("attention layer {layer} out of range ({n_layers} in the cache)")
+    });
+    let out = attention::attention(
+        &proj.data,
+        proj.cols,
+        &w.q_norm.data,
+        &w.k_norm.data,
+        spec,
+        pool,
+        &pages,
+        batch,
+        selected,
+    );
+    CpuTensor::new(proj.rows, spec.q_width(), out)
 }

@@ -37,8 +37,8 @@ KESTREL_EXTERN void fp8_to_bf16(uint16_t* __restrict__ out, const uint8_t* __res
 }
 
 // n random e4m3 codes: the nearest code (ties to even, saturating) to a
-// value uniform in [-448, 448) drawn as kestrel_core::fp8::dummy_codes
-// draws it, so the device and host fills agree bit for bit.
+// value uniform in [-448, 448) drawn as kestrel_models::fp8::dummy_weight
+// draws it on the host, so the device and host fills agree bit for bit.
 KESTREL_EXTERN void fp8_dummy_codes(uint8_t* __restrict__ out, size_t n, uint64_t seed) {
     pdl_begin();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {

@@ -101,10 +101,6 @@ __device__ __forceinline__ void norm_prologue(float* __restrict__ xs, const Norm
     __syncthreads();
 }
 
-// Output row m is `ldy` floats from row m - 1 (ldy >= n_rows): a product
-// over the leading rows of a weight whose last rows are in another format
-// writes its part of the whole output.
-//
 // Block: 256 threads = 8 warps = (8 / split) row groups x `split` warps that
 // share one group's rows and interleave over its 16-byte chunks of K (so
 // short, wide matrices still spread over enough warps). A group owns R rows.
@@ -121,7 +117,7 @@ __device__ __forceinline__ void norm_prologue(float* __restrict__ xs, const Norm
 template <int M, int R, int U, typename WT, bool NORM = false>
 __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __restrict__ x,
                                           const void* __restrict__ w, const void* __restrict__ w_last,
-                                          int n_rows, int k, int split, int ldy, const NormIn* norm = nullptr,
+                                          int n_rows, int k, int split, const NormIn* norm = nullptr,
                                           const float* __restrict__ scales = nullptr) {
     constexpr int V = M * R, SLOTS = (V + 31) / 32;  // sums per warp, per lane
     __shared__ float part[8][V];
@@ -181,7 +177,7 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 #pragma unroll
             for (int slot = 0; slot < SLOTS; ++slot) {
                 const int v = slot * 32 + lane, m = v / R, r = v % R;
-                if (v < V && row0 + r < n_rows) y[(size_t)m * ldy + row0 + r] = mine[slot];
+                if (v < V && row0 + r < n_rows) y[(size_t)m * n_rows + row0 + r] = mine[slot];
             }
         } else {
 #pragma unroll
@@ -193,7 +189,7 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
                 const int n = (bg * groups + gg) * R + r;
                 float v = part[gg * split][mr];
                 for (int ss = 1; ss < split; ++ss) v += part[gg * split + ss][mr];
-                if (n < n_rows) y[(size_t)m * ldy + n] = v;
+                if (n < n_rows) y[(size_t)m * n_rows + n] = v;
             }
         }
         if (!NORM) return;
@@ -219,13 +215,13 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 #define KESTREL_GEMV(M, R, U, MIN_BLOCKS)                                                                     \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,         \
-                  const uint16_t* __restrict__ w_last, int n_rows, int k, int split, int ldy) {                        \
-        gemv_body<M, R, U, Bf16W>(y, x, w, w_last, n_rows, k, split, ldy);                                         \
+                  const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                        \
+        gemv_body<M, R, U, Bf16W>(y, x, w, w_last, n_rows, k, split);                                         \
     }                                                                                                         \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_f16_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,     \
-                      const uint16_t* __restrict__ w_last, int n_rows, int k, int split, int ldy) {                    \
-        gemv_body<M, R, U, F16W>(y, x, w, w_last, n_rows, k, split, ldy);                                          \
+                      const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                    \
+        gemv_body<M, R, U, F16W>(y, x, w, w_last, n_rows, k, split);                                          \
     }
 // Block-FP8 weights convert each chunk before the x rows meet it, which
 // needs registers for the converted chunks: more than 4 rows per warp
@@ -233,8 +229,8 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 #define KESTREL_GEMV_FP8(M, R, U, MIN_BLOCKS)                                                                 \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_fp8_m##M(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,      \
-                      const float* __restrict__ scales, int n_rows, int k, int split, int ldy) {                       \
-        gemv_body<M, R, U, Fp8W>(y, x, w, nullptr, n_rows, k, split, ldy, nullptr, scales);                        \
+                      const float* __restrict__ scales, int n_rows, int k, int split) {                       \
+        gemv_body<M, R, U, Fp8W>(y, x, w, nullptr, n_rows, k, split, nullptr, scales);                        \
     }
 // Only for the row counts the fused norm takes (`NORM_MAX_ROWS` in ops/linear/gemv.rs).
 #define KESTREL_GEMV_NORM(M, R, U, MIN_BLOCKS)                                                                \
@@ -242,17 +238,17 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         gemv_norm_m##M(float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out,   \
                        const float* __restrict__ residual, const float* __restrict__ delta,                   \
                        const float* __restrict__ norm_w, float eps, const uint16_t* __restrict__ w,          \
-                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split, int ldy) {                   \
+                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                   \
         const NormIn n{x_out, residual_out, residual, delta, norm_w, eps};                                    \
-        gemv_body<M, R, U, Bf16W, true>(y, nullptr, w, w_last, n_rows, k, split, ldy, &n);                         \
+        gemv_body<M, R, U, Bf16W, true>(y, nullptr, w, w_last, n_rows, k, split, &n);                         \
     }                                                                                                         \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_norm_fp8_m##M(float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out, \
                            const float* __restrict__ residual, const float* __restrict__ delta,               \
                            const float* __restrict__ norm_w, float eps, const uint8_t* __restrict__ w,        \
-                           const float* __restrict__ scales, int n_rows, int k, int split, int ldy) {                  \
+                           const float* __restrict__ scales, int n_rows, int k, int split) {                  \
         const NormIn n{x_out, residual_out, residual, delta, norm_w, eps};                                    \
-        gemv_body<M, R, U, Fp8W, true>(y, nullptr, w, nullptr, n_rows, k, split, ldy, &n, scales);                 \
+        gemv_body<M, R, U, Fp8W, true>(y, nullptr, w, nullptr, n_rows, k, split, &n, scales);                 \
     }
 
 KESTREL_GEMV(1, 2, 4, 1)

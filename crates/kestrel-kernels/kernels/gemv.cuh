@@ -51,11 +51,10 @@ constexpr int FP8_BLOCK = 128;
 constexpr int FP8_BLOCK_CHUNKS = FP8_BLOCK / Fp8W::ELEMS;
 
 // The 16 codes of an FP8 chunk as two chunks of 8 f16 values, exactly
-// (e4m3 is a subset of f16): one hardware conversion per pair, so that the
-// chunk costs about what a bf16 chunk costs once its values are f32 (the
-// f16 -> f32 step runs on the FMA pipe). Integer bit tricks to bf16 took
-// about three integer operations per code, which bound the kernel far below
-// the memory's rate.
+// (e4m3 is a subset of f16): one hardware conversion per pair, then the
+// f16 -> f32 step on the FMA pipe. Integer bit tricks to bf16 (about three
+// integer operations per code) measured slower at 8 rows
+// (docs/benchmarks/2026-12-02-h200-fp8-decode/).
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pair, __NV_E4M3);
     return (uint32_t)h.x | ((uint32_t)h.y << 16);
@@ -122,7 +121,7 @@ __device__ __forceinline__ float4 load_x(const float4* p) {
 // chunk's 16-term sum starts at zero and is added with its block's scale.
 // `sc` holds the rows' scale rows (scale_row; unused by the 16-bit
 // formats). Fetching the scales with the codes instead (one more array of
-// loads in flight) measured slower.
+// loads in flight) measured slower (same report).
 template <int M, int R, int U, typename WT, bool XS = false>
 __device__ __forceinline__ void use_chunks(float (&acc)[M][R], const uint4 (&wv)[U][R],
                                            const float* __restrict__ x, size_t ldx, int c, int stride, int chunks,

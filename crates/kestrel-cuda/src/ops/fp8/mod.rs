@@ -53,7 +53,8 @@ pub fn upload(gpu: &Gpu, q: &BlockFp8) -> Result<CudaWeight> {
 }
 
 /// A random FP8 weight of `shape`: codes drawn on the device as
-/// [`fp8::dummy_codes`] draws them on the host, and the host's `scale_inv`.
+/// `kestrel_models::fp8::dummy_weight` draws them on the host, and the
+/// host's `scale_inv`.
 pub fn dummy(
     gpu: &Gpu,
     k: &Fp8Kernels,

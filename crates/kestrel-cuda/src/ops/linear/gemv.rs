@@ -33,6 +33,18 @@ fn chunk_elems(format: Format) -> usize {
     }
 }
 
+/// The kernels' fourth operand: the FP8 kernels take the block scales where
+/// the 16-bit ones take `w_last` (the router's appended row, never FP8).
+fn last_or_scales(w: Matrix, w_last: u64) -> u64 {
+    match w.format {
+        Format::Fp8 => {
+            assert_eq!(w_last, 0, "an FP8 product has no appended row");
+            w.scales
+        }
+        Format::Bf16 | Format::F16 => w_last,
+    }
+}
+
 /// Whether one `gemv` launch takes `rows` rows of length `k`: [`gemv_fits`],
 /// or a full pass of [`GEMV_PASS_ROWS`].
 fn launch_fits(rows: usize, k: usize) -> bool {
@@ -114,14 +126,7 @@ pub fn gemv(cx: &Cx, y: u64, x: u64, rows: usize, k: usize, w: Matrix, n: usize,
         (Format::F16, _) => &lk.gemv_f16[rows - 1],
         (Format::Fp8, _) => &lk.gemv_fp8[rows - 1],
     };
-    // The FP8 kernels take the block scales where the others take `w_last`.
-    let last_or_scales = match w.format {
-        Format::Fp8 => {
-            assert_eq!(w_last, 0, "gemv: an FP8 product has no appended row");
-            w.scales
-        }
-        Format::Bf16 | Format::F16 => w_last,
-    };
+    let last_or_scales = last_or_scales(w, w_last);
     cx.gpu.launch(
         f,
         (blocks(n, rows_per_block), 1, 1),
@@ -135,9 +140,6 @@ pub fn gemv(cx: &Cx, y: u64, x: u64, rows: usize, k: usize, w: Matrix, n: usize,
             Arg::I32(n as i32),
             Arg::I32(k as i32),
             Arg::I32(split as i32),
-            // Output rows n apart (the kernels allow wider, for a product
-            // over part of a weight).
-            Arg::I32(n as i32),
         ],
     );
 }
@@ -191,13 +193,7 @@ pub fn gemv_norm(
         (w.ptr | w_last).is_multiple_of(16),
         "gemv_norm: weights must be 16-byte aligned"
     );
-    let last_or_scales = match w.format {
-        Format::Fp8 => {
-            assert_eq!(w_last, 0, "gemv_norm: an FP8 product has no appended row");
-            w.scales
-        }
-        Format::Bf16 | Format::F16 => w_last,
-    };
+    let last_or_scales = last_or_scales(w, w_last);
     let gpu = cx.gpu;
     let s = &gpu.stream;
     let y = gpu.alloc::<f32>(rows * n);
@@ -243,9 +239,6 @@ pub fn gemv_norm(
             Arg::I32(n as i32),
             Arg::I32(k as i32),
             Arg::I32(split as i32),
-            // Output rows n apart (the kernels allow wider, for a product
-            // over part of a weight).
-            Arg::I32(n as i32),
         ],
     );
     if let Some(r) = residual_out {
