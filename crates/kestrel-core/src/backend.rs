@@ -338,6 +338,29 @@ pub trait Backend: Send + Sync + Sized + 'static {
         None
     }
 
+    /// Whether `batch` runs as two forward passes, its first `n` sequences
+    /// and then the rest (`Some(n)`), or as one (`None`). A backend whose
+    /// kernels for a row depend on the step's shape cuts a step that mixes
+    /// decode and verify rows with prefill chunks, so that those rows
+    /// compute what they would in a step of their own: speculation and the
+    /// arrival of other requests then leave a sequence's output as it is.
+    /// The engine orders short chunks first (see
+    /// [`ForwardBatch::short_prefix_cut`]). The passes together read the
+    /// weights twice; a backend whose rows never depend on the step (the
+    /// CPU) runs one.
+    fn step_cut(&self, batch: &ForwardBatch) -> Option<usize> {
+        let _ = batch;
+        None
+    }
+
+    /// The most decode and verify rows one step should bring for this
+    /// backend: past it a step reads the weights once more (the CUDA `gemv`
+    /// passes take 16 rows), which costs more than the extra drafts gain, so
+    /// the engine shortens drafts to fit. `None`: no such edge (the CPU).
+    fn decode_rows_hint(&self) -> Option<usize> {
+        None
+    }
+
     fn new_cache(&self, spec: &CacheSpec) -> Result<Self::Cache>;
     /// Reset a sequence's recurrent and conv state to zero in every GDN layer.
     fn zero_state(&self, cache: &mut Self::Cache, slot: u32);

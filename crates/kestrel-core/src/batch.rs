@@ -86,6 +86,27 @@ impl ForwardBatch {
             .collect()
     }
 
+    /// Where a step that mixes short chunks (decode and verify rows) with
+    /// prefill chunks is cut for [`crate::Backend::step_cut`]: after its
+    /// leading run of sequences bringing at most `max_new` tokens each, when
+    /// that run has 1..=`max_seqs` of them and sequences follow it. `None`
+    /// for a step of one kind.
+    pub fn short_prefix_cut(&self, max_seqs: usize, max_new: usize) -> Option<usize> {
+        let n = self
+            .seqs
+            .iter()
+            .take_while(|s| s.num_tokens <= max_new)
+            .count();
+        (n > 0 && n <= max_seqs && n < self.seqs.len()).then_some(n)
+    }
+
+    /// The sequences `range`, as a batch of their own.
+    pub fn part(&self, range: std::ops::Range<usize>) -> ForwardBatch {
+        ForwardBatch {
+            seqs: self.seqs[range].to_vec(),
+        }
+    }
+
     /// Row index (in the flattened batch) of each sequence's last new token.
     pub fn last_token_rows(&self) -> Vec<usize> {
         let mut end = 0;
@@ -96,5 +117,51 @@ impl ForwardBatch {
                 end - 1
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(tokens: &[usize]) -> ForwardBatch {
+        ForwardBatch {
+            seqs: tokens
+                .iter()
+                .map(|&num_tokens| SeqChunk {
+                    num_tokens,
+                    cached_len: 0,
+                    block_table: Vec::new(),
+                    state_slot: 0,
+                    state_checkpoints: Vec::new(),
+                    state_snapshot: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_step_is_cut_after_its_leading_short_chunks_when_prefill_follows() {
+        // Decode and verify rows, then prefill chunks.
+        assert_eq!(batch(&[1, 4, 1, 100, 3]).short_prefix_cut(8, 16), Some(3));
+        // A short prefill tail counts as short.
+        assert_eq!(batch(&[1, 16, 17]).short_prefix_cut(8, 16), Some(2));
+        // One kind only: no cut.
+        assert_eq!(batch(&[1, 1, 4]).short_prefix_cut(8, 16), None);
+        assert_eq!(batch(&[64, 1]).short_prefix_cut(8, 16), None);
+        // More short chunks than a decode-shaped step takes: no cut.
+        assert_eq!(
+            batch(&[1; 9].iter().copied().chain([50]).collect::<Vec<_>>()).short_prefix_cut(8, 16),
+            None
+        );
+        let b = batch(&[1, 2, 30]);
+        assert_eq!(
+            b.part(1..3)
+                .seqs
+                .iter()
+                .map(|s| s.num_tokens)
+                .collect::<Vec<_>>(),
+            [2, 30]
+        );
     }
 }

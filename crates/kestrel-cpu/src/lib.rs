@@ -29,11 +29,29 @@ pub use tensor::{CpuTensor, CpuWeight};
 
 /// The CPU backend. Parallel work runs on rayon's global pool.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    /// Cut steps as [`CPU_CUT`] says (see [`CpuBackend::cutting_mixed_steps`]).
+    cut_mixed_steps: bool,
+}
+
+/// The limits of the short chunks a cutting CPU backend runs first: the
+/// CUDA backend's decode-shaped steps (8 sequences, 16 new tokens each).
+const CPU_CUT: (usize, usize) = (8, 16);
 
 impl CpuBackend {
     pub fn new() -> Self {
-        CpuBackend
+        CpuBackend::default()
+    }
+
+    /// A CPU backend that cuts mixed steps in two as the CUDA backend does
+    /// ([`Backend::step_cut`]). Its rows never depend on the step, so the
+    /// outputs are those of one pass; what this exercises is the engine's
+    /// side of the cut (the parts' rows, logits and captured states put
+    /// back in order), which the GPU cannot run in CI.
+    pub fn cutting_mixed_steps() -> Self {
+        CpuBackend {
+            cut_mixed_steps: true,
+        }
     }
 }
 
@@ -70,6 +88,13 @@ impl Backend for CpuBackend {
     /// as two runs, each in the form its length picks.
     fn state_snapshot_alignment(&self) -> Option<usize> {
         Some(1)
+    }
+
+    fn step_cut(&self, batch: &ForwardBatch) -> Option<usize> {
+        let (max_seqs, max_new) = CPU_CUT;
+        self.cut_mixed_steps
+            .then(|| batch.short_prefix_cut(max_seqs, max_new))
+            .flatten()
     }
 
     fn new_cache(&self, spec: &CacheSpec) -> Result<CpuCache> {

@@ -146,6 +146,13 @@ impl CudaBackend {
         self.plan = Plan::resolve(&self.device, &self.overrides);
     }
 
+    /// Mixed steps run as two passes (`true`) or one from now on
+    /// ([`Plan::split_mixed_steps`]); starts as `KESTREL_MIXED_STEPS` says.
+    pub fn set_split_mixed_steps(&mut self, on: bool) {
+        self.overrides.split_mixed_steps = on;
+        self.plan = Plan::resolve(&self.device, &self.overrides);
+    }
+
     pub fn precision(&self) -> Precision {
         self.plan.precision
     }
@@ -327,6 +334,29 @@ impl Backend for CudaBackend {
         self.plan.batch_invariant.then_some(1)
     }
 
+    /// The decode-shaped chunks the engine puts first (decode and verify
+    /// rows), apart from the prefill chunks after them, when the plan says
+    /// so: those rows then take the decode kernels as in a step of their own.
+    fn step_cut(&self, batch: &ForwardBatch) -> Option<usize> {
+        if !self.plan.split_mixed_steps {
+            return None;
+        }
+        batch.short_prefix_cut(
+            context::DECODE_SHAPED_MAX_SEQS,
+            context::DECODE_SHAPED_MAX_NEW,
+        )
+    }
+
+    /// One `gemv` pass: 16 rows, or 8 in the batch-invariant mode, whose
+    /// products go eight rows at a time.
+    fn decode_rows_hint(&self) -> Option<usize> {
+        Some(if self.plan.batch_invariant {
+            ops::linear::kernels::GEMV_MAX_ROWS
+        } else {
+            ops::linear::kernels::GEMV_PASS_ROWS
+        })
+    }
+
     fn new_cache(&self, spec: &CacheSpec) -> Result<CudaCache> {
         CudaCache::new(&self.gpu, spec, self.plan.precision)
     }
@@ -409,6 +439,10 @@ impl Backend for CudaBackend {
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
         ops::elementwise::gather_rows(&self.cx(), x, rows)
+    }
+
+    fn concat_rows(&self, a: &CudaTensor, b: &CudaTensor) -> CudaTensor {
+        ops::elementwise::concat_rows(&self.cx(), a, b)
     }
 
     fn attention(

@@ -176,6 +176,13 @@ pub struct Plan {
     /// Prefill is much slower; speculation on and off, a prompt alone and
     /// batched, give the same tokens.
     pub batch_invariant: bool,
+    /// A step that mixes decode-shaped chunks (decode and verify rows of at
+    /// most [`crate::context::DECODE_SHAPED_MAX_SEQS`] sequences) with
+    /// prefill chunks runs as two passes, the decode-shaped part first, so
+    /// that its rows take the decode kernels as in a step of their own
+    /// ([`kestrel_core::Backend::step_cut`]). Off in the batch-invariant
+    /// mode, where no row depends on its step anyway.
+    pub split_mixed_steps: bool,
 }
 
 impl Plan {
@@ -245,6 +252,7 @@ impl Plan {
             launch: launch(o),
             graphs: o.graphs,
             batch_invariant: bi,
+            split_mixed_steps: o.split_mixed_steps && !bi,
         }
     }
 }
@@ -302,11 +310,16 @@ impl fmt::Display for Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         writeln!(
             f,
-            "cuda plan: compute {}, {} SMs, {} arithmetic, batch-invariant {}, graphs {}, dense products {}, launch {}",
+            "cuda plan: compute {}, {} SMs, {} arithmetic, batch-invariant {}, mixed steps {}, graphs {}, dense products {}, launch {}",
             self.compute_capability,
             self.sms,
             name(&self.precision),
             on(self.batch_invariant),
+            if self.split_mixed_steps {
+                "split"
+            } else {
+                "one pass"
+            },
             on(self.graphs),
             name(&self.dense_gemm),
             name(&self.launch),

@@ -64,6 +64,7 @@ pub const DENSE_GEMM: &str = "KESTREL_DENSE_GEMM";
 pub const LT_ALGO: &str = "KESTREL_LT_ALGO";
 pub const PDL: &str = "KESTREL_CUDA_PDL";
 pub const BATCH_INVARIANT: &str = "KESTREL_BATCH_INVARIANT";
+pub const MIXED_STEPS: &str = "KESTREL_MIXED_STEPS";
 
 /// Every `KESTREL_*` variable the project reads.
 pub const REGISTRY: &[Switch] = &[
@@ -77,6 +78,7 @@ pub const REGISTRY: &[Switch] = &[
     switch(MOE_TILES, Scope::Backend, &["wide", "narrow"]),
     switch(NORM_FUSION, Scope::Backend, &["on", "off"]),
     switch(BATCH_INVARIANT, Scope::Backend, &["0", "1"]),
+    switch(MIXED_STEPS, Scope::Backend, &["split", "one"]),
     switch(MOE_PREFILL, Scope::Experiment, &["device", "host"]),
     switch(DENSE_GEMM, Scope::Experiment, &["cublas", "lt"]),
     switch(LT_ALGO, Scope::Experiment, &[]),
@@ -145,6 +147,8 @@ pub struct Overrides {
     pub pdl: bool,
     /// Every row's result independent of the other rows of its step.
     pub batch_invariant: bool,
+    /// Run a step's decode and verify rows apart from its prefill chunks.
+    pub split_mixed_steps: bool,
 }
 
 impl Default for Overrides {
@@ -164,6 +168,7 @@ impl Default for Overrides {
             lt_algo: 0,
             pdl: false,
             batch_invariant: false,
+            split_mixed_steps: true,
         }
     }
 }
@@ -268,6 +273,7 @@ impl Overrides {
             moe_wide_tiles: r.choice(MOE_TILES) != Some("narrow"),
             norm_fusion: r.choice(NORM_FUSION) != Some("off"),
             batch_invariant: r.choice(BATCH_INVARIANT) == Some("1"),
+            split_mixed_steps: r.choice(MIXED_STEPS) != Some("one"),
             moe_prefill_host: r.choice(MOE_PREFILL) == Some("host"),
             dense_gemm_lt: r.choice(DENSE_GEMM) == Some("lt"),
             lt_algo: r.number(LT_ALGO).unwrap_or(d.lt_algo),

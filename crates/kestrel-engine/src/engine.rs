@@ -14,7 +14,7 @@ use crate::client::{Command, EngineHandle, Shared};
 use crate::handle::{EngineConfig, EngineEvent};
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
-use crate::spec::{self, Proposer, SpeculativeConfig, SpeculativeMethod};
+use crate::spec::{self, DraftRows, Proposer, SpeculativeConfig, SpeculativeMethod};
 use crate::step;
 
 /// Starts engines; see [`Engine::spawn`].
@@ -35,6 +35,8 @@ pub struct EngineOptions {
     /// Sample from the backend's best candidates where they decide the
     /// token; `false` copies every sampled row (tests compare the two).
     pub use_candidates: bool,
+    /// The decode and verify rows a speculative step may bring.
+    pub draft_rows: DraftRows,
 }
 
 impl Default for EngineOptions {
@@ -43,6 +45,7 @@ impl Default for EngineOptions {
             speculative: None,
             observer: None,
             use_candidates: true,
+            draft_rows: DraftRows::default(),
         }
     }
 }
@@ -100,6 +103,7 @@ impl Engine {
             speculative,
             observer,
             use_candidates,
+            draft_rows,
         } = options;
         let model_config = model.config();
         let hybrid = model_config.arch.is_hybrid();
@@ -162,9 +166,10 @@ impl Engine {
                         return;
                     }
                 };
+                let rows = draft_rows.resolve(backend.decode_rows_hint());
                 let proposer = match speculative
                     .as_ref()
-                    .map(|spec| Proposer::new(spec, &backend, &model, &config))
+                    .map(|spec| Proposer::new(spec, &backend, &model, &config, rows))
                     .transpose()
                 {
                     Ok(proposer) => proposer,
@@ -386,13 +391,19 @@ impl<B: Backend> EngineLoop<B> {
         let running: std::collections::HashSet<_> =
             self.scheduler.running_mut().map(|seq| seq.id).collect();
         proposer.retain(|id| running.contains(&id));
+        let decoding = self
+            .scheduler
+            .running_mut()
+            .filter(|seq| seq.is_decoding())
+            .count();
+        let allowed = proposer.drafts_allowed(decoding);
         for seq in self.scheduler.running_mut() {
             seq.drafts.clear();
             if !seq.is_decoding() {
                 continue;
             }
             // k drafts emit up to k + 1 tokens.
-            let limit = seq.tokens_left().saturating_sub(1);
+            let limit = seq.tokens_left().saturating_sub(1).min(allowed);
             let mut drafts = proposer.propose(seq, limit);
             if let Some(bad) = drafts.iter().position(|&t| t as usize >= vocab) {
                 drafts.truncate(bad);

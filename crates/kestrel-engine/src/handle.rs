@@ -121,6 +121,9 @@ pub struct EngineStats {
     pub requests_finished_abort: u64,
     pub requests_failed: u64,
     pub engine_steps_total: u64,
+    /// Steps the backend ran as two passes, decode and verify rows apart
+    /// from prefill chunks (each reads the weights once more).
+    pub engine_steps_split_total: u64,
     /// Speculative decoding, with vLLM's metric names: sequence-steps that
     /// carried drafts, draft tokens verified, drafts accepted, and drafts
     /// accepted at each draft position (index 0 = the first draft).

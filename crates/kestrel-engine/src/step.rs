@@ -99,9 +99,11 @@ pub(crate) fn execute<B: Backend>(
     }
 
     let forward_start = Instant::now();
-    // One step either way; ending in logits lets decode steps be replayed.
-    // A drafter that reads the target's states gets them too.
-    let (out, captured) = capture::forward(
+    // One step either way (which the backend may run as two passes, its
+    // decode and verify rows apart from prefill chunks); ending in logits
+    // lets decode steps be replayed. A drafter that reads the target's
+    // states gets them too.
+    let (out, captured, split) = capture::forward_step(
         backend,
         model,
         &ids,
@@ -110,6 +112,9 @@ pub(crate) fn execute<B: Backend>(
         &logit_rows,
         drafter.as_ref(),
     );
+    if split {
+        sched.record_split_step();
+    }
     let step_logits = out
         .as_ref()
         .map(|out| StepLogits::new(backend, out, sched.config().sampled_vocab));

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use kestrel_cpu::CpuBackend;
 use kestrel_engine::spec::{
-    DflashOptions, DraftSource, NgramConfig, SpeculativeConfig, SpeculativeMethod,
+    DflashOptions, DraftRows, DraftSource, NgramConfig, SpeculativeConfig, SpeculativeMethod,
 };
 use kestrel_engine::{Engine, EngineConfig, EngineOptions, EngineStats, GenerateRequest};
 use kestrel_sampling::{FinishReason, SamplingParams};
@@ -110,6 +110,17 @@ struct Run {
 }
 
 fn run(model: TestModel, s: &Scenario, method: Option<SpeculativeMethod>, k: usize) -> Run {
+    run_on(CpuBackend::new(), DraftRows::default(), model, s, method, k)
+}
+
+fn run_on(
+    backend: CpuBackend,
+    draft_rows: DraftRows,
+    model: TestModel,
+    s: &Scenario,
+    method: Option<SpeculativeMethod>,
+    k: usize,
+) -> Run {
     let recorder = Recorder::default();
     let options = EngineOptions {
         speculative: method.map(|method| SpeculativeConfig {
@@ -117,11 +128,11 @@ fn run(model: TestModel, s: &Scenario, method: Option<SpeculativeMethod>, k: usi
             num_speculative_tokens: k,
         }),
         observer: Some(recorder.observer()),
+        draft_rows,
         ..EngineOptions::default()
     };
-    let engine =
-        Engine::spawn_with_options(CpuBackend::new(), model.load(), s.config.clone(), options)
-            .expect("engine starts");
+    let engine = Engine::spawn_with_options(backend, model.load(), s.config.clone(), options)
+        .expect("engine starts");
     let outputs = match s.arrival {
         Arrival::Together => run_together(&engine, &s.requests),
         Arrival::Staggered => run_staggered(&engine, &s.requests),
@@ -381,6 +392,108 @@ fn speculation_is_lossless_on_the_hybrid_golden_model() {
 #[test]
 fn speculation_is_lossless_on_the_bundled_model() {
     check_model(TestModel::Bundled);
+}
+
+/// A backend that runs a step's decode and verify rows as one pass and its
+/// prefill chunks as another (what the CUDA backend does, so that those rows
+/// take the decode kernels) gives the same tokens and logits rows as one
+/// pass, with speculation off and with drafts from n-gram lookups, the MTP
+/// head and the DFlash drafter (which read states captured in both passes).
+#[test]
+fn steps_cut_in_two_passes_give_the_same_output() {
+    for model in [TestModel::HybridGolden, TestModel::Bundled] {
+        let mut methods: Vec<(&str, Option<SpeculativeMethod>, usize)> = vec![
+            ("off", None, 0),
+            (
+                "ngram",
+                Some(SpeculativeMethod::Ngram(NgramConfig::new(1, 3, 4).unwrap())),
+                4,
+            ),
+        ];
+        if model.has_mtp_head() {
+            methods.push(("mtp", Some(SpeculativeMethod::mtp()), 3));
+        }
+        if let Some(drafter) = model.dflash_drafter() {
+            let options = DflashOptions::new(&drafter);
+            methods.push(("dflash", Some(SpeculativeMethod::Dflash(options)), 7));
+        }
+        let mixed: Vec<Scenario> = scenarios(model)
+            .into_iter()
+            .filter(|s| matches!(s.name, "staggered" | "mixed batch"))
+            .collect();
+        for s in &mixed {
+            for (name, method, k) in &methods {
+                let what = format!("{model:?} / {} / {name}", s.name);
+                let one = run(model, s, method.clone(), *k);
+                let cut = run_on(
+                    CpuBackend::cutting_mixed_steps(),
+                    DraftRows::default(),
+                    model,
+                    s,
+                    method.clone(),
+                    *k,
+                );
+                assert!(
+                    cut.stats.engine_steps_split_total > 0,
+                    "{what}: some steps mixed decode rows with prefill chunks"
+                );
+                assert_eq!(one.stats.engine_steps_split_total, 0, "{what}");
+                assert_eq!(cut.outputs, one.outputs, "{what}: outputs");
+                assert_same_logits(&cut.logits, &one.logits, &what);
+            }
+        }
+    }
+}
+
+/// A budget of 8 decode and verify rows a step (three requests decoding
+/// together get one draft each, two get three) shortens the drafts of right
+/// proposers, and of the MTP head's chains, without changing the output.
+#[test]
+fn a_row_budget_shortens_drafts_and_leaves_the_output() {
+    let model = TestModel::HybridGolden;
+    let s = scenarios(model)
+        .into_iter()
+        .find(|s| s.name == "forced preemption")
+        .expect("scenario");
+    let off = run(model, &s, None, 0);
+    let reference: Reference = Arc::new(
+        s.requests
+            .iter()
+            .zip(&off.outputs)
+            .map(|(r, o)| (r.request_id.clone(), o.tokens.clone()))
+            .collect(),
+    );
+    let methods = [
+        (
+            "AllRight",
+            adversary(Drafts::AllRight, &reference, model.vocab()),
+        ),
+        ("mtp", SpeculativeMethod::mtp()),
+    ];
+    for (name, method) in methods {
+        let free = run(model, &s, Some(method.clone()), 4);
+        let capped = run_on(
+            CpuBackend::new(),
+            DraftRows::AtMost(8),
+            model,
+            &s,
+            Some(method),
+            4,
+        );
+        assert_eq!(capped.outputs, off.outputs, "{name}: outputs");
+        assert_same_logits(&capped.logits, &off.logits, name);
+        let (f, c) = (&free.stats, &capped.stats);
+        assert!(c.spec_decode_num_draft_tokens_total > 0, "{name}: drafted");
+        assert!(
+            c.spec_decode_num_draft_tokens_total * f.spec_decode_num_drafts_total
+                < f.spec_decode_num_draft_tokens_total * c.spec_decode_num_drafts_total,
+            "{name}: shorter drafts a step under the budget ({} in {} steps against {} in {})",
+            c.spec_decode_num_draft_tokens_total,
+            c.spec_decode_num_drafts_total,
+            f.spec_decode_num_draft_tokens_total,
+            f.spec_decode_num_drafts_total
+        );
+    }
 }
 
 #[test]

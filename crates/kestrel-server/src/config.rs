@@ -41,6 +41,8 @@ pub struct ServerConfig {
     pub max_model_len: Option<usize>,
     /// Speculative decoding (vLLM `--speculative-config`); `None`: off.
     pub speculative: Option<kestrel_engine::spec::SpeculativeConfig>,
+    /// The decode and verify rows a speculative step may bring.
+    pub draft_rows: kestrel_engine::spec::DraftRows,
     /// `/v1/messages`: drop Claude Code's per-request
     /// `x-anthropic-billing-header:` system line so the prompt prefix, and
     /// with it the prefix cache, stays the same across requests.
@@ -68,6 +70,7 @@ impl ServerConfig {
             dummy_weights: false,
             quantization: kestrel_models::Quantization::AsStored,
             speculative: None,
+            draft_rows: Default::default(),
             max_model_len: None,
             strip_billing_header: true,
         }

@@ -116,6 +116,7 @@ fn load<B: Backend>(
     }
     let options = EngineOptions {
         speculative: config.speculative.clone(),
+        draft_rows: config.draft_rows,
         ..EngineOptions::default()
     };
     let engine = Engine::spawn_with_options(backend, model, engine_config, options)

@@ -229,6 +229,12 @@ impl ServerMetrics {
         );
         counter(
             &mut out,
+            "kestrel:engine_steps_split_total",
+            "Steps run as two passes, decode and verify rows apart from prefill chunks.",
+            stats.engine_steps_split_total,
+        );
+        counter(
+            &mut out,
             "vllm:spec_decode_num_drafts_total",
             "Speculative steps of a sequence that carried drafts.",
             stats.spec_decode_num_drafts_total,

@@ -28,7 +28,7 @@ fn spec(output_gate: bool, rotary_dim: usize) -> AttentionSpec {
 }
 
 fn cache(s: &AttentionSpec) -> CpuCache {
-    CpuBackend
+    CpuBackend::new()
         .new_cache(&CacheSpec {
             attn_layers: 1,
             num_blocks: BLOCKS,
@@ -57,7 +57,7 @@ fn run_in_chunks(
     table: &[u32],
     chunks: &[usize],
 ) -> Vec<f32> {
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let width = s.proj_width();
     let mut c = cache(s);
     let mut out = Vec::new();
@@ -137,7 +137,7 @@ fn attention_is_independent_of_chunking() {
 
 #[test]
 fn batch_of_two_sequences_equals_each_alone() {
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let mut rng = Rng::new(22);
     let s = spec(true, 8);
     let w = weights(&mut rng, s.head_dim);

@@ -23,7 +23,7 @@ fn spec() -> GdnSpec {
 }
 
 fn cache(s: &GdnSpec, slots: usize) -> CpuCache {
-    CpuBackend
+    CpuBackend::new()
         .new_cache(&CacheSpec {
             attn_layers: 0,
             num_blocks: 0,
@@ -133,7 +133,7 @@ fn run(
 
 #[test]
 fn layer_matches_naive_on_both_paths() {
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let s = spec();
     let mut rng = Rng::new(31);
     let w = weights(&mut rng, &s);
@@ -171,7 +171,7 @@ fn layer_matches_naive_on_both_paths() {
 
 #[test]
 fn split_calls_equal_one_call() {
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let s = spec();
     let mut rng = Rng::new(32);
     let w = weights(&mut rng, &s);
@@ -201,7 +201,7 @@ fn split_calls_equal_one_call() {
 
 #[test]
 fn batch_of_two_equals_each_alone_and_state_slots_work() {
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let s = spec();
     let mut rng = Rng::new(33);
     let w = weights(&mut rng, &s);
@@ -234,7 +234,7 @@ fn batch_of_two_equals_each_alone_and_state_slots_work() {
 
 #[test]
 fn state_checkpoints_hold_the_state_after_each_token_bit_for_bit() {
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let s = spec();
     let mut rng = Rng::new(34);
     let w = weights(&mut rng, &s);
@@ -298,7 +298,7 @@ fn state_checkpoints_hold_the_state_after_each_token_bit_for_bit() {
 #[test]
 #[should_panic(expected = "used twice")]
 fn a_checkpoint_may_not_alias_a_live_slot() {
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let s = spec();
     let mut rng = Rng::new(35);
     let w = weights(&mut rng, &s);
@@ -316,7 +316,7 @@ fn a_checkpoint_may_not_alias_a_live_slot() {
 
 #[test]
 fn a_snapshot_inside_a_pass_equals_two_passes_split_there_bit_for_bit() {
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let s = spec();
     let mut rng = Rng::new(36);
     let w = weights(&mut rng, &s);

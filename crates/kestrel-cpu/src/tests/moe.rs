@@ -19,7 +19,7 @@ fn route_breaks_ties_towards_lower_index_and_renormalises() {
 
 #[test]
 fn moe_matches_dense_loop() {
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let (h, e, i, si) = (24, 6, 10, 14);
     // (tokens, top_k, renormalise, shared expert, shared gate)
     for (case, &(t, k, renorm, shared, gated)) in [

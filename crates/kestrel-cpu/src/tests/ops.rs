@@ -8,7 +8,7 @@ use super::{assert_close, naive, rng::Rng};
 use crate::{CpuBackend, CpuWeight};
 
 pub fn weight(shape: &[usize], data: Vec<f32>) -> CpuWeight {
-    CpuBackend
+    CpuBackend::new()
         .upload(&HostTensor::from_f32(shape.to_vec(), &data))
         .unwrap()
 }
@@ -30,14 +30,14 @@ fn upload_widens_half_types_and_rejects_bad_sizes() {
             shape: vec![3],
             data: Cow::Owned(bytes),
         };
-        assert_eq!(CpuBackend.upload(&t).unwrap().data, vals);
+        assert_eq!(CpuBackend::new().upload(&t).unwrap().data, vals);
     }
     let bad = HostTensor {
         dtype: DType::F32,
         shape: vec![2, 2],
         data: Cow::Owned(vec![0u8; 12]),
     };
-    assert!(CpuBackend.upload(&bad).is_err());
+    assert!(CpuBackend::new().upload(&bad).is_err());
 }
 
 #[test]
@@ -47,7 +47,7 @@ fn rms_norm_and_add_rms_norm_match_naive() {
     let x = rng.vec(rows * cols);
     let r = rng.vec(rows * cols);
     let w = weight(&[cols], rng.vec(cols));
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let xt = be.from_host(rows, cols, &x);
     let got = be.to_host(&be.rms_norm(&xt, &w, 1e-6));
     let mut want = Vec::new();
@@ -82,7 +82,7 @@ fn swiglu_matches_naive() {
     let mut rng = Rng::new(11);
     let (rows, inter) = (9, 21);
     let x = rng.vec(rows * 2 * inter);
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let got = be.to_host(&be.swiglu(&be.from_host(rows, 2 * inter, &x)));
     let want: Vec<f32> = (0..rows)
         .flat_map(|r| {
@@ -99,7 +99,7 @@ fn swiglu_matches_naive() {
 #[test]
 fn matmul_embedding_gather_add() {
     let mut rng = Rng::new(12);
-    let be = CpuBackend;
+    let be = CpuBackend::new();
     let (vocab, hidden, out) = (11, 16, 24);
     let table = weight(&[vocab, hidden], rng.vec(vocab * hidden));
     let ids = [3u32, 0, 10, 3, 7, 1];

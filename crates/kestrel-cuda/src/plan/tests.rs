@@ -27,7 +27,21 @@ fn hopper_defaults_take_wgmma_everywhere_it_exists() {
         (ChunkMath::Tf32, Mma::Wgmma)
     );
     assert_eq!(p.dense_gemm, DenseGemm::CublasGemmEx);
-    assert!(p.graphs && p.norm_fusion);
+    assert!(p.graphs && p.norm_fusion && p.split_mixed_steps);
+}
+
+#[test]
+fn mixed_steps_are_split_unless_asked_not_to_or_batch_invariant() {
+    let one = Overrides {
+        split_mixed_steps: false,
+        ..Overrides::default()
+    };
+    assert!(!Plan::resolve(&device((9, 0)), &one).split_mixed_steps);
+    let bi = Overrides {
+        batch_invariant: true,
+        ..Overrides::default()
+    };
+    assert!(!Plan::resolve(&device((9, 0)), &bi).split_mixed_steps);
 }
 
 #[test]

@@ -27,6 +27,7 @@ fn each_switch_takes_its_values() {
         (MOE_GEMM, "mma"),
         (MOE_TILES, "narrow"),
         (NORM_FUSION, "off"),
+        (MIXED_STEPS, "one"),
         (PRECISION, "f32"),
     ]);
     assert!(w.is_empty(), "{w:?}");
@@ -42,6 +43,7 @@ fn each_switch_takes_its_values() {
             moe_gemm_wgmma: false,
             moe_wide_tiles: false,
             norm_fusion: false,
+            split_mixed_steps: false,
             ..Overrides::default()
         }
     );

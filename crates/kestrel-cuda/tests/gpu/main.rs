@@ -23,5 +23,6 @@ mod golden;
 mod cuda_matches_cpu;
 mod fp8_fixtures;
 mod golden_fixtures;
+mod mixed_steps;
 mod speculative;
 mod speculative_shapes;

@@ -20,7 +20,7 @@ use crate::speculative::{BF16, Reference, Run, Source, methods, run_from};
 
 /// The full model's config, cut to four layers (three linear-attention ones
 /// and a full-attention one) and its MTP head, in a temporary folder.
-fn four_layer_config() -> PathBuf {
+pub(crate) fn four_layer_config() -> PathBuf {
     let full =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../configs/qwen3.6-35b-a3b/config.json");
     let text = std::fs::read_to_string(&full).expect("the Qwen3.6 config is in the repo");

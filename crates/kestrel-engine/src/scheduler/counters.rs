@@ -23,6 +23,7 @@ pub(super) struct Counters {
     pub finished_abort: u64,
     pub failed: u64,
     pub steps: u64,
+    pub steps_split: u64,
 }
 
 impl Counters {
@@ -56,6 +57,11 @@ impl Scheduler {
         self.counters.steps += 1;
     }
 
+    /// The backend ran the step as two passes ([`kestrel_core::Backend::step_cut`]).
+    pub fn record_split_step(&mut self) {
+        self.counters.steps_split += 1;
+    }
+
     pub fn stats(&self) -> EngineStats {
         let c = &self.counters;
         EngineStats {
@@ -77,6 +83,7 @@ impl Scheduler {
             requests_finished_abort: c.finished_abort,
             requests_failed: c.failed,
             engine_steps_total: c.steps,
+            engine_steps_split_total: c.steps_split,
             spec_decode_num_drafts_total: c.spec_drafts,
             spec_decode_num_draft_tokens_total: c.spec_draft_tokens,
             spec_decode_num_accepted_tokens_total: c.spec_accepted_tokens,

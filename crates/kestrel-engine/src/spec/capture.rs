@@ -2,6 +2,9 @@
 //! needs nothing of the target), with the last hidden states (MTP), or with
 //! the hidden states after chosen layers (DFlash). Logits are the same
 //! bits in every form; only what is copied out besides them differs.
+//!
+//! A step the backend cuts in two ([`Backend::step_cut`]) runs as two such
+//! forwards, whose logits and captured states are joined in row order.
 
 use anyhow::Result;
 use kestrel_core::{Backend, ForwardBatch};
@@ -42,9 +45,59 @@ impl<B: Backend> StepReader<'_, B> {
     }
 }
 
+/// What [`forward_step`] returns: the logits, the capture, and whether the
+/// step ran as two passes.
+pub(crate) type StepOutput<T> = (Option<T>, Option<Captured<T>>, bool);
+
+/// [`forward`] over `batch`, as one pass or, where the backend cuts the step,
+/// as two over its first `cut` sequences and the rest: the same logits rows
+/// and captured rows, in the same order.
+pub(crate) fn forward_step<B: Backend>(
+    b: &B,
+    model: &Model<B>,
+    ids: &[u32],
+    batch: &ForwardBatch,
+    cache: &mut B::Cache,
+    logit_rows: &[usize],
+    reader: Option<&StepReader<'_, B>>,
+) -> StepOutput<B::Tensor> {
+    let Some(cut) = b.step_cut(batch) else {
+        let (logits, captured) = forward(b, model, ids, batch, cache, logit_rows, reader);
+        return (logits, captured, false);
+    };
+    let first = batch.part(0..cut);
+    let second = batch.part(cut..batch.seqs.len());
+    let split = first.num_tokens();
+    // `logit_rows` ascend: the first part's rows, then the second's.
+    let (rows_a, rows_b): (Vec<usize>, Vec<usize>) = logit_rows.iter().partition(|&&r| r < split);
+    let rows_b: Vec<usize> = rows_b.iter().map(|r| r - split).collect();
+    let (logits_a, captured_a) = forward(b, model, &ids[..split], &first, cache, &rows_a, reader);
+    let (logits_b, captured_b) = forward(b, model, &ids[split..], &second, cache, &rows_b, reader);
+    let logits = join(b, logits_a, logits_b);
+    let captured = match (captured_a, captured_b) {
+        (None, None) => None,
+        (Some(Captured::Hidden(a)), Some(Captured::Hidden(c))) => {
+            Some(Captured::Hidden(b.concat_rows(&a, &c)))
+        }
+        (Some(Captured::Taps(a)), Some(Captured::Taps(c))) => Some(Captured::Taps(
+            a.iter().zip(&c).map(|(x, y)| b.concat_rows(x, y)).collect(),
+        )),
+        _ => unreachable!("both parts of a step are read by the same reader"),
+    };
+    (logits, captured, true)
+}
+
+/// The rows of `a`, then those of `c`, either of which may be absent.
+fn join<B: Backend>(b: &B, a: Option<B::Tensor>, c: Option<B::Tensor>) -> Option<B::Tensor> {
+    match (a, c) {
+        (Some(a), Some(c)) => Some(b.concat_rows(&a, &c)),
+        (a, c) => a.or(c),
+    }
+}
+
 /// One forward over `batch`: logits of `logit_rows` (none when empty) and
 /// what `reader` reads.
-pub(crate) fn forward<B: Backend>(
+fn forward<B: Backend>(
     b: &B,
     model: &Model<B>,
     ids: &[u32],

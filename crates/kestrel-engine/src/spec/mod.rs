@@ -111,6 +111,61 @@ pub struct SpeculativeConfig {
     pub num_speculative_tokens: usize,
 }
 
+/// How many decode and verify rows a speculative step may bring; drafts are
+/// shortened evenly across the decoding sequences to fit (a sequence keeps
+/// at least its own row, so a budget below the batch drafts nothing).
+/// Verification cost grows by steps on a GPU: rows past one product pass
+/// read the weights again, and at 8 sequences a fourth row each (k = 3)
+/// gains less than it costs where one more (k = 1) still pays.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftRows {
+    /// What the backend runs in one pass (`Backend::decode_rows_hint`).
+    #[default]
+    Backend,
+    /// No budget beyond `num_speculative_tokens`.
+    Unlimited,
+    /// At most this many rows.
+    AtMost(usize),
+}
+
+impl DraftRows {
+    /// The budget in rows for a backend whose hint is `hint`.
+    pub fn resolve(self, hint: Option<usize>) -> Option<usize> {
+        match self {
+            DraftRows::Backend => hint,
+            DraftRows::Unlimited => None,
+            DraftRows::AtMost(n) => Some(n),
+        }
+    }
+}
+
+/// `auto` (the backend's), `all` (no budget) or a number of rows.
+impl std::str::FromStr for DraftRows {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(DraftRows::Backend),
+            "all" => Ok(DraftRows::Unlimited),
+            n => match n.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(DraftRows::AtMost(n)),
+                _ => Err(format!(
+                    "draft rows must be `auto`, `all` or a positive number, not `{s}`"
+                )),
+            },
+        }
+    }
+}
+
+/// Drafts each of `sequences` decoding sequences may carry under a budget of
+/// `rows` (`None`: none), at most `max`.
+pub fn drafts_per_sequence(rows: Option<usize>, sequences: usize, max: usize) -> usize {
+    match rows {
+        None => max,
+        Some(rows) => (rows / sequences.max(1)).saturating_sub(1).min(max),
+    }
+}
+
 /// A source of drafts that needs no model: given a request's id, its tokens
 /// (prompt + generated) and its prompt length, up to `max` tokens it
 /// expects next. Any answer is safe: wrong drafts only cost speed.
@@ -154,6 +209,8 @@ pub struct Retired<'a> {
 pub(crate) struct Proposer<B: Backend> {
     method: SpeculativeMethod,
     max_drafts: usize,
+    /// The step's row budget ([`DraftRows`]).
+    rows: Option<usize>,
     mtp: Option<MtpDrafter<B>>,
     dflash: Option<DflashProposer<B>>,
 }
@@ -185,6 +242,7 @@ impl<B: Backend> Proposer<B> {
         backend: &B,
         model: &Model<B>,
         engine: &EngineConfig,
+        rows: Option<usize>,
     ) -> anyhow::Result<Self> {
         let vocab = engine.sampled_vocab.unwrap_or(model.config().vocab_size);
         check(config, model.mtp.is_some(), vocab).map_err(anyhow::Error::msg)?;
@@ -195,6 +253,7 @@ impl<B: Backend> Proposer<B> {
                 engine.num_blocks,
                 engine.block_size,
                 config.num_speculative_tokens,
+                rows,
                 vocab,
                 options.draft_vocab.as_deref(),
             )?),
@@ -213,13 +272,21 @@ impl<B: Backend> Proposer<B> {
         Ok(Self {
             method: config.method.clone(),
             max_drafts: config.num_speculative_tokens,
+            rows,
             mtp,
             dflash,
         })
     }
 
+    /// The most drafts each sequence carries into a step where `decoding`
+    /// sequences decode.
+    pub fn drafts_allowed(&self, decoding: usize) -> usize {
+        drafts_per_sequence(self.rows, decoding, self.max_drafts)
+    }
+
     /// Drafts for a decoding sequence's next step: at most `limit` (which
-    /// the caller bounds by what the sequence may still generate).
+    /// the caller bounds by what the sequence may still generate and by
+    /// [`Self::drafts_allowed`]).
     pub fn propose(&mut self, seq: &Sequence, limit: usize) -> Vec<u32> {
         let limit = limit.min(self.max_drafts);
         if limit == 0 {
@@ -265,5 +332,29 @@ impl<B: Backend> Proposer<B> {
         if let Some(d) = &mut self.dflash {
             d.retain(running);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_budget_shares_drafts_evenly_and_keeps_each_sequence_its_row() {
+        // 16 rows: one sequence may verify 15 drafts, 4 three each, 8 one.
+        assert_eq!(drafts_per_sequence(Some(16), 1, 15), 15);
+        assert_eq!(drafts_per_sequence(Some(16), 4, 3), 3);
+        assert_eq!(drafts_per_sequence(Some(16), 5, 3), 2);
+        assert_eq!(drafts_per_sequence(Some(16), 8, 3), 1);
+        // Past the budget's sequence count: plain decode.
+        assert_eq!(drafts_per_sequence(Some(16), 9, 3), 0);
+        assert_eq!(drafts_per_sequence(None, 64, 3), 3);
+        assert_eq!(DraftRows::Backend.resolve(Some(16)), Some(16));
+        assert_eq!(DraftRows::Unlimited.resolve(Some(16)), None);
+        assert_eq!(DraftRows::AtMost(8).resolve(None), Some(8));
+        assert_eq!("auto".parse(), Ok(DraftRows::Backend));
+        assert_eq!("all".parse(), Ok(DraftRows::Unlimited));
+        assert_eq!("12".parse(), Ok(DraftRows::AtMost(12)));
+        assert!("0".parse::<DraftRows>().is_err() && "x".parse::<DraftRows>().is_err());
     }
 }

@@ -48,6 +48,8 @@ pub(crate) struct MtpDrafter<B: Backend> {
     cache: B::Cache,
     block_size: usize,
     depth: usize,
+    /// The step's row budget, which bounds the chains ([`super::DraftRows`]).
+    rows: Option<usize>,
     /// The lm_head rows drafts are chosen among.
     draft_head: DraftHead<B>,
     drafts: HashMap<SeqId, Vec<u32>>,
@@ -60,6 +62,7 @@ impl<B: Backend> MtpDrafter<B> {
         num_blocks: usize,
         block_size: usize,
         depth: usize,
+        rows: Option<usize>,
         vocab: usize,
         draft_vocab: Option<&DraftVocab>,
     ) -> Result<Self> {
@@ -78,6 +81,7 @@ impl<B: Backend> MtpDrafter<B> {
                 .context("cannot allocate the MTP head's cache")?,
             block_size,
             depth,
+            rows,
             draft_head,
             drafts: HashMap::new(),
         })
@@ -130,13 +134,16 @@ impl<B: Backend> MtpDrafter<B> {
         if drafting.is_empty() {
             return Ok(());
         }
-        // How deep each chain may go: draft `d` (1-based) of a sequence is
-        // computed at position `committed + d - 2`, which its pages must hold.
+        // How deep each chain may go: no deeper than the step's row budget
+        // lets the next step verify (the first draft comes with the catch-up
+        // anyway), and draft `d` (1-based) of a sequence is computed at
+        // position `committed + d - 2`, which its pages must hold.
+        let depth = super::drafts_per_sequence(self.rows, drafting.len(), self.depth).max(1);
         let reach: Vec<usize> = drafting
             .iter()
             .map(|s| {
                 let capacity = s.block_table.len() * bs;
-                self.depth.min((capacity + 1).saturating_sub(s.committed))
+                depth.min((capacity + 1).saturating_sub(s.committed))
             })
             .collect();
         let mut state = b.gather_rows(&out, &last_rows);
@@ -149,7 +156,7 @@ impl<B: Backend> MtpDrafter<B> {
         // `live`: the chains still growing, in `drafting` order; `state`
         // holds their rows. Reaches only end chains, so `live` only shrinks.
         let mut live: Vec<usize> = (0..drafting.len()).collect();
-        for depth in 1..self.depth {
+        for depth in 1..depth {
             let keep: Vec<usize> = (0..live.len())
                 .filter(|&j| reach[live[j]] > depth)
                 .collect();

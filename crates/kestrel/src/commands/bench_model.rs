@@ -154,6 +154,10 @@ pub struct Args {
     /// Tokens each request generates in the replay runs.
     #[arg(long, default_value_t = 128)]
     replay_tokens: usize,
+    /// Most decode and verify rows a replay step brings (`auto`: the
+    /// backend's one pass, `all`, or a number); see `serve --draft-rows`.
+    #[arg(long, value_name = "ROWS", default_value = "auto")]
+    draft_rows: kestrel_engine::spec::DraftRows,
     /// Run every CUDA step eagerly instead of replaying recorded decode steps
     /// (CUDA graphs).
     #[arg(long)]
@@ -178,6 +182,7 @@ impl Args {
             sampling: self.sampling,
             sampled_vocab,
             seed: self.seed,
+            draft_rows: self.draft_rows,
         }))
     }
 }

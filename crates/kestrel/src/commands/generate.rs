@@ -167,6 +167,7 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
     }
     let options = EngineOptions {
         speculative,
+        draft_rows: args.speculative.draft_rows,
         ..EngineOptions::default()
     };
     let engine = Engine::spawn_with_options(backend, model, config, options)?;

@@ -126,6 +126,7 @@ pub fn run(args: Args) -> Result<()> {
     config.max_model_len = args.max_model_len;
     config.strip_billing_header = !args.keep_billing_header;
     config.speculative = args.speculative.config()?;
+    config.draft_rows = args.speculative.draft_rows;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

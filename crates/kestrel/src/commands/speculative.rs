@@ -15,7 +15,8 @@ use anyhow::{Result, bail};
 use kestrel_engine::spec::prompt_replay::PromptReplay;
 use kestrel_engine::spec::replay::Profile;
 use kestrel_engine::spec::{
-    DflashOptions, DraftVocab, MtpOptions, NgramConfig, SpeculativeConfig, SpeculativeMethod,
+    DflashOptions, DraftRows, DraftVocab, MtpOptions, NgramConfig, SpeculativeConfig,
+    SpeculativeMethod,
 };
 use serde_json::Value;
 
@@ -58,6 +59,11 @@ pub struct SpeculativeArgs {
     /// timing speculative steps on dummy weights.
     #[arg(long, value_name = "RATES", value_delimiter = ',', num_args = 1..)]
     acceptance: Option<Vec<f64>>,
+    /// Most decode and verify rows a speculative step brings, drafts
+    /// shortened evenly to fit: `auto` (what the backend runs in one pass:
+    /// 16 rows on CUDA, no limit on the CPU), `all` (no limit) or a number.
+    #[arg(long, value_name = "ROWS", default_value = "auto")]
+    pub draft_rows: DraftRows,
 }
 
 /// Drafts a step when no count is given: what both peers' Qwen3.6 recipes use for MTP (2-3).

@@ -58,6 +58,28 @@ pub fn embedding(cx: &Cx, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
     }
 }
 
+/// The rows of `a`, then those of `b`: two device copies.
+pub fn concat_rows(cx: &Cx, a: &CudaTensor, b: &CudaTensor) -> CudaTensor {
+    assert_eq!(
+        a.cols, b.cols,
+        "concat_rows: {} columns against {}",
+        a.cols, b.cols
+    );
+    let gpu = cx.gpu;
+    let s = &gpu.stream;
+    let (na, nb) = (a.rows * a.cols, b.rows * b.cols);
+    let out = gpu.alloc::<f32>(na + nb);
+    let base = ptr(&out, s);
+    gpu.copy_dtod(base, ptr(&a.buf, s), na * 4);
+    gpu.copy_dtod(base + (na * 4) as u64, ptr(&b.buf, s), nb * 4);
+    CudaTensor {
+        bf16: None,
+        rows: a.rows + b.rows,
+        cols: a.cols,
+        buf: out,
+    }
+}
+
 pub fn gather_rows(cx: &Cx, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
     let gpu = cx.gpu;
     if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows) {

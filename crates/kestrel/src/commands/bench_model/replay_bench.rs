@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
 use kestrel_core::Backend;
-use kestrel_engine::spec::{SpeculativeConfig, SpeculativeMethod};
+use kestrel_engine::spec::{DraftRows, SpeculativeConfig, SpeculativeMethod};
 use kestrel_engine::{
     Engine, EngineConfig, EngineEvent, EngineHandle, EngineOptions, EngineStats, GenerateRequest,
 };
@@ -38,6 +38,8 @@ pub struct ReplaySettings {
     /// Ids the requests may produce (`EngineConfig::sampled_vocab`).
     pub sampled_vocab: Option<usize>,
     pub seed: u64,
+    /// The decode and verify rows a step may bring.
+    pub draft_rows: DraftRows,
 }
 
 /// One round's requests: their tokens and the decode rate.
@@ -100,6 +102,7 @@ pub fn run<B: Backend>(
             method: SpeculativeMethod::External(source.clone()),
             num_speculative_tokens: k,
         }),
+        draft_rows: settings.draft_rows,
         ..EngineOptions::default()
     };
     let engine = Engine::spawn_with_options(backend, model, config, options)?;
@@ -342,6 +345,7 @@ mod tests {
             sampling: SamplingMode::Greedy,
             sampled_vocab: None,
             seed: 3,
+            draft_rows: DraftRows::default(),
         };
         let mut results = run(b, model, &settings).unwrap();
         assert_eq!(results.len(), 1);

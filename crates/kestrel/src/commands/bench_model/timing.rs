@@ -147,6 +147,18 @@ impl<B: Backend> Backend for Timed<B> {
         self.inner.supports_state_checkpoints()
     }
 
+    fn state_snapshot_alignment(&self) -> Option<usize> {
+        self.inner.state_snapshot_alignment()
+    }
+
+    fn step_cut(&self, batch: &ForwardBatch) -> Option<usize> {
+        self.inner.step_cut(batch)
+    }
+
+    fn decode_rows_hint(&self) -> Option<usize> {
+        self.inner.decode_rows_hint()
+    }
+
     fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> B::Tensor {
         self.time(fixed("from_host"), || {
             self.inner.from_host(rows, cols, data)
@@ -238,6 +250,10 @@ impl<B: Backend> Backend for Timed<B> {
 
     fn gather_rows(&self, x: &B::Tensor, rows: &[usize]) -> B::Tensor {
         self.time(fixed("gather_rows"), || self.inner.gather_rows(x, rows))
+    }
+
+    fn concat_rows(&self, a: &B::Tensor, b: &B::Tensor) -> B::Tensor {
+        self.time(fixed("concat_rows"), || self.inner.concat_rows(a, b))
     }
 
     fn attention(
