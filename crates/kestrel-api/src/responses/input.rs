@@ -13,7 +13,7 @@ use crate::error::{ApiError, ErrorKind};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-enum Item {
+enum InputItem {
     Message(MessageItem),
     FunctionCall(FunctionCallItem),
     FunctionCallOutput(FunctionCallOutputItem),
@@ -135,10 +135,10 @@ pub(super) fn chat_messages(
     Ok(conv.messages)
 }
 
-fn parse_item(raw: &Value, param: &str) -> Result<Item, ApiError> {
+fn parse_item(raw: &Value, param: &str) -> Result<InputItem, ApiError> {
     let untyped_message = raw.is_object() && raw.get("type").is_none_or(Value::is_null);
     if untyped_message {
-        return typed(raw, param).map(Item::Message);
+        return typed(raw, param).map(InputItem::Message);
     }
     typed(raw, param)
 }
@@ -178,15 +178,15 @@ impl Conversation {
         }
     }
 
-    fn item(&mut self, item: Item) -> Result<(), ApiError> {
+    fn item(&mut self, item: InputItem) -> Result<(), ApiError> {
         match item {
-            Item::Message(m) => self.message(m)?,
-            Item::FunctionCall(call) => self.function_call(call)?,
-            Item::FunctionCallOutput(out) => {
+            InputItem::Message(m) => self.message(m)?,
+            InputItem::FunctionCall(call) => self.function_call(call)?,
+            InputItem::FunctionCallOutput(out) => {
                 let text = content_text(&out.output)?;
                 self.push(json!({"role": "tool", "tool_call_id": out.call_id, "content": text}));
             }
-            Item::Reasoning(r) => {
+            InputItem::Reasoning(r) => {
                 let text = reasoning_text(&r);
                 match &mut self.reasoning {
                     Some(held) => {
@@ -196,7 +196,7 @@ impl Conversation {
                     None => self.reasoning = Some(text),
                 }
             }
-            Item::ItemReference {} => {
+            InputItem::ItemReference {} => {
                 return Err(ApiError::new(
                     ErrorKind::InvalidRequest,
                     "item_reference is not supported: this server does not store items; \

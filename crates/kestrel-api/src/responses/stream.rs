@@ -286,7 +286,7 @@ impl ResponseBuilder {
             }
             OpenItem::Message { id, text } => {
                 let part = output_text(&text);
-                let done = with(with(at(&id), "text", &text), "logprobs", &json!([]));
+                let done = with(with(at(&id), "text", &text), "logprobs", json!([]));
                 out.push(self.event("response.output_text.done", done));
                 out.push(self.event("response.content_part.done", with(at(&id), "part", &part)));
                 json!({"id": id, "type": "message", "status": status,
