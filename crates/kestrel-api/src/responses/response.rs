@@ -1,10 +1,91 @@
-//! Pieces of the response object: usage, the status a finish reason gives,
-//! and the SSE framing of events.
+//! Pieces of the response object: the request fields it echoes, usage, the
+//! status a finish reason gives, and the SSE framing of events.
 
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
+use super::request::{ReasoningEffort, ResponsesRequest, TextFormat, response_format};
 use crate::types::{FinishReason, Usage};
+
+impl ResponsesRequest {
+    /// The fields every response object echoes from its request.
+    pub fn echo(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("instructions".into(), json!(self.instructions));
+        m.insert("max_output_tokens".into(), json!(self.max_output_tokens));
+        m.insert(
+            "parallel_tool_calls".into(),
+            json!(self.parallel_tool_calls.unwrap_or(true)),
+        );
+        m.insert("previous_response_id".into(), Value::Null);
+        let reasoning = self.reasoning.as_ref();
+        m.insert(
+            "reasoning".into(),
+            json!({
+                "effort": reasoning.and_then(|r| r.effort).map(ReasoningEffort::as_str),
+                "summary": reasoning.and_then(|r| r.summary.clone()),
+            }),
+        );
+        // Nothing is kept, whatever the request asked for.
+        m.insert("store".into(), json!(false));
+        m.insert("temperature".into(), json!(self.temperature));
+        m.insert("top_p".into(), json!(self.top_p));
+        let format = self
+            .text
+            .as_ref()
+            .and_then(|t| t.format.as_ref())
+            .map_or_else(|| json!({"type": "text"}), echo_format);
+        m.insert("text".into(), json!({"format": format}));
+        let default_choice = if self.tools().is_empty() {
+            "none"
+        } else {
+            "auto"
+        };
+        m.insert(
+            "tool_choice".into(),
+            self.tool_choice.clone().unwrap_or(json!(default_choice)),
+        );
+        let tools: Vec<Value> = self
+            .tools()
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": t.kind,
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                    "strict": t.strict,
+                })
+            })
+            .collect();
+        m.insert("tools".into(), Value::Array(tools));
+        m.insert("truncation".into(), json!("disabled"));
+        m.insert("user".into(), json!(self.user));
+        m.insert(
+            "metadata".into(),
+            Value::Object(self.metadata.clone().unwrap_or_default()),
+        );
+        m
+    }
+}
+
+fn echo_format(format: &TextFormat) -> Value {
+    match format {
+        TextFormat::JsonSchema {
+            name,
+            schema,
+            description,
+            strict,
+        } => json!({
+            "type": "json_schema",
+            "name": name,
+            "schema": schema,
+            "description": description,
+            "strict": strict,
+        }),
+        other => response_format(other),
+    }
+}
 
 /// `usage` of a response. `output_tokens_details.reasoning_tokens` counts
 /// the reasoning text re-tokenised (the route passes the count in).
