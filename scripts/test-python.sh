@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds `kestrel` (release) and runs the Python tests, which start
 # `kestrel serve` with the bundled model and talk to it with the official
-# openai client. Run scripts/setup-python.sh first.
+# openai client (chat, completions, responses) and the anthropic client.
+# Run scripts/setup-python.sh first.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -14,6 +14,7 @@ pub mod error;
 pub mod output;
 pub mod reasoning;
 pub mod request;
+pub mod responses;
 mod scan;
 pub mod stop;
 pub mod tools;

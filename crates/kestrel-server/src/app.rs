@@ -13,7 +13,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use crate::auth::require_api_key;
 use crate::error::ServerError;
 use crate::request_id::assign_request_id;
-use crate::routes::{chat, completions, health, messages, metrics, models, tokenize};
+use crate::routes::{chat, completions, health, messages, metrics, models, responses, tokenize};
 use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -24,6 +24,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/messages", post(messages::messages))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/v1/responses", post(responses::responses))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/metrics", get(metrics::metrics))

@@ -7,6 +7,7 @@ pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod prompt;
+pub mod responses;
 pub mod tokenize;
 
 use kestrel_api::ValidationOptions;
