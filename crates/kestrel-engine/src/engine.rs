@@ -312,7 +312,7 @@ impl<B: Backend> EngineLoop<B> {
             } => {
                 let built = Sequence::new(
                     id,
-                    request,
+                    *request,
                     events.clone(),
                     self.scheduler.config(),
                     &self.shared.eos_token_ids,
