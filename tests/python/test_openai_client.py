@@ -204,3 +204,93 @@ def test_api_key():
         assert [m.id for m in s.client("sekrit").models.list().data] == [MODEL]
     finally:
         s.stop()
+
+
+def check_chat_logprobs(entries, top):
+    for e in entries:
+        assert e.logprob <= 0
+        assert bytes(e.bytes).decode("utf-8", errors="replace") == e.token
+        assert len(e.top_logprobs) == top
+        values = [t.logprob for t in e.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        # The chosen token is at most as likely as the best alternative.
+        if top:
+            assert e.logprob <= values[0] + 1e-6
+
+
+def test_chat_logprobs_stream_and_not(client):
+    args = dict(CHAT, max_tokens=12, logprobs=True, top_logprobs=3)
+    full = client.chat.completions.create(**args)
+    entries = full.choices[0].logprobs.content
+    assert len(entries) == full.usage.completion_tokens == 12
+    check_chat_logprobs(entries, 3)
+    streamed = []
+    for chunk in client.chat.completions.create(**args, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed.extend(chunk.choices[0].logprobs.content)
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+    # Greedy: the chosen token is the most likely one.
+    assert all(e.token == e.top_logprobs[0].token for e in entries)
+    # Without logprobs there are none.
+    assert client.chat.completions.create(**CHAT).choices[0].logprobs is None
+
+
+def test_completion_logprobs_stream_and_not(client):
+    args = dict(model=MODEL, prompt="def add(a, b):", max_tokens=10, temperature=0, logprobs=2)
+    full = client.completions.create(**args)
+    lp = full.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 10
+    assert "".join(lp.tokens) == full.choices[0].text
+    assert lp.text_offset[0] == 0
+    assert lp.text_offset == sorted(lp.text_offset)
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert value <= 0
+        assert token in top and abs(top[token] - value) < 1e-6
+    tokens, values = [], []
+    for chunk in client.completions.create(**args, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs:
+            tokens += chunk.choices[0].logprobs.tokens
+            values += chunk.choices[0].logprobs.token_logprobs
+    assert (tokens, values) == (lp.tokens, lp.token_logprobs)
+
+
+def prefix_cache_hits(server):
+    with urllib.request.urlopen(f"{server.base}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("vllm:prefix_cache_hits_total"):
+                return float(line.split()[-1])
+    raise AssertionError("no prefix-cache hit counter")
+
+
+def test_n_choices_share_the_prefill(server, client):
+    # A prompt no other test sends, long enough to fill several KV pages.
+    prompt = "class Inventory:\n    " + "def item_%d(self): pass\n    " * 24
+    before = prefix_cache_hits(server)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0.8, seed=5, n=4)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2, 3]
+    assert r.usage.prompt_tokens < 400
+    assert r.usage.completion_tokens == 4 * 6
+    # Choices 1..3 found choice 0's prompt pages in the cache.
+    assert prefix_cache_hits(server) - before >= 3 * 16
+    chat = client.chat.completions.create(**dict(CHAT, max_tokens=5), n=4)
+    assert [c.index for c in chat.choices] == [0, 1, 2, 3]
+    # Greedy: every choice is the same.
+    assert len({c.message.content for c in chat.choices}) == 1
+    assert chat.usage.completion_tokens == 4 * 5
+
+
+def test_n_choices_stream_interleaved(client):
+    stream = client.chat.completions.create(
+        **dict(CHAT, max_tokens=6), n=3, stream=True, stream_options={"include_usage": True}
+    )
+    finished, usage = {}, None
+    for chunk in stream:
+        if not chunk.choices:
+            usage = chunk.usage
+            continue
+        for c in chunk.choices:
+            if c.finish_reason:
+                assert c.index not in finished, "one finish chunk per choice"
+                finished[c.index] = c.finish_reason
+    assert sorted(finished) == [0, 1, 2]
+    assert usage.completion_tokens == 3 * 6

@@ -29,7 +29,8 @@ pub struct SamplingRequest {
     pub skip_special_tokens: bool,
     pub spaces_between_special_tokens: bool,
     /// Number of top logprobs per token when logprobs were asked for
-    /// (only when [`crate::ValidationOptions::logprobs_supported`]).
+    /// (only when [`crate::ValidationOptions::logprobs_supported`]): chat's
+    /// `top_logprobs` (0 when not given), completions' `logprobs`.
     pub logprobs: Option<u32>,
 }
 
@@ -216,6 +217,8 @@ pub struct ChatRequest {
     pub stream: bool,
     pub include_usage: bool,
     pub sampling: SamplingRequest,
+    /// Number of choices, each generated on its own (1 when not given).
+    pub n: u32,
     pub truncate_prompt_tokens: Option<u32>,
     pub user: Option<String>,
     /// Top-level keys that were not recognised (accepted; log at debug).
@@ -238,6 +241,8 @@ pub struct CompletionRequest {
     pub stream: bool,
     pub include_usage: bool,
     pub sampling: SamplingRequest,
+    /// Number of choices, each generated on its own (1 when not given).
+    pub n: u32,
     pub truncate_prompt_tokens: Option<u32>,
     pub user: Option<String>,
     pub ignored_keys: Vec<String>,

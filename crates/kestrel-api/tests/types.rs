@@ -147,7 +147,7 @@ fn non_streaming_shapes() {
 
 #[test]
 fn completion_stream_and_status_errors() {
-    let s = CompletionStream::new("cmpl-1", "qwen", 9);
+    let mut s = CompletionStream::new("cmpl-1", "qwen", 9);
     assert!(s.delta(String::new()).is_none());
     let d = to_value(&s.delta("hi".into()).unwrap());
     assert_eq!(d["object"], "text_completion");
@@ -184,4 +184,94 @@ fn completion_stream_and_status_errors() {
         (busy.status(), busy.kind.type_name()),
         (429, "rate_limit_error")
     );
+}
+
+fn generated(
+    bytes: &[u8],
+    logprob: f32,
+    top: &[(&[u8], f32)],
+    text_offset: u32,
+) -> GeneratedLogprob {
+    let token = |bytes: &[u8], logprob| LogprobToken {
+        bytes: bytes.to_vec(),
+        logprob,
+    };
+    GeneratedLogprob {
+        chosen: token(bytes, logprob),
+        top: top.iter().map(|&(b, l)| token(b, l)).collect(),
+        text_offset,
+    }
+}
+
+#[test]
+fn logprobs_in_openai_shapes() {
+    // "é" split over two tokens: each alone is a partial character.
+    let tokens = [
+        generated(b"hi", -0.5, &[(b"hi", -0.5), (b"ho", -1.5)], 0),
+        generated(&[0xC3], -0.25, &[(b"x", -0.125)], 2),
+        generated(&[0xA9], f32::NEG_INFINITY, &[], 3),
+    ];
+    let chat = to_value(&ChatLogprobs::from_tokens(&tokens));
+    assert_eq!(
+        chat["content"][0],
+        json!({"token": "hi", "logprob": -0.5, "bytes": [104, 105], "top_logprobs": [
+            {"token": "hi", "logprob": -0.5, "bytes": [104, 105]},
+            {"token": "ho", "logprob": -1.5, "bytes": [104, 111]},
+        ]})
+    );
+    assert_eq!(chat["content"][1]["token"], "\u{FFFD}");
+    assert_eq!(chat["content"][1]["bytes"], json!([0xC3]));
+    // JSON has no -inf.
+    assert_eq!(chat["content"][2]["logprob"], json!(MIN_LOGPROB));
+
+    let completion = to_value(&CompletionLogprobs::from_tokens(&tokens));
+    assert_eq!(completion["tokens"], json!(["hi", "\u{FFFD}", "\u{FFFD}"]));
+    assert_eq!(
+        completion["token_logprobs"],
+        json!([-0.5, -0.25, MIN_LOGPROB])
+    );
+    assert_eq!(completion["text_offset"], json!([0, 2, 3]));
+    // The best ones and the chosen one.
+    assert_eq!(
+        completion["top_logprobs"][0],
+        json!({"hi": -0.5, "ho": -1.5})
+    );
+    assert_eq!(
+        completion["top_logprobs"][1],
+        json!({"x": -0.125, "\u{FFFD}": -0.25})
+    );
+}
+
+#[test]
+fn stream_chunks_carry_their_choice_index_and_waiting_logprobs() {
+    let mut chat = ChatStream::new("c", "m", 1).with_index(2);
+    assert_eq!(to_value(&chat.start())["choices"][0]["index"], 2);
+    assert!(chat.delta(DeltaParts::default()).is_none());
+    chat.push_logprobs(&[generated(b"a", -1.0, &[], 0)]);
+    // Logprobs alone make a chunk (the text may be held by a parser).
+    let c = to_value(&chat.delta(DeltaParts::default()).unwrap());
+    assert_eq!(c["choices"][0]["logprobs"]["content"][0]["token"], "a");
+    assert_eq!(c["choices"][0]["delta"], json!({}));
+    let c = to_value(&chat.finish(FinishReason::Length));
+    assert_eq!(c["choices"][0]["logprobs"], Value::Null, "sent once");
+
+    let mut text = CompletionStream::new("t", "m", 1).with_index(1);
+    text.push_logprobs(&[generated(b"b", -2.0, &[], 0)]);
+    let f = to_value(&text.finish(FinishReason::Stop));
+    assert_eq!(f["choices"][0]["index"], 1);
+    assert_eq!(f["choices"][0]["logprobs"]["tokens"], json!(["b"]));
+}
+
+#[test]
+fn usage_of_several_choices_counts_the_prompt_once() {
+    let u = Usage::of_choices(&[
+        Usage::new(10, 3, Some(0)),
+        Usage::new(10, 5, Some(8)),
+        Usage::new(10, 2, None),
+    ]);
+    assert_eq!(
+        (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+        (10, 10, 20)
+    );
+    assert_eq!(u.prompt_tokens_details.unwrap().cached_tokens, 0);
 }

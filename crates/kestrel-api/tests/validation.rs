@@ -603,3 +603,44 @@ fn error_bodies_have_openai_shape() {
     assert_eq!(v["error"]["message"], "best_of is not supported");
     assert_eq!(v["error"]["type"], "invalid_request_error");
 }
+
+#[test]
+fn logprobs_and_n_where_the_server_supports_them() {
+    let opts = ValidationOptions {
+        max_n: 16,
+        logprobs_supported: true,
+        ..Default::default()
+    };
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": msgs});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        parse_chat_request(&body, &opts)
+    };
+    let r = chat(json!({"logprobs": true, "top_logprobs": 5, "n": 4})).unwrap();
+    assert_eq!((r.sampling.logprobs, r.n), (Some(5), 4));
+    let r = chat(json!({"logprobs": true})).unwrap();
+    assert_eq!((r.sampling.logprobs, r.n), (Some(0), 1));
+    let r = chat(json!({"logprobs": false, "n": 16})).unwrap();
+    assert_eq!((r.sampling.logprobs, r.n), (None, 16));
+    for (extra, param) in [
+        (json!({"n": 17}), "n"),
+        (json!({"n": 0}), "n"),
+        (json!({"top_logprobs": 3}), "top_logprobs"),
+        (
+            json!({"logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+    ] {
+        let err = chat(extra.clone()).expect_err(&extra.to_string());
+        assert_eq!(err.param.as_deref(), Some(param), "{extra}");
+    }
+    let r =
+        parse_completion_request(&json!({"prompt": "x", "logprobs": 0, "n": 3}), &opts).unwrap();
+    assert_eq!((r.sampling.logprobs, r.n), (Some(0), 3));
+    let err = parse_completion_request(&json!({"prompt": "x", "logprobs": 2, "echo": true}), &opts)
+        .expect_err("echo");
+    assert_eq!(err.param.as_deref(), Some("echo"));
+}

@@ -16,7 +16,8 @@ pub(crate) type SeqId = u64;
 pub(crate) enum Command {
     Submit {
         id: SeqId,
-        request: GenerateRequest,
+        /// Boxed: the other commands are a word or two.
+        request: Box<GenerateRequest>,
         events: UnboundedSender<EngineEvent>,
     },
     /// The stream was dropped before the request finished.
@@ -105,7 +106,7 @@ impl EngineHandle {
         let (events, receiver) = unbounded_channel();
         let sent = self.commands.send(Command::Submit {
             id,
-            request: req,
+            request: Box::new(req),
             events,
         });
         if sent.is_err() {

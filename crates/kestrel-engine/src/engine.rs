@@ -317,7 +317,7 @@ impl<B: Backend> EngineLoop<B> {
             } => {
                 let built = Sequence::new(
                     id,
-                    request,
+                    *request,
                     events.clone(),
                     self.scheduler.config(),
                     &self.shared.eos_token_ids,

@@ -7,7 +7,8 @@
 //!   waiting (the server maps it to 429 with Retry-After), `Invalid` for a
 //!   request the engine can never run (prompt + max_tokens over
 //!   `max_model_len`, token ids outside the vocabulary, bad sampling params).
-//! - Events arrive in order: zero or more `Tokens`, then exactly one
+//! - Events arrive in order: zero or more `Tokens` (each after its
+//!   `Logprobs` when the request asked for them), then exactly one
 //!   `Finished` or `Error`, then the channel closes.
 //! - Dropping the `RequestStream` before `Finished` aborts the request: the
 //!   engine frees its pages and state slot at its next step, exactly once,
@@ -16,7 +17,7 @@
 //!   one it calls `RequestStream::finish_on_stop_string` (dropping the stream
 //!   works too, but counts as an abort in the statistics).
 
-use kestrel_sampling::{FinishReason, SamplingParams};
+use kestrel_sampling::{FinishReason, SamplingParams, TokenLogprobs};
 
 /// Engine limits, set once at start.
 #[derive(Clone, Debug)]
@@ -75,6 +76,9 @@ pub enum EngineEvent {
     /// speculation; a speculative step emits its accepted drafts and the
     /// token after them at once).
     Tokens(Vec<u32>),
+    /// The logprobs of the tokens of the `Tokens` event that follows, one
+    /// per token; sent only for requests with `params.logprobs` set.
+    Logprobs(Vec<TokenLogprobs>),
     Finished {
         reason: FinishReason,
         /// The request's stop token id that ended it, if any.

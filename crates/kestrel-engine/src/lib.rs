@@ -14,6 +14,7 @@ mod client;
 pub mod constraint;
 mod engine;
 pub mod handle;
+mod logprobs;
 pub mod prefill;
 mod scheduler;
 mod sequence;

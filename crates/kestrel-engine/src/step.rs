@@ -15,6 +15,7 @@ use crate::choose::{RowSource, StepLogits};
 use crate::client::SeqId;
 use crate::engine::LogitsObserver;
 use crate::handle::EngineEvent;
+use crate::logprobs::RowRecorder;
 use crate::scheduler::{Scheduler, StateOp, StepPlan};
 use crate::sequence::Sequence;
 use crate::spec::capture::{self, StepReader};
@@ -91,8 +92,7 @@ pub(crate) fn execute<B: Backend>(
                 count: 1 + chunk.drafts,
             };
             logit_rows.extend(first_id..ids.len());
-            all_plain_argmax &=
-                seq.sampler.is_plain_argmax(&seq.tokens) && seq.constraint.is_none();
+            all_plain_argmax &= seq.sampler.is_plain_argmax(&seq.tokens) && !needs_host_row(seq);
             rows
         });
         chunk_rows.push(rows);
@@ -163,15 +163,18 @@ pub(crate) fn execute<B: Backend>(
         // Sample row by row; a draft is kept while the token sampled for
         // its position equals it.
         let mut emitted = Vec::with_capacity(rows.count);
+        let mut emitted_logprobs = Vec::new();
         let mut accepted = 0;
         for i in 0..rows.count {
             let source = sources[rows.first + i]
                 .take()
                 .context("missing sampled row")?;
+            let mut row_logprobs = RowRecorder::new(seq.sampler.params().logprobs);
             let mut observe = |row: &[f32]| {
                 if let Some(observe) = observer.as_mut() {
                     observe(&seq.request_id, row);
                 }
+                row_logprobs.observe(row);
             };
             let chosen = match seq.constraint.as_deref_mut() {
                 None => logits
@@ -187,6 +190,7 @@ pub(crate) fn execute<B: Backend>(
             };
             match chosen {
                 Ok(token) => {
+                    emitted_logprobs.extend(row_logprobs.token(token)?);
                     seq.tokens.push(token);
                     emitted.push(token);
                     let matched = i < chunk.drafts && seq.drafts[i] == token;
@@ -238,6 +242,9 @@ pub(crate) fn execute<B: Backend>(
         if !emitted.is_empty() {
             sched.record_generated(emitted.len());
             let seq = sched.running_seq(chunk.id).context("sequence vanished")?;
+            if !emitted_logprobs.is_empty() {
+                seq.emit(EngineEvent::Logprobs(emitted_logprobs));
+            }
             seq.emit(EngineEvent::Tokens(emitted));
         }
         committed_ends.push(committed);
@@ -304,9 +311,15 @@ fn advance_constraint(seq: &mut Sequence, id: SeqId, token: u32) -> Option<Outco
     ))
 }
 
+/// Whether a sequence's rows must come to the host whole: a constraint masks
+/// them there, and logprobs are computed from them there.
+fn needs_host_row(seq: &Sequence) -> bool {
+    seq.constraint.is_some() || seq.sampler.params().logprobs.is_some()
+}
+
 /// The device-candidate request of every logits row, in order: one for the
 /// single row of a plain step whose sampler can finish on candidates, none
-/// for a constrained sequence (masked on the host), none for a speculative
+/// for a sequence that [`needs_host_row`], none for a speculative
 /// step's rows (each is sampled only if the rows before it
 /// matched their drafts, so none may draw from the RNG ahead of time).
 fn candidate_requests<B: Backend>(
@@ -319,10 +332,8 @@ fn candidate_requests<B: Backend>(
     let mut requests = Vec::new();
     for (chunk, rows) in plan.chunks.iter().zip(chunk_rows) {
         let Some(rows) = rows else { continue };
-        let constrained = sched
-            .running_seq(chunk.id)
-            .is_some_and(|seq| seq.constraint.is_some());
-        if rows.count > 1 || !use_candidates || constrained {
+        let whole_row = sched.running_seq(chunk.id).is_some_and(needs_host_row);
+        if rows.count > 1 || !use_candidates || whole_row {
             requests.extend((0..rows.count).map(|_| None));
             continue;
         }

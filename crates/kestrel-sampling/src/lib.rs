@@ -66,17 +66,22 @@
 //! [`Sampler::distribution`] gives a row's filtered distribution, for
 //! drafters that must report the `q` they drew from.
 //!
+//! [`RowLogprobs`] gives a row's log-softmax, for requests that ask for
+//! logprobs.
+//!
 //! [`SamplingParams`] holds and validates the request's parameters,
 //! [`Sampler`] carries a sequence's RNG and token counts between steps, and
 //! [`StopConditions`] decides when generation ends.
 
 mod filters;
+mod logprobs;
 mod params;
 mod penalties;
 mod sampler;
 mod stop;
 pub mod verify;
 
+pub use logprobs::{MAX_TOP_LOGPROBS, RowLogprobs, TokenLogprobs};
 pub use params::{InvalidParam, SamplingParams};
 pub use sampler::{DEFAULT_MAX_CANDIDATES, KEPT_WEIGHT_TOLERANCE, SampleError, Sampler};
 pub use stop::{Finish, FinishReason, StopConditions};

@@ -31,6 +31,10 @@ pub struct SamplingParams {
     pub max_tokens: Option<usize>,
     /// Stop tokens and EOS are suppressed until this many tokens were generated.
     pub min_tokens: usize,
+    /// Report each generated token's log-probability and this many of the
+    /// row's most likely ids (at most [`crate::MAX_TOP_LOGPROBS`]); `None`
+    /// reports nothing.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -48,6 +52,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             max_tokens: None,
             min_tokens: 0,
+            logprobs: None,
         }
     }
 }
@@ -133,6 +138,14 @@ impl SamplingParams {
                     "must be a finite number greater than 0, got {}",
                     self.repetition_penalty
                 ),
+            ));
+        }
+        if let Some(top) = self.logprobs
+            && top > crate::MAX_TOP_LOGPROBS
+        {
+            return Err(InvalidParam::new(
+                "logprobs",
+                format!("must be at most {}, got {top}", crate::MAX_TOP_LOGPROBS),
             ));
         }
         if let Some(max_tokens) = self.max_tokens {

@@ -8,22 +8,28 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kestrel_api::stop::StopMatcher;
-use kestrel_api::types::{FinishReason, Usage};
+use kestrel_api::types::{FinishReason, GeneratedLogprob, Usage};
 use kestrel_api::{ApiError, GenerationParams};
 use kestrel_engine::{Constraint, EngineEvent, GenerateRequest, RequestStream};
-use kestrel_sampling::SamplingParams;
-use kestrel_text::Detokenizer;
+use kestrel_sampling::{SamplingParams, TokenLogprobs};
+use kestrel_text::{Detokenizer, Tokenizer};
 
 use crate::error::{ServerError, ServerResult};
 use crate::state::{AppState, LoadedModel};
 use crate::timing::FirstTokenClock;
 
-/// What a [`TextGeneration`] yields, in order: text pieces, then exactly one
+/// What a [`TextGeneration`] yields, in order: text pieces (each token's
+/// logprobs before the text it adds, when asked for), then exactly one
 /// `Finished` or `Failed`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     Text(String),
-    Finished { reason: FinishReason, usage: Usage },
+    /// The logprobs of the tokens generated since the last `Logprobs`.
+    Logprobs(Vec<GeneratedLogprob>),
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
     Failed(String),
 }
 
@@ -42,6 +48,7 @@ pub fn sampling_params(p: &GenerationParams, max_tokens: u32) -> ServerResult<Sa
         ignore_eos: p.ignore_eos,
         max_tokens: Some(max_tokens as usize),
         min_tokens: p.min_tokens as usize,
+        logprobs: p.logprobs.map(|n| n as usize),
     };
     params
         .validate()
@@ -65,6 +72,23 @@ pub struct TextGeneration {
     matched_stop: Option<String>,
     /// Whether the outcome went into the metrics already.
     recorded: bool,
+    /// Names the tokens of the logprobs; `None` when none were asked for.
+    logprobs_tokenizer: Option<Tokenizer>,
+    /// Logprobs from the engine whose tokens have not arrived yet.
+    pending_logprobs: VecDeque<TokenLogprobs>,
+    /// Characters of text decoded so far (the next token's `text_offset`).
+    decoded_chars: usize,
+}
+
+/// Everything a generation produced (non-streaming responses).
+pub struct Collected {
+    pub text: String,
+    pub reason: FinishReason,
+    pub usage: Usage,
+    /// The stop string that ended the text, if any.
+    pub stop_sequence: Option<String>,
+    /// One per generated token, when logprobs were asked for.
+    pub logprobs: Vec<GeneratedLogprob>,
 }
 
 impl TextGeneration {
@@ -99,6 +123,11 @@ impl TextGeneration {
             prompt_ids,
         );
         let prompt_tokens = prompt_ids.len();
+        let logprobs_tokenizer = request
+            .params
+            .logprobs
+            .is_some()
+            .then(|| model.tokenizer.clone());
         let stream = model.engine.submit(request)?;
         Ok(TextGeneration {
             state: state.clone(),
@@ -117,6 +146,9 @@ impl TextGeneration {
             clock: FirstTokenClock::new(received),
             matched_stop: None,
             recorded: false,
+            logprobs_tokenizer,
+            pending_logprobs: VecDeque::new(),
+            decoded_chars: 0,
         })
     }
 
@@ -133,15 +165,29 @@ impl TextGeneration {
     /// [`Self::collect`], plus the stop string that ended the text, if any
     /// (Anthropic's `stop_sequence`).
     pub async fn collect_with_stop(
-        mut self,
+        self,
         prefix: String,
     ) -> ServerResult<(String, FinishReason, Usage, Option<String>)> {
+        let c = self.collect_all(prefix).await?;
+        Ok((c.text, c.reason, c.usage, c.stop_sequence))
+    }
+
+    /// [`Self::collect_with_stop`], plus the logprobs.
+    pub async fn collect_all(mut self, prefix: String) -> ServerResult<Collected> {
         let mut text = prefix;
+        let mut logprobs = Vec::new();
         while let Some(step) = self.next().await {
             match step {
                 Step::Text(t) => text.push_str(&t),
+                Step::Logprobs(l) => logprobs.extend(l),
                 Step::Finished { reason, usage } => {
-                    return Ok((text, reason, usage, self.matched_stop.take()));
+                    return Ok(Collected {
+                        text,
+                        reason,
+                        usage,
+                        stop_sequence: self.matched_stop.take(),
+                        logprobs,
+                    });
                 }
                 Step::Failed(msg) => return Err(ServerError::internal(msg)),
             }
@@ -151,38 +197,58 @@ impl TextGeneration {
         ))
     }
 
+    /// Waits until the engine has computed the prompt (the first token, or
+    /// the end, has arrived); what arrived stays queued for [`Self::next`].
+    /// Other choices of the same prompt submitted after this find its pages
+    /// in the prefix cache.
+    pub async fn prefilled(&mut self) {
+        while self.completion_tokens == 0 && self.queue.is_empty() && self.stream.is_some() {
+            self.receive().await;
+        }
+    }
+
     pub async fn next(&mut self) -> Option<Step> {
         loop {
             if let Some(step) = self.queue.pop_front() {
                 return Some(step);
             }
-            let event = self.stream.as_mut()?.recv().await;
-            match event {
-                Some(EngineEvent::Tokens(ids)) => self.on_tokens(&ids),
-                Some(EngineEvent::Finished { reason, usage, .. }) => {
-                    let tail = self.detok.finish();
-                    let d = self.stop.push(&tail);
-                    let mut text = d.text;
-                    let reason = if let Some(i) = d.stopped {
-                        self.matched_stop = self.stop.stop_string(i).map(str::to_string);
-                        FinishReason::Stop
-                    } else {
-                        text.push_str(&self.stop.finish());
-                        engine_reason(reason)
-                    };
-                    let usage = Usage::new(
-                        usage.prompt_tokens as u32,
-                        usage.completion_tokens as u32,
-                        Some(usage.cached_tokens as u32),
-                    );
-                    self.end(text, Step::Finished { reason, usage });
-                }
-                Some(EngineEvent::Error(msg)) => self.end(String::new(), Step::Failed(msg)),
-                None => self.end(
-                    String::new(),
-                    Step::Failed("the engine stopped before the request finished".into()),
-                ),
+            self.stream.as_ref()?;
+            self.receive().await;
+        }
+    }
+
+    /// Waits for one engine event and queues what it yields.
+    async fn receive(&mut self) {
+        let Some(stream) = self.stream.as_mut() else {
+            return;
+        };
+        let event = stream.recv().await;
+        match event {
+            Some(EngineEvent::Logprobs(l)) => self.pending_logprobs.extend(l),
+            Some(EngineEvent::Tokens(ids)) => self.on_tokens(&ids),
+            Some(EngineEvent::Finished { reason, usage, .. }) => {
+                let tail = self.detok.finish();
+                let d = self.stop.push(&tail);
+                let mut text = d.text;
+                let reason = if let Some(i) = d.stopped {
+                    self.matched_stop = self.stop.stop_string(i).map(str::to_string);
+                    FinishReason::Stop
+                } else {
+                    text.push_str(&self.stop.finish());
+                    engine_reason(reason)
+                };
+                let usage = Usage::new(
+                    usage.prompt_tokens as u32,
+                    usage.completion_tokens as u32,
+                    Some(usage.cached_tokens as u32),
+                );
+                self.end(text, Step::Finished { reason, usage });
             }
+            Some(EngineEvent::Error(msg)) => self.end(String::new(), Step::Failed(msg)),
+            None => self.end(
+                String::new(),
+                Step::Failed("the engine stopped before the request finished".into()),
+            ),
         }
     }
 
@@ -210,10 +276,12 @@ impl TextGeneration {
         // exactly where one-token steps would have.
         for &id in ids {
             self.completion_tokens += 1;
+            self.queue_logprobs(id);
             let text = match self.detok.push_all(&[id]) {
                 Ok(t) => t,
                 Err(e) => return self.end(String::new(), Step::Failed(format!("{e:#}"))),
             };
+            self.decoded_chars += text.chars().count();
             let d = self.stop.push(&text);
             if let Some(i) = d.stopped {
                 self.matched_stop = self.stop.stop_string(i).map(str::to_string);
@@ -238,6 +306,20 @@ impl TextGeneration {
             if !d.text.is_empty() {
                 self.queue.push_back(Step::Text(d.text));
             }
+        }
+    }
+
+    /// Queues the logprobs of token `id`, which the engine sent before it.
+    fn queue_logprobs(&mut self, id: u32) {
+        let Some(tokenizer) = &self.logprobs_tokenizer else {
+            return;
+        };
+        match self.pending_logprobs.pop_front() {
+            Some(lp) if lp.token == id => {
+                let g = crate::logprobs::generated(tokenizer, &lp, self.decoded_chars);
+                self.queue.push_back(Step::Logprobs(vec![g]));
+            }
+            _ => tracing::warn!(request_id = %self.request_id, "a token came without its logprobs"),
         }
     }
 

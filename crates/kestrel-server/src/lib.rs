@@ -19,15 +19,18 @@
 mod app;
 mod auth;
 mod body;
+mod choices;
 pub mod config;
 mod error;
 mod generation;
 mod loader;
+mod logprobs;
 mod metrics;
 mod request_id;
 mod routes;
 pub mod shutdown;
 pub mod sse;
+mod sse_choices;
 mod state;
 mod structured;
 mod timing;

@@ -2,7 +2,8 @@
 //! event strings of one stream (chat or text completion); [`sse_response`]
 //! drives a [`TextGeneration`] through it, with `: ping` keep-alives while no
 //! tokens arrive. Dropping the response body (client gone) drops the
-//! generation and so aborts the request.
+//! generation and so aborts the request. Streams of several choices are in
+//! [`crate::sse_choices`].
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -15,7 +16,7 @@ use kestrel_api::output::{ChatOutputParser, OutputOptions};
 use kestrel_api::types::sse::{
     ChatStream, CompletionStream, SSE_DONE, SSE_PING, sse_error, sse_event,
 };
-use kestrel_api::types::{FinishReason, Usage};
+use kestrel_api::types::{FinishReason, GeneratedLogprob, Usage};
 use kestrel_api::{ApiError, ErrorKind};
 
 use crate::generation::{Step, TextGeneration};
@@ -26,6 +27,9 @@ pub trait SseAssembler: Send + 'static {
     fn start(&mut self) -> Vec<String>;
     /// Events for a piece of generated text (possibly none).
     fn text(&mut self, text: &str) -> Vec<String>;
+    /// Logprobs of generated tokens, sent with the next events (streams
+    /// that report none ignore them).
+    fn logprobs(&mut self, _tokens: &[GeneratedLogprob]) {}
     /// The closing events, ending with `data: [DONE]`.
     fn finish(&mut self, reason: FinishReason, usage: Usage) -> Vec<String>;
     /// [`Self::finish`] when the stop string that ended the text matters
@@ -44,6 +48,16 @@ pub trait SseAssembler: Send + 'static {
     }
 }
 
+/// One choice of an OpenAI stream, which may carry several (`n > 1`): its
+/// own chunks, and the stream's closing events apart.
+pub trait ChoiceAssembler: SseAssembler {
+    /// The events that end this choice (its last chunk, with `finish_reason`).
+    fn finish_choice(&mut self, reason: FinishReason) -> Vec<String>;
+    /// The events that end the stream: the usage chunk when asked for, then
+    /// `data: [DONE]`.
+    fn close(&mut self, usage: Usage) -> Vec<String>;
+}
+
 /// A mid-stream failure: one error event, then `[DONE]`.
 pub fn error_events(message: &str) -> Vec<String> {
     let e = ApiError::new(ErrorKind::Internal, message);
@@ -60,15 +74,17 @@ pub struct ChatSse {
 }
 
 impl ChatSse {
+    /// The stream of choice `index` (0 unless `n > 1`).
     pub fn new(
         id: String,
         model: String,
         created: u64,
+        index: u32,
         opts: &OutputOptions,
         include_usage: bool,
     ) -> Self {
         ChatSse {
-            stream: ChatStream::new(id, model, created),
+            stream: ChatStream::new(id, model, created).with_index(index),
             parser: ChatOutputParser::new(opts),
             include_usage,
             reply_prefix: String::new(),
@@ -98,7 +114,19 @@ impl SseAssembler for ChatSse {
             .collect()
     }
 
+    fn logprobs(&mut self, tokens: &[GeneratedLogprob]) {
+        self.stream.push_logprobs(tokens);
+    }
+
     fn finish(&mut self, reason: FinishReason, usage: Usage) -> Vec<String> {
+        let mut out = self.finish_choice(reason);
+        out.extend(self.close(usage));
+        out
+    }
+}
+
+impl ChoiceAssembler for ChatSse {
+    fn finish_choice(&mut self, reason: FinishReason) -> Vec<String> {
         let end = self.parser.finish();
         let reason = self.parser.finish_reason(reason, &end);
         let mut out: Vec<String> = self
@@ -108,6 +136,11 @@ impl SseAssembler for ChatSse {
             .into_iter()
             .collect();
         out.push(sse_event(&self.stream.finish(reason)));
+        out
+    }
+
+    fn close(&mut self, usage: Usage) -> Vec<String> {
+        let mut out = Vec::new();
         if self.include_usage {
             out.push(sse_event(&self.stream.usage(usage)));
         }
@@ -122,9 +155,10 @@ pub struct CompletionSse {
 }
 
 impl CompletionSse {
-    pub fn new(id: String, model: String, created: u64, include_usage: bool) -> Self {
+    /// The stream of choice `index` (0 unless `n > 1`).
+    pub fn new(id: String, model: String, created: u64, index: u32, include_usage: bool) -> Self {
         CompletionSse {
-            stream: CompletionStream::new(id, model, created),
+            stream: CompletionStream::new(id, model, created).with_index(index),
             include_usage,
         }
     }
@@ -143,8 +177,24 @@ impl SseAssembler for CompletionSse {
             .collect()
     }
 
+    fn logprobs(&mut self, tokens: &[GeneratedLogprob]) {
+        self.stream.push_logprobs(tokens);
+    }
+
     fn finish(&mut self, reason: FinishReason, usage: Usage) -> Vec<String> {
-        let mut out = vec![sse_event(&self.stream.finish(reason))];
+        let mut out = self.finish_choice(reason);
+        out.extend(self.close(usage));
+        out
+    }
+}
+
+impl ChoiceAssembler for CompletionSse {
+    fn finish_choice(&mut self, reason: FinishReason) -> Vec<String> {
+        vec![sse_event(&self.stream.finish(reason))]
+    }
+
+    fn close(&mut self, usage: Usage) -> Vec<String> {
+        let mut out = Vec::new();
         if self.include_usage {
             out.push(sse_event(&self.stream.usage(usage)));
         }
@@ -184,6 +234,7 @@ impl<A: SseAssembler> Driver<A> {
                     }
                     self.pending.extend(events);
                 }
+                Some(Step::Logprobs(tokens)) => self.assembler.logprobs(&tokens),
                 Some(Step::Finished { reason, usage }) => {
                     let stop = self.generation.stop_sequence();
                     let events = self.assembler.finish_at_stop(reason, usage, stop);
@@ -214,11 +265,19 @@ pub fn sse_response<A: SseAssembler>(
         done: false,
         ping,
     };
-    let stream = futures_util::stream::unfold(driver, |mut d| async move {
+    event_stream(futures_util::stream::unfold(driver, |mut d| async move {
         let event = d.next_event().await?;
-        Some((Ok::<_, Infallible>(Bytes::from(event)), d))
-    });
-    let mut response = Body::from_stream(stream).into_response();
+        Some((event, d))
+    }))
+}
+
+/// A `text/event-stream` response sending `events`.
+pub(crate) fn event_stream(
+    events: impl futures_util::Stream<Item = String> + Send + 'static,
+) -> Response {
+    use futures_util::StreamExt;
+    let body = events.map(|event| Ok::<_, Infallible>(Bytes::from(event)));
+    let mut response = Body::from_stream(body).into_response();
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,

@@ -1,5 +1,5 @@
-//! Through the HTTP API, speculative decoding changes neither the text nor
-//! the usage, streamed or not, greedy or seeded; the spec_decode counters
+//! Through the HTTP API, speculative decoding changes neither the text, the
+//! logprobs nor the usage, streamed or not, greedy or seeded; the spec_decode counters
 //! appear under vLLM's names.
 
 mod common;
@@ -16,6 +16,7 @@ fn body(stream: bool, seed: Option<u64>) -> Value {
         "prompt": "class Config:\n    def __init__(self, name, values=None):\n        self.name = name\n        self.values = values or {}\n\n    def get(self, key",
         "max_tokens": 40,
         "temperature": 0,
+        "logprobs": 2,
         "stream": stream,
     });
     if let Some(seed) = seed {
@@ -25,26 +26,51 @@ fn body(stream: bool, seed: Option<u64>) -> Value {
     b
 }
 
-/// The text (and, unstreamed, the usage) of a completion.
-async fn complete(base: &str, stream: bool, seed: Option<u64>) -> (String, Value) {
+/// The text, the logprobs of every token (`token_logprobs` and
+/// `top_logprobs`) and, unstreamed, the usage of a completion.
+async fn complete(base: &str, stream: bool, seed: Option<u64>) -> (String, Vec<Value>, Value) {
     if stream {
         let (status, events) = post_stream(base, "/v1/completions", &body(true, seed)).await;
         assert_eq!(status, 200);
-        let text = events
+        let chunks: Vec<Value> = events
             .iter()
             .filter(|e| e.as_str() != "[DONE]")
             .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .collect();
+        let text = chunks
+            .iter()
             .filter_map(|v| v["choices"][0]["text"].as_str().map(str::to_string))
             .collect();
-        (text, Value::Null)
+        let logprobs = chunks
+            .iter()
+            .flat_map(|v| token_logprobs(&v["choices"][0]["logprobs"]))
+            .collect();
+        (text, logprobs, Value::Null)
     } else {
         let (status, v) = post(base, "/v1/completions", &body(false, seed)).await;
         assert_eq!(status, 200, "{v}");
         // Prefix-cache hits depend on what each server saw before.
         let mut usage = v["usage"].clone();
         usage["prompt_tokens_details"] = Value::Null;
-        (v["choices"][0]["text"].as_str().unwrap().to_string(), usage)
+        let logprobs = token_logprobs(&v["choices"][0]["logprobs"]);
+        assert!(!logprobs.is_empty());
+        (
+            v["choices"][0]["text"].as_str().unwrap().to_string(),
+            logprobs,
+            usage,
+        )
     }
+}
+
+/// `[logprob, top_logprobs]` of each token of a `logprobs` object.
+fn token_logprobs(lp: &Value) -> Vec<Value> {
+    let (Some(values), Some(top)) = (
+        lp["token_logprobs"].as_array(),
+        lp["top_logprobs"].as_array(),
+    ) else {
+        return Vec::new();
+    };
+    values.iter().zip(top).map(|(v, t)| json!([v, t])).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,7 +32,7 @@ struct Collected {
 }
 
 fn run(text: &str, opts: &OutputOptions, engine_reason: FinishReason) -> Collected {
-    let mut sse = ChatSse::new("chatcmpl-t".into(), "m".into(), 1, opts, true);
+    let mut sse = ChatSse::new("chatcmpl-t".into(), "m".into(), 1, 0, opts, true);
     let mut events = sse.start();
     for ch in text.chars() {
         events.extend(sse.text(&ch.to_string()));
@@ -181,7 +181,8 @@ fn forced_call_prefix_is_parsed_as_model_output() {
     };
     let prefix = "<tool_call>\n<function=get_weather>\n";
     let rest = "<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
-    let mut sse = ChatSse::new("c".into(), "m".into(), 1, &opts, false).with_reply_prefix(prefix);
+    let mut sse =
+        ChatSse::new("c".into(), "m".into(), 1, 0, &opts, false).with_reply_prefix(prefix);
     let mut events = sse.start();
     for ch in rest.chars() {
         events.extend(sse.text(&ch.to_string()));

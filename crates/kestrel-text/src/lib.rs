@@ -48,6 +48,7 @@ mod detokenizer;
 mod model_files;
 pub mod parallel_encode;
 mod template;
+mod token_bytes;
 mod tokenizer;
 
 pub use detokenizer::Detokenizer;

@@ -159,6 +159,20 @@ impl Tokenizer {
         self.inner.hf.id_to_token(id)
     }
 
+    /// The bytes `id` stands for (possibly part of a UTF-8 character), as
+    /// OpenAI's logprobs report them: an added token's content, a byte-level
+    /// token's bytes, else the token decoded alone. `None` outside the
+    /// vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let added = self.inner.hf.get_added_vocabulary();
+        if let Some(content) = added.simple_id_to_token(id) {
+            return Some(content.into_bytes());
+        }
+        let spelling = self.inner.hf.id_to_token(id)?;
+        crate::token_bytes::byte_level_bytes(&spelling)
+            .or_else(|| self.decode(&[id], false).ok().map(String::into_bytes))
+    }
+
     /// Number of ids the tokenizer knows, added tokens included. The model's
     /// embedding table may be larger (padded); those extra ids do not decode.
     pub fn vocab_size(&self) -> usize {

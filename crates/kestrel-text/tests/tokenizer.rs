@@ -139,3 +139,23 @@ fn broken_tokenizer_files_give_one_clear_error() {
     let message = format!("{:#}", Tokenizer::from_file(&missing).unwrap_err());
     assert!(message.contains("nowhere/tokenizer.json"), "{message}");
 }
+
+#[test]
+fn token_bytes_rebuild_the_text_even_where_tokens_split_characters() {
+    let tok = qwen_tokenizer();
+    let text = "naïve café 世界 🦀 <|im_end|>\n\tend";
+    let ids = tok.encode(text, false).unwrap();
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&id| tok.token_bytes(id).unwrap())
+        .collect();
+    assert_eq!(bytes, text.as_bytes());
+    // The crab (4 bytes) is split across byte-level tokens: some token's
+    // bytes are not UTF-8 on their own.
+    assert!(
+        ids.iter()
+            .any(|&id| std::str::from_utf8(&tok.token_bytes(id).unwrap()).is_err()),
+        "no token splits a character: {ids:?}"
+    );
+    assert_eq!(tok.token_bytes(u32::MAX), None);
+}

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{FinishReason, Usage};
+use super::{ChatLogprobs, FinishReason, Usage};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatCompletionResponse {
@@ -19,7 +19,7 @@ pub struct ChatCompletionResponse {
 pub struct ChatChoice {
     pub index: u32,
     pub message: ChatResponseMessage,
-    pub logprobs: Option<serde_json::Value>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<FinishReason>,
 }
 
@@ -77,7 +77,7 @@ pub struct ChatCompletionChunk {
 pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: ChatDelta,
-    pub logprobs: Option<serde_json::Value>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<FinishReason>,
 }
 

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{FinishReason, Usage};
+use super::{CompletionLogprobs, FinishReason, Usage};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompletionResponse {
@@ -19,7 +19,7 @@ pub struct CompletionResponse {
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
-    pub logprobs: Option<serde_json::Value>,
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<FinishReason>,
 }
 

@@ -3,6 +3,7 @@
 
 pub mod chat;
 pub mod completion;
+pub mod logprobs;
 pub mod models;
 pub mod sse;
 pub mod tokenize;
@@ -10,6 +11,7 @@ pub mod usage;
 
 pub use chat::*;
 pub use completion::*;
+pub use logprobs::*;
 pub use models::*;
 pub use tokenize::*;
 pub use usage::*;

@@ -1,13 +1,15 @@
 //! Server-sent-event framing and a builder that keeps a chat stream's
 //! invariants: constant `id`/`model`/`created`, `role` only in the first
 //! chunk, a final chunk with `finish_reason` and no content, one usage chunk
-//! with empty `choices`, then `[DONE]`.
+//! with empty `choices`, then `[DONE]`. With `n > 1` each choice has its
+//! own builder (its `index`); logprobs ride on the next chunk of their choice.
 
 use serde::Serialize;
 
 use super::{
-    ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChoice, CompletionChunk,
-    FinishReason, Role, ToolCallDelta, Usage,
+    ChatChunkChoice, ChatCompletionChunk, ChatDelta, ChatLogprobs, CompletionChoice,
+    CompletionChunk, CompletionLogprobs, FinishReason, GeneratedLogprob, Role, ToolCallDelta,
+    Usage,
 };
 use crate::error::ApiError;
 
@@ -35,7 +37,10 @@ pub struct ChatStream {
     id: String,
     model: String,
     created: u64,
+    index: u32,
     role_sent: bool,
+    /// Logprobs of generated tokens not sent yet.
+    logprobs: Vec<GeneratedLogprob>,
 }
 
 /// What one step of the parsers produced for the client.
@@ -52,8 +57,26 @@ impl ChatStream {
             id: id.into(),
             model: model.into(),
             created,
+            index: 0,
             role_sent: false,
+            logprobs: Vec::new(),
         }
+    }
+
+    /// The stream of choice `index` (`n > 1`).
+    pub fn with_index(mut self, index: u32) -> Self {
+        self.index = index;
+        self
+    }
+
+    /// Logprobs of generated tokens, sent with the choice's next chunk.
+    pub fn push_logprobs(&mut self, tokens: &[GeneratedLogprob]) {
+        self.logprobs.extend_from_slice(tokens);
+    }
+
+    /// Whether logprobs wait to be sent.
+    pub fn has_logprobs(&self) -> bool {
+        !self.logprobs.is_empty()
     }
 
     fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionChunk {
@@ -76,11 +99,13 @@ impl ChatStream {
             delta.role = Some(Role::Assistant);
             self.role_sent = true;
         }
+        let logprobs = (!self.logprobs.is_empty())
+            .then(|| ChatLogprobs::from_tokens(&std::mem::take(&mut self.logprobs)));
         self.chunk(
             vec![ChatChunkChoice {
-                index: 0,
+                index: self.index,
                 delta,
-                logprobs: None,
+                logprobs,
                 finish_reason,
             }],
             None,
@@ -98,9 +123,14 @@ impl ChatStream {
         )
     }
 
-    /// A chunk for the parsers' output, or `None` when there is nothing to send.
+    /// A chunk for the parsers' output, or `None` when there is nothing to
+    /// send (no text and no logprobs waiting).
     pub fn delta(&mut self, parts: DeltaParts) -> Option<ChatCompletionChunk> {
-        if parts.reasoning.is_empty() && parts.content.is_empty() && parts.tool_calls.is_empty() {
+        if parts.reasoning.is_empty()
+            && parts.content.is_empty()
+            && parts.tool_calls.is_empty()
+            && self.logprobs.is_empty()
+        {
             return None;
         }
         let reasoning = (!parts.reasoning.is_empty()).then_some(parts.reasoning);
@@ -131,6 +161,9 @@ pub struct CompletionStream {
     id: String,
     model: String,
     created: u64,
+    index: u32,
+    /// Logprobs of generated tokens not sent yet.
+    logprobs: Vec<GeneratedLogprob>,
 }
 
 impl CompletionStream {
@@ -139,6 +172,30 @@ impl CompletionStream {
             id: id.into(),
             model: model.into(),
             created,
+            index: 0,
+            logprobs: Vec::new(),
+        }
+    }
+
+    /// The stream of choice `index` (`n > 1`).
+    pub fn with_index(mut self, index: u32) -> Self {
+        self.index = index;
+        self
+    }
+
+    /// Logprobs of generated tokens, sent with the choice's next chunk.
+    pub fn push_logprobs(&mut self, tokens: &[GeneratedLogprob]) {
+        self.logprobs.extend_from_slice(tokens);
+    }
+
+    fn choice(&mut self, text: String, finish_reason: Option<FinishReason>) -> CompletionChoice {
+        let logprobs = (!self.logprobs.is_empty())
+            .then(|| CompletionLogprobs::from_tokens(&std::mem::take(&mut self.logprobs)));
+        CompletionChoice {
+            index: self.index,
+            text,
+            logprobs,
+            finish_reason,
         }
     }
 
@@ -153,28 +210,17 @@ impl CompletionStream {
         }
     }
 
-    /// A text delta, or `None` when it is empty.
-    pub fn delta(&self, text: String) -> Option<CompletionChunk> {
-        (!text.is_empty()).then(|| {
-            self.chunk(
-                vec![CompletionChoice {
-                    index: 0,
-                    text,
-                    logprobs: None,
-                    finish_reason: None,
-                }],
-                None,
-            )
-        })
+    /// A text delta, or `None` when there is neither text nor logprobs.
+    pub fn delta(&mut self, text: String) -> Option<CompletionChunk> {
+        if text.is_empty() && self.logprobs.is_empty() {
+            return None;
+        }
+        let choice = self.choice(text, None);
+        Some(self.chunk(vec![choice], None))
     }
 
-    pub fn finish(&self, reason: FinishReason) -> CompletionChunk {
-        let choice = CompletionChoice {
-            index: 0,
-            text: String::new(),
-            logprobs: None,
-            finish_reason: Some(reason),
-        };
+    pub fn finish(&mut self, reason: FinishReason) -> CompletionChunk {
+        let choice = self.choice(String::new(), Some(reason));
         self.chunk(vec![choice], None)
     }
 

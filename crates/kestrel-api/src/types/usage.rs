@@ -26,3 +26,21 @@ impl Usage {
         }
     }
 }
+
+impl Usage {
+    /// The usage of several choices of one prompt, as OpenAI counts it: the
+    /// prompt once, the completion tokens of every choice. The cached
+    /// prompt tokens are the fewest any choice reported.
+    pub fn of_choices(choices: &[Usage]) -> Usage {
+        let prompt = choices.first().map_or(0, |u| u.prompt_tokens);
+        let completion = choices
+            .iter()
+            .fold(0u32, |sum, u| sum.saturating_add(u.completion_tokens));
+        let cached = choices
+            .iter()
+            .filter_map(|u| u.prompt_tokens_details)
+            .map(|d| d.cached_tokens)
+            .min();
+        Usage::new(prompt, completion, cached)
+    }
+}

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::fields::{Result, type_name};
-use super::sampling::{MAX_TOP_LOGPROBS, parse_sampling, reject_unsupported, token_id};
+use super::sampling::{MAX_TOP_LOGPROBS, parse_n, parse_sampling, reject_unsupported, token_id};
 use super::structured::parse_structured_output;
 use super::tools::parse_response_format;
 use super::{ValidationOptions, parse_stream, root, truncate_prompt_tokens, unknown_keys};
@@ -18,13 +18,15 @@ pub fn parse_completion_request(
     let model = f.string("model")?.map(str::to_string);
     let prompt = parse_prompt(f.get("prompt"))?;
     reject_unsupported(&mut f)?;
+    // (Echoing the prompt would also need the prompt's logprobs.)
     if f.bool("echo")?.unwrap_or(false) {
         return Err(ApiError::unsupported("echo"));
     }
     if f.get("suffix").is_some() {
         return Err(ApiError::unsupported("suffix"));
     }
-    let mut sampling = parse_sampling(&mut f, opts)?;
+    let mut sampling = parse_sampling(&mut f)?;
+    let n = parse_n(&mut f, opts)?;
     if let Some(n) = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS)? {
         if !opts.logprobs_supported {
             return Err(ApiError::unsupported("logprobs"));
@@ -45,6 +47,7 @@ pub fn parse_completion_request(
         stream,
         include_usage,
         sampling,
+        n,
         truncate_prompt_tokens,
         user,
         ignored_keys,

@@ -20,7 +20,7 @@ fn out_of_range(param: &str, rule: &str, got: f32) -> ApiError {
 }
 
 /// Reads every sampling field except logprobs, which differ by endpoint.
-pub(crate) fn parse_sampling(f: &mut Fields, opts: &ValidationOptions) -> Result<SamplingRequest> {
+pub(crate) fn parse_sampling(f: &mut Fields) -> Result<SamplingRequest> {
     let mut s = SamplingRequest {
         skip_special_tokens: true,
         spaces_between_special_tokens: true,
@@ -96,25 +96,25 @@ pub(crate) fn parse_sampling(f: &mut Fields, opts: &ValidationOptions) -> Result
     s.skip_special_tokens = f.bool("skip_special_tokens")?.unwrap_or(true);
     s.spaces_between_special_tokens = f.bool("spaces_between_special_tokens")?.unwrap_or(true);
 
-    match f.int("n")? {
-        None | Some(1) => {}
-        Some(n) if n < 1 => {
-            return Err(ApiError::invalid(
-                "n",
-                format!("n must be at least 1, got {n}"),
-            ));
-        }
-        Some(n) if n > opts.max_n as i128 => {
-            return Err(if opts.max_n == 1 {
-                ApiError::unsupported("n > 1")
-            } else {
-                ApiError::invalid("n", format!("n must be at most {}, got {n}", opts.max_n))
-            }
-            .with_param("n"));
-        }
-        Some(_) => {}
-    }
     Ok(s)
+}
+
+/// `n`, the number of choices: 1 when not given, at most `opts.max_n`.
+pub(crate) fn parse_n(f: &mut Fields, opts: &ValidationOptions) -> Result<u32> {
+    match f.int("n")? {
+        None => Ok(1),
+        Some(n) if n < 1 => Err(ApiError::invalid(
+            "n",
+            format!("n must be at least 1, got {n}"),
+        )),
+        Some(n) if n > opts.max_n as i128 => Err(if opts.max_n == 1 {
+            ApiError::unsupported("n > 1")
+        } else {
+            ApiError::invalid("n", format!("n must be at most {}, got {n}", opts.max_n))
+        }
+        .with_param("n")),
+        Some(n) => Ok(n as u32),
+    }
 }
 
 /// `repetition_penalty`, or its llama.cpp alias `repeat_penalty`.

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use kestrel_api::output::{OutputOptions, parse_chat_output};
 use kestrel_api::reasoning::prompt_opens_reasoning;
-use kestrel_api::types::{ChatChoice, ChatCompletionResponse};
+use kestrel_api::types::{ChatChoice, ChatCompletionResponse, ChatLogprobs, Usage};
 use kestrel_api::validate::check_context_length;
 use kestrel_api::{ApiError, ChatRequest, ToolChoice, parse_chat_request};
 use serde_json::Value;
@@ -19,10 +19,12 @@ use serde_json::Value;
 use super::prompt::{encode, render_chat, truncate_left};
 use super::validation_options;
 use crate::body::json_body;
+use crate::choices::submit_choices;
 use crate::error::{ServerError, ServerResult};
 use crate::generation::{TextGeneration, sampling_params};
 use crate::request_id::RequestId;
 use crate::sse::{ChatSse, sse_response};
+use crate::sse_choices::choices_response;
 use crate::state::{AppState, LoadedModel, unix_now};
 use crate::structured::{self, ConstraintRequest};
 
@@ -46,35 +48,60 @@ pub async fn chat_completions(
     let mut prepared = prepare_chat(&model, req, &request_id.0, received).await?;
     let id = format!("chatcmpl-{}", request_id.0);
     let created = unix_now();
-    let generation =
-        start_generation(&state, &model, &mut prepared, &request_id.0, received).await?;
+    let n = prepared.req.n;
+    let mut generations =
+        start_generations(&state, &model, &mut prepared, &request_id.0, received, n).await?;
     let req = &prepared.req;
     let opts = prepared.output_options();
 
     if req.stream {
-        let sse = ChatSse::new(id, model_name, created, &opts, req.include_usage);
-        return Ok(sse_response(
-            generation,
-            sse,
-            state.config.sse_ping_interval,
-        ));
+        let ping = state.config.sse_ping_interval;
+        let sse = |i| {
+            ChatSse::new(
+                id.clone(),
+                model_name.clone(),
+                created,
+                i,
+                &opts,
+                req.include_usage,
+            )
+        };
+        if generations.len() == 1 {
+            return Ok(sse_response(generations.remove(0), sse(0), ping));
+        }
+        let assemblers = (0..generations.len() as u32).map(sse).collect();
+        return Ok(choices_response(generations, assemblers, ping));
     }
 
     // Non-streaming: if the client disconnects, axum drops this future and
-    // with it the generation, which aborts the request.
-    let (text, reason, usage) = generation.collect(String::new()).await?;
-    let (message, reason) = parse_chat_output(&text, &opts, reason);
+    // with it the generations, which aborts the requests.
+    let want_logprobs = req.sampling.logprobs.is_some();
+    let collected = futures_util::future::try_join_all(
+        generations
+            .into_iter()
+            .map(|g| g.collect_all(String::new())),
+    )
+    .await?;
+    let usage = Usage::of_choices(&collected.iter().map(|c| c.usage).collect::<Vec<_>>());
+    let choices = collected
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (message, reason) = parse_chat_output(&c.text, &opts, c.reason);
+            ChatChoice {
+                index: i as u32,
+                message,
+                logprobs: want_logprobs.then(|| ChatLogprobs::from_tokens(&c.logprobs)),
+                finish_reason: Some(reason),
+            }
+        })
+        .collect();
     let response = ChatCompletionResponse {
         id,
         object: "chat.completion".into(),
         created,
         model: model_name,
-        choices: vec![ChatChoice {
-            index: 0,
-            message,
-            logprobs: None,
-            finish_reason: Some(reason),
-        }],
+        choices,
         usage,
     };
     Ok(Json(response).into_response())
@@ -139,9 +166,7 @@ pub(crate) async fn prepare_chat(
     .map_err(|e| ServerError::internal(format!("prompt rendering failed: {e}")))?
 }
 
-/// Checks the context length, resolves sampling, compiles the request's
-/// output constraint (a structured output, or the forced tool call of
-/// `tool_choice`; off the async workers) and submits the prompt.
+/// [`start_generations`] of one choice.
 pub(crate) async fn start_generation(
     state: &Arc<AppState>,
     model: &Arc<LoadedModel>,
@@ -149,6 +174,23 @@ pub(crate) async fn start_generation(
     request_id: &str,
     received: Instant,
 ) -> ServerResult<TextGeneration> {
+    let mut one = start_generations(state, model, prepared, request_id, received, 1).await?;
+    one.pop()
+        .ok_or_else(|| ServerError::internal("no generation was submitted"))
+}
+
+/// Checks the context length, resolves sampling, compiles the request's
+/// output constraint (a structured output, or the forced tool call of
+/// `tool_choice`; off the async workers) and submits the prompt as `n`
+/// choices ([`submit_choices`]).
+pub(crate) async fn start_generations(
+    state: &Arc<AppState>,
+    model: &Arc<LoadedModel>,
+    prepared: &mut PreparedChat,
+    request_id: &str,
+    received: Instant,
+    n: u32,
+) -> ServerResult<Vec<TextGeneration>> {
     let req = &prepared.req;
     let constraint_request = ConstraintRequest::for_chat(
         req.structured_output.as_ref(),
@@ -170,16 +212,18 @@ pub(crate) async fn start_generation(
         }
         None => None,
     };
-    TextGeneration::submit(
+    submit_choices(
         state,
         model,
-        request_id.to_string(),
+        request_id,
         std::mem::take(&mut prepared.prompt_ids),
         params,
         &generation_params,
         received,
         constraint,
+        n,
     )
+    .await
 }
 
 /// `chat_template_kwargs`, with a top-level `enable_thinking` folded in.

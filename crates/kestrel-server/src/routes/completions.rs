@@ -9,17 +9,19 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use kestrel_api::types::{CompletionChoice, CompletionResponse};
+use kestrel_api::types::{CompletionChoice, CompletionLogprobs, CompletionResponse, Usage};
 use kestrel_api::validate::{check_context_length, check_token_ids};
 use kestrel_api::{ApiError, Prompt, parse_completion_request};
 
 use super::prompt::{encode, truncate_left};
 use super::validation_options;
 use crate::body::json_body;
+use crate::choices::submit_choices;
 use crate::error::{ServerError, ServerResult};
-use crate::generation::{TextGeneration, sampling_params};
+use crate::generation::sampling_params;
 use crate::request_id::RequestId;
 use crate::sse::{CompletionSse, sse_response};
+use crate::sse_choices::choices_response;
 use crate::state::{AppState, unix_now};
 use crate::structured::{self, ConstraintRequest};
 
@@ -76,37 +78,60 @@ pub async fn completions(
     };
     let id = format!("cmpl-{}", request_id.0);
     let created = unix_now();
-    let generation = TextGeneration::submit(
+    let mut generations = submit_choices(
         &state,
         &model,
-        request_id.0.clone(),
+        &request_id.0,
         prompt_ids,
         params,
         &generation_params,
         received,
         constraint,
-    )?;
+        req.n,
+    )
+    .await?;
 
     if req.stream {
-        let sse = CompletionSse::new(id, model_name, created, req.include_usage);
-        return Ok(sse_response(
-            generation,
-            sse,
-            state.config.sse_ping_interval,
-        ));
+        let ping = state.config.sse_ping_interval;
+        let sse = |i| {
+            CompletionSse::new(
+                id.clone(),
+                model_name.clone(),
+                created,
+                i,
+                req.include_usage,
+            )
+        };
+        if generations.len() == 1 {
+            return Ok(sse_response(generations.remove(0), sse(0), ping));
+        }
+        let assemblers = (0..generations.len() as u32).map(sse).collect();
+        return Ok(choices_response(generations, assemblers, ping));
     }
-    let (text, reason, usage) = generation.collect(String::new()).await?;
+    let want_logprobs = req.sampling.logprobs.is_some();
+    let collected = futures_util::future::try_join_all(
+        generations
+            .into_iter()
+            .map(|g| g.collect_all(String::new())),
+    )
+    .await?;
+    let usage = Usage::of_choices(&collected.iter().map(|c| c.usage).collect::<Vec<_>>());
+    let choices = collected
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| CompletionChoice {
+            index: i as u32,
+            text: c.text,
+            logprobs: want_logprobs.then(|| CompletionLogprobs::from_tokens(&c.logprobs)),
+            finish_reason: Some(c.reason),
+        })
+        .collect();
     let response = CompletionResponse {
         id,
         object: "text_completion".into(),
         created,
         model: model_name,
-        choices: vec![CompletionChoice {
-            index: 0,
-            text,
-            logprobs: None,
-            finish_reason: Some(reason),
-        }],
+        choices,
         usage,
     };
     Ok(Json(response).into_response())
