@@ -56,6 +56,7 @@ pub(crate) struct MtpDrafter<B: Backend> {
 }
 
 impl<B: Backend> MtpDrafter<B> {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         backend: &B,
         model: &Model<B>,
