@@ -11,9 +11,10 @@
 //! tail after its last full page in a pass of its own (engine `prefill`),
 //! a short chunk that shares a decode-shaped step with the decoding
 //! request, and the decode kernels' splits follow the number of sequences
-//! in such a step. That moves logits by about 1e-6 (the run with short
-//! prompts, which never cuts a step, shows it); the prefill kernels moved
-//! them by about 1e-2 and changed tokens. So the test asserts the tokens
+//! in such a step. That moves logits by about 2e-6 where it starts and 4e-4
+//! over the decode (the run with short prompts, which never cuts a step,
+//! shows the same); the prefill kernels moved them by 2e-2 where they
+//! started, and changed tokens. So the test asserts the tokens
 //! (also with MTP drafting) and a bound far below the prefill kernels'
 //! effect, and reports both other runs.
 
@@ -212,9 +213,11 @@ fn describe(what: &str, run: &Decode, reference: &Decode) -> String {
     )
 }
 
-/// Far above what the number of sequences in a decode-shaped step moves
-/// (about 1e-6 here), far below what the prefill kernels did (about 1e-2).
-const DECODE_ARITHMETIC_BOUND: f32 = 1e-4;
+/// Above what the number of sequences in a decode-shaped step moves a
+/// logit over the whole decode (4e-4 here, from 2e-6 at the first row it
+/// touches), far below what the prefill kernels did (2e-2 at the first row,
+/// 7 once tokens changed).
+const DECODE_ARITHMETIC_BOUND: f32 = 1e-2;
 
 #[test]
 fn prompts_arriving_during_a_decode_keep_its_decode_arithmetic_in_bf16() {
