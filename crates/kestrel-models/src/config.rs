@@ -2,7 +2,8 @@
 //!
 //! Qwen3.5/3.6 nest the language model's fields under `text_config`; the others
 //! are flat. Older and newer transformers spell RoPE settings differently
-//! (`rope_theta` at the top level or inside `rope_parameters`); both are read.
+//! (`rope_theta` at the top level or inside `rope_parameters`), and the expert
+//! count as `num_experts` or `num_local_experts`; both are read.
 
 use std::path::Path;
 
@@ -129,6 +130,9 @@ struct RawText {
     attn_output_gate: Option<bool>,
     // MoE
     num_experts: Option<usize>,
+    /// transformers 5 writes this name where Qwen's own configs say
+    /// `num_experts`; `num_experts` wins when both are present.
+    num_local_experts: Option<usize>,
     num_experts_per_tok: Option<usize>,
     moe_intermediate_size: Option<usize>,
     shared_expert_intermediate_size: Option<usize>,
@@ -267,7 +271,7 @@ impl ModelConfig {
             vec![LayerKind::FullAttention; n]
         };
 
-        let moe = match (raw.num_experts, arch) {
+        let moe = match (raw.num_experts.or(raw.num_local_experts), arch) {
             (Some(e), Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next | Arch::Qwen4Exp)
                 if e > 0 =>
             {
