@@ -10,6 +10,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
+use crate::config_fields::read_fields;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     Qwen3,
@@ -167,31 +169,31 @@ impl ModelConfig {
             .and_then(|v| v.as_str())
             .context("missing \"model_type\"")?
             .to_string();
-        let (arch, text_value, prefix) = match model_type.as_str() {
-            "qwen3" => (Arch::Qwen3, root.clone(), "model."),
-            "qwen3_moe" => (Arch::Qwen3Moe, root.clone(), "model."),
-            "qwen3_next" => (Arch::Qwen3Next, root.clone(), "model."),
+        let (arch, text_value, prefix, at) = match model_type.as_str() {
+            "qwen3" => (Arch::Qwen3, root.clone(), "model.", ""),
+            "qwen3_moe" => (Arch::Qwen3Moe, root.clone(), "model.", ""),
+            "qwen3_next" => (Arch::Qwen3Next, root.clone(), "model.", ""),
             "qwen3_5_moe" => {
                 let text = root
                     .get("text_config")
                     .cloned()
                     .context("qwen3_5_moe config has no \"text_config\"")?;
-                (Arch::Qwen35Moe, text, "model.language_model.")
+                (Arch::Qwen35Moe, text, "model.language_model.", "text_config")
             }
-            "qwen3_5_moe_text" => (Arch::Qwen35Moe, root.clone(), "model."),
+            "qwen3_5_moe_text" => (Arch::Qwen35Moe, root.clone(), "model.", ""),
             "qwen4_exp" => {
                 let text = root
                     .get("text_config")
                     .cloned()
                     .context("qwen4_exp config has no \"text_config\"")?;
-                (Arch::Qwen4Exp, text, "model.language_model.")
+                (Arch::Qwen4Exp, text, "model.language_model.", "text_config")
             }
-            "qwen4_exp_text" => (Arch::Qwen4Exp, root.clone(), "model."),
+            "qwen4_exp_text" => (Arch::Qwen4Exp, root.clone(), "model.", ""),
             other => bail!(
                 "unsupported model_type \"{other}\" (supported: qwen3, qwen3_moe, qwen3_5_moe, qwen3_next, qwen4_exp)"
             ),
         };
-        let mut raw: RawText = serde_json::from_value(text_value)?;
+        let mut raw: RawText = read_fields(text_value, at)?;
         // Top-level eos wins over text_config's (Qwen3.5 keeps it at both levels).
         let eos = root
             .get("eos_token_id")

@@ -1,5 +1,6 @@
-//! Field spellings that differ between Qwen's own configs and the ones newer
-//! transformers writes load to the same model description.
+//! `config.json` as real checkpoints write it: field spellings that differ
+//! between Qwen's own configs and newer transformers load alike, and a wrong
+//! field is named in the error.
 
 use std::path::PathBuf;
 
@@ -58,4 +59,45 @@ fn neither_name_is_an_error() {
     none.as_object_mut().unwrap().remove("num_experts");
     let err = ModelConfig::from_json(&none.to_string()).unwrap_err();
     assert!(format!("{err:#}").contains("num_experts"), "{err:#}");
+}
+
+fn load_error(v: &Value) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, v.to_string()).unwrap();
+    format!("{:#}", ModelConfig::from_file(&path).unwrap_err())
+}
+
+#[test]
+fn wrong_type_inside_text_config_names_the_field() {
+    let mut v = config_json("qwen3.6-35b-a3b");
+    v["text_config"]["hidden_size"] = "2048".into();
+    let err = load_error(&v);
+    assert!(err.contains("config.json"), "{err}");
+    assert!(err.contains("text_config.hidden_size: invalid type: string"), "{err}");
+}
+
+#[test]
+fn wrong_type_at_the_top_level_names_the_field() {
+    let mut v = config_json("qwen3-30b-a3b");
+    v["num_experts_per_tok"] = (-8).into();
+    let err = load_error(&v);
+    assert!(err.contains("num_experts_per_tok: invalid value: integer `-8`"), "{err}");
+}
+
+#[test]
+fn missing_field_names_the_object() {
+    let mut v = config_json("qwen3.6-35b-a3b");
+    v["text_config"].as_object_mut().unwrap().remove("vocab_size");
+    let err = load_error(&v);
+    assert!(err.contains("text_config: missing field `vocab_size`"), "{err}");
+}
+
+#[test]
+fn broken_json_names_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, "{\n  \"model_type\": \"qwen3\",\n  oops\n}").unwrap();
+    let err = format!("{:#}", ModelConfig::from_file(&path).unwrap_err());
+    assert!(err.contains("config.json") && err.contains("line 3"), "{err}");
 }
