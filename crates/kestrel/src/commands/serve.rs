@@ -72,9 +72,16 @@ pub struct Args {
     load_format: LoadFormat,
     #[command(flatten)]
     quantization: super::quantization::QuantizationArgs,
-    /// Cap on the context length (prompt + output); the model's own by default.
+    /// Cap on the context length (prompt + output); the model's own by
+    /// default. A value above the model's own is refused unless
+    /// --allow-long-max-model-len is given.
     #[arg(long)]
     max_model_len: Option<usize>,
+    /// Accept a --max-model-len above the model's max_position_embeddings
+    /// (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); output past the trained
+    /// context may be poor.
+    #[arg(long)]
+    allow_long_max_model_len: bool,
     /// `/v1/messages`: keep Claude Code's per-request
     /// `x-anthropic-billing-header:` system-prompt line (by default it is
     /// dropped so consecutive requests share the cached prompt prefix).
@@ -124,6 +131,7 @@ pub fn run(args: Args) -> Result<()> {
     config.dummy_weights = args.load_format == LoadFormat::Dummy;
     config.quantization = args.quantization.get();
     config.max_model_len = args.max_model_len;
+    config.allow_long_max_model_len = args.allow_long_max_model_len;
     config.strip_billing_header = !args.keep_billing_header;
     config.speculative = args.speculative.config()?;
     config.draft_rows = args.speculative.draft_rows;
