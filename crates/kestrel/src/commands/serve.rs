@@ -8,6 +8,8 @@ use anyhow::{Context, Result};
 use kestrel_cpu::CpuBackend;
 use kestrel_server::ServerConfig;
 
+use super::backend::{self, BackendKind, Chosen};
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Hugging Face model folder; the bundled model when omitted.
@@ -56,9 +58,9 @@ pub struct Args {
     /// Seconds between SSE keep-alive comments while a stream waits.
     #[arg(long, default_value_t = 15.0)]
     sse_ping_interval: f64,
-    /// Where the model runs.
-    #[arg(long, value_enum, default_value = "cpu")]
-    backend: Backend,
+    /// Where the model runs: `auto` takes the GPU when one can be opened.
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: BackendKind,
     /// CUDA device ordinal (with --backend cuda).
     #[arg(long, default_value_t = 0)]
     device: usize,
@@ -92,12 +94,6 @@ pub struct Args {
     force_preempt_at: Option<usize>,
     #[command(flatten)]
     speculative: super::speculative::SpeculativeArgs,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum Backend {
-    Cpu,
-    Cuda,
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -139,11 +135,9 @@ pub fn run(args: Args) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    match args.backend {
-        Backend::Cpu => runtime.block_on(kestrel_server::run(config, CpuBackend::new())),
-        Backend::Cuda => {
-            let mut cuda = kestrel_cuda::CudaBackend::new(args.device)
-                .context("cannot open the CUDA backend")?;
+    match backend::open(args.backend, args.device)? {
+        Chosen::Cpu { .. } => runtime.block_on(kestrel_server::run(config, CpuBackend::new())),
+        Chosen::Cuda(mut cuda) => {
             if args.batch_invariant {
                 cuda.set_batch_invariant(true);
             }
