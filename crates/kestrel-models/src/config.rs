@@ -178,7 +178,12 @@ impl ModelConfig {
                     .get("text_config")
                     .cloned()
                     .context("qwen3_5_moe config has no \"text_config\"")?;
-                (Arch::Qwen35Moe, text, "model.language_model.", "text_config")
+                (
+                    Arch::Qwen35Moe,
+                    text,
+                    "model.language_model.",
+                    "text_config",
+                )
             }
             "qwen3_5_moe_text" => (Arch::Qwen35Moe, root.clone(), "model.", ""),
             "qwen4_exp" => {

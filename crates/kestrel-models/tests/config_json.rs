@@ -74,7 +74,10 @@ fn wrong_type_inside_text_config_names_the_field() {
     v["text_config"]["hidden_size"] = "2048".into();
     let err = load_error(&v);
     assert!(err.contains("config.json"), "{err}");
-    assert!(err.contains("text_config.hidden_size: invalid type: string"), "{err}");
+    assert!(
+        err.contains("text_config.hidden_size: invalid type: string"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -82,15 +85,24 @@ fn wrong_type_at_the_top_level_names_the_field() {
     let mut v = config_json("qwen3-30b-a3b");
     v["num_experts_per_tok"] = (-8).into();
     let err = load_error(&v);
-    assert!(err.contains("num_experts_per_tok: invalid value: integer `-8`"), "{err}");
+    assert!(
+        err.contains("num_experts_per_tok: invalid value: integer `-8`"),
+        "{err}"
+    );
 }
 
 #[test]
 fn missing_field_names_the_object() {
     let mut v = config_json("qwen3.6-35b-a3b");
-    v["text_config"].as_object_mut().unwrap().remove("vocab_size");
+    v["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("vocab_size");
     let err = load_error(&v);
-    assert!(err.contains("text_config: missing field `vocab_size`"), "{err}");
+    assert!(
+        err.contains("text_config: missing field `vocab_size`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -99,5 +111,8 @@ fn broken_json_names_the_line() {
     let path = dir.path().join("config.json");
     std::fs::write(&path, "{\n  \"model_type\": \"qwen3\",\n  oops\n}").unwrap();
     let err = format!("{:#}", ModelConfig::from_file(&path).unwrap_err());
-    assert!(err.contains("config.json") && err.contains("line 3"), "{err}");
+    assert!(
+        err.contains("config.json") && err.contains("line 3"),
+        "{err}"
+    );
 }
