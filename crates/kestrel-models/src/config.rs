@@ -2,12 +2,15 @@
 //!
 //! Qwen3.5/3.6 nest the language model's fields under `text_config`; the others
 //! are flat. Older and newer transformers spell RoPE settings differently
-//! (`rope_theta` at the top level or inside `rope_parameters`); both are read.
+//! (`rope_theta` at the top level or inside `rope_parameters`), and the expert
+//! count as `num_experts` or `num_local_experts`; both are read.
 
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
+
+use crate::config_fields::read_fields;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -129,6 +132,9 @@ struct RawText {
     attn_output_gate: Option<bool>,
     // MoE
     num_experts: Option<usize>,
+    /// transformers 5 writes this name where Qwen's own configs say
+    /// `num_experts`; `num_experts` wins when both are present.
+    num_local_experts: Option<usize>,
     num_experts_per_tok: Option<usize>,
     moe_intermediate_size: Option<usize>,
     shared_expert_intermediate_size: Option<usize>,
@@ -163,31 +169,36 @@ impl ModelConfig {
             .and_then(|v| v.as_str())
             .context("missing \"model_type\"")?
             .to_string();
-        let (arch, text_value, prefix) = match model_type.as_str() {
-            "qwen3" => (Arch::Qwen3, root.clone(), "model."),
-            "qwen3_moe" => (Arch::Qwen3Moe, root.clone(), "model."),
-            "qwen3_next" => (Arch::Qwen3Next, root.clone(), "model."),
+        let (arch, text_value, prefix, at) = match model_type.as_str() {
+            "qwen3" => (Arch::Qwen3, root.clone(), "model.", ""),
+            "qwen3_moe" => (Arch::Qwen3Moe, root.clone(), "model.", ""),
+            "qwen3_next" => (Arch::Qwen3Next, root.clone(), "model.", ""),
             "qwen3_5_moe" => {
                 let text = root
                     .get("text_config")
                     .cloned()
                     .context("qwen3_5_moe config has no \"text_config\"")?;
-                (Arch::Qwen35Moe, text, "model.language_model.")
+                (
+                    Arch::Qwen35Moe,
+                    text,
+                    "model.language_model.",
+                    "text_config",
+                )
             }
-            "qwen3_5_moe_text" => (Arch::Qwen35Moe, root.clone(), "model."),
+            "qwen3_5_moe_text" => (Arch::Qwen35Moe, root.clone(), "model.", ""),
             "qwen4_exp" => {
                 let text = root
                     .get("text_config")
                     .cloned()
                     .context("qwen4_exp config has no \"text_config\"")?;
-                (Arch::Qwen4Exp, text, "model.language_model.")
+                (Arch::Qwen4Exp, text, "model.language_model.", "text_config")
             }
-            "qwen4_exp_text" => (Arch::Qwen4Exp, root.clone(), "model."),
+            "qwen4_exp_text" => (Arch::Qwen4Exp, root.clone(), "model.", ""),
             other => bail!(
                 "unsupported model_type \"{other}\" (supported: qwen3, qwen3_moe, qwen3_5_moe, qwen3_next, qwen4_exp)"
             ),
         };
-        let mut raw: RawText = serde_json::from_value(text_value)?;
+        let mut raw: RawText = read_fields(text_value, at)?;
         // Top-level eos wins over text_config's (Qwen3.5 keeps it at both levels).
         let eos = root
             .get("eos_token_id")
@@ -267,7 +278,7 @@ impl ModelConfig {
             vec![LayerKind::FullAttention; n]
         };
 
-        let moe = match (raw.num_experts, arch) {
+        let moe = match (raw.num_experts.or(raw.num_local_experts), arch) {
             (Some(e), Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next | Arch::Qwen4Exp)
                 if e > 0 =>
             {

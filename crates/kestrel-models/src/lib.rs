@@ -16,6 +16,7 @@
 pub mod blocks;
 mod buffers;
 pub mod config;
+mod config_fields;
 pub mod decoder;
 pub mod dflash;
 pub mod draft_head;

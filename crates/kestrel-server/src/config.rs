@@ -39,6 +39,9 @@ pub struct ServerConfig {
     pub quantization: kestrel_models::Quantization,
     /// Cap on the context length (vLLM `--max-model-len`); `None`: the model's.
     pub max_model_len: Option<usize>,
+    /// Allow `max_model_len` above the model's `max_position_embeddings`
+    /// (vLLM's `VLLM_ALLOW_LONG_MAX_MODEL_LEN`); refused by default.
+    pub allow_long_max_model_len: bool,
     /// Speculative decoding (vLLM `--speculative-config`); `None`: off.
     pub speculative: Option<kestrel_engine::spec::SpeculativeConfig>,
     /// The decode and verify rows a speculative step may bring.
@@ -72,6 +75,7 @@ impl ServerConfig {
             speculative: None,
             draft_rows: Default::default(),
             max_model_len: None,
+            allow_long_max_model_len: false,
             strip_billing_header: true,
         }
     }

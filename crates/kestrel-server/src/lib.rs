@@ -21,6 +21,7 @@ mod auth;
 mod body;
 mod choices;
 pub mod config;
+mod context_len;
 mod error;
 mod generation;
 mod loader;
@@ -64,6 +65,7 @@ pub struct RunningServer {
 /// Binds the listener, starts loading the model on a blocking thread and
 /// serves requests (503 until the model is ready).
 pub async fn start<B: Backend>(config: ServerConfig, backend: B) -> Result<RunningServer> {
+    context_len::check_before_start(&config)?;
     let listener = TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("cannot listen on {}", config.addr))?;

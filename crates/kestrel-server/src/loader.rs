@@ -88,10 +88,8 @@ fn load<B: Backend>(
     } else {
         Model::load_as(dir, &backend, config.quantization)?.0
     };
-    let max_model_len = match config.max_model_len {
-        Some(cap) => cap.clamp(1, model.config().max_position_embeddings),
-        None => model.config().max_position_embeddings,
-    };
+    let max_model_len =
+        crate::context_len::resolve(config, model.config().max_position_embeddings)?;
     report(3);
     let mut engine_config = engine_config(config, max_model_len);
     // Checkpoints pad the embedding past the tokenizer (Qwen3.6: 248,320

@@ -309,6 +309,14 @@ async fn oversized_bodies_get_413() {
     good_request_works(base).await;
 }
 
+/// Headers over hyper's limits (its read buffer, about 400 KiB, or more than
+/// 100 headers) get a 431 with an empty body, unlike every other refusal:
+/// hyper's HTTP/1 parser answers them itself, writing a bare status line
+/// (`on_error` in hyper's `proto/h1/role.rs` builds a head with no body)
+/// before a request exists, so no axum layer or handler runs and there is
+/// nothing to attach the JSON error to; `axum::serve` exposes no hyper
+/// settings either. This test pins that: if the body ever becomes JSON, make
+/// it assert the OpenAI-style body instead.
 #[tokio::test]
 async fn oversized_headers_get_431() {
     let base = server();
@@ -319,7 +327,7 @@ async fn oversized_headers_get_431() {
         .send()
         .await;
     match r {
-        Ok(r) => assert_eq!(r.status().as_u16(), 431),
+        Ok(r) => assert_bare_431(r).await,
         Err(e) => panic!("oversized header: connection dropped instead of 431: {e}"),
     }
     // Too many headers.
@@ -327,7 +335,12 @@ async fn oversized_headers_get_431() {
     for i in 0..300 {
         req = req.header(format!("x-h{i}"), "v");
     }
-    let r = req.send().await.expect("answered");
-    assert_eq!(r.status().as_u16(), 431);
+    assert_bare_431(req.send().await.expect("answered")).await;
     good_request_works(base).await;
+}
+
+async fn assert_bare_431(r: reqwest::Response) {
+    assert_eq!(r.status().as_u16(), 431);
+    let body = r.bytes().await.unwrap_or_default();
+    assert!(body.is_empty(), "hyper's 431 now has a body: {body:?}");
 }

@@ -22,8 +22,11 @@ fn copy_of_bundled() -> tempfile::TempDir {
 /// Runs `kestrel generate` on `dir`; returns the stderr of a failed run.
 fn generate_error(dir: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        // The CPU explicitly: `auto` would add its fallback note to stderr.
         .args([
             "generate",
+            "--backend",
+            "cpu",
             "--max-tokens",
             "2",
             "--prompt",

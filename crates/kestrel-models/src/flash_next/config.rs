@@ -9,6 +9,7 @@ use kestrel_core::GdnGate;
 use serde::Deserialize;
 
 use crate::config::{Arch, LayerKind, ModelConfig};
+use crate::config_fields::read_fields;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct FlashNextConfig {
@@ -101,8 +102,11 @@ impl FlashNextConfig {
             bail!("model_type \"{}\" is not qwen4_exp", base.model_type);
         }
         let root: serde_json::Value = serde_json::from_str(text)?;
-        let text_value = root.get("text_config").unwrap_or(&root).clone();
-        let raw: RawFlashNext = serde_json::from_value(text_value)?;
+        let (text_value, at) = match root.get("text_config") {
+            Some(text) => (text.clone(), "text_config"),
+            None => (root.clone(), ""),
+        };
+        let raw: RawFlashNext = read_fields(text_value, at)?;
 
         let gate = raw
             .output_gate_type

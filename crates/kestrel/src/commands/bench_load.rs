@@ -12,11 +12,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use kestrel_core::Backend;
 use kestrel_cpu::CpuBackend;
-use kestrel_cuda::CudaBackend;
 use kestrel_models::{LoadStats, Model, Quantization};
 use serde_json::json;
 
-use super::bench_model::BackendKind;
+use super::backend::{self, BackendKind, Chosen};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -40,17 +39,14 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let dir = crate::model_dir::resolve(args.model.clone())?;
-    let (backend, stats) = match args.backend {
-        BackendKind::Cpu => measure(
+    let (backend, stats) = match backend::open(args.backend, args.device)? {
+        Chosen::Cpu { .. } => measure(
             &CpuBackend::new(),
             &dir,
             args.pack_only,
             args.quantization.get(),
         )?,
-        BackendKind::Cuda => {
-            let cuda = CudaBackend::new(args.device).context("cannot open the CUDA backend")?;
-            measure(&cuda, &dir, args.pack_only, args.quantization.get())?
-        }
+        Chosen::Cuda(cuda) => measure(&cuda, &dir, args.pack_only, args.quantization.get())?,
     };
     eprintln!("{backend}: {}", stats.summary());
     let report = json!({

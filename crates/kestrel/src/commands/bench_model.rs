@@ -23,12 +23,12 @@ mod traffic;
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use kestrel_cpu::CpuBackend;
-use kestrel_cuda::CudaBackend;
 use kestrel_models::Quantization;
 use kestrel_models::fp8::QuantConfig;
 
+use super::backend::{self, BackendKind, Chosen};
 use replay::Profile;
 use replay_bench::ReplaySettings;
 use sampling::SamplingMode;
@@ -41,12 +41,6 @@ pub enum LoadFormat {
     Auto,
     /// Random weights with the config's shapes, generated on the backend.
     Dummy,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendKind {
-    Cpu,
-    Cuda,
 }
 
 /// `--speculative`: the proposers bench-model can time through the engine.
@@ -72,7 +66,8 @@ pub struct Args {
     /// Seed of the dummy weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    #[arg(long, value_enum, default_value = "cpu")]
+    /// Where the model runs: `auto` takes the GPU when one can be opened.
+    #[arg(long, value_enum, default_value = "auto")]
     backend: BackendKind,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
@@ -257,8 +252,8 @@ pub fn run(args: Args) -> Result<()> {
     };
     let fp8 = args.quantization.get() == Quantization::Fp8
         || matches!(QuantConfig::from_file(&config), Ok(Some(_)));
-    match args.backend {
-        BackendKind::Cpu => {
+    match backend::open(args.backend, args.device)? {
+        Chosen::Cpu { .. } => {
             let b = Timed::new(CpuBackend::new());
             let storage = Storage {
                 matrix: 4,
@@ -267,8 +262,7 @@ pub fn run(args: Args) -> Result<()> {
             };
             run::bench(&b, storage, &source, &args, None)
         }
-        BackendKind::Cuda => {
-            let mut cuda = CudaBackend::new(args.device).context("cannot open the CUDA backend")?;
+        Chosen::Cuda(mut cuda) => {
             cuda.set_graphs(!args.eager);
             if args.batch_invariant {
                 cuda.set_batch_invariant(true);

@@ -15,6 +15,7 @@ use kestrel_sampling::SamplingParams;
 use kestrel_text::{ChatTemplate, Detokenizer, Tokenizer};
 use serde_json::json;
 
+use super::backend::{self, BackendKind, Chosen};
 use super::speculative::SpeculativeArgs;
 
 #[derive(clap::Args)]
@@ -58,8 +59,8 @@ pub struct Args {
     /// Keep going past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
-    /// Where the model runs.
-    #[arg(long, value_enum, default_value = "cpu")]
+    /// Where the model runs: `auto` takes the GPU when one can be opened.
+    #[arg(long, value_enum, default_value = "auto")]
     backend: BackendKind,
     /// CUDA device ordinal (with --backend cuda).
     #[arg(long, default_value_t = 0)]
@@ -72,18 +73,10 @@ pub struct Args {
     speculative: SpeculativeArgs,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum BackendKind {
-    Cpu,
-    Cuda,
-}
-
 pub fn run(args: Args) -> Result<()> {
-    match args.backend {
-        BackendKind::Cpu => generate(&args, CpuBackend::new()),
-        BackendKind::Cuda => {
-            let mut cuda = kestrel_cuda::CudaBackend::new(args.device)
-                .context("cannot open the CUDA backend")?;
+    match backend::open(args.backend, args.device)? {
+        Chosen::Cpu { .. } => generate(&args, CpuBackend::new()),
+        Chosen::Cuda(mut cuda) => {
             if args.batch_invariant {
                 cuda.set_batch_invariant(true);
             }

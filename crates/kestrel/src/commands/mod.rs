@@ -1,3 +1,4 @@
+pub mod backend;
 pub mod bench;
 pub mod bench_load;
 pub mod bench_model;

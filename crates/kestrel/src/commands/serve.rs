@@ -8,6 +8,8 @@ use anyhow::{Context, Result};
 use kestrel_cpu::CpuBackend;
 use kestrel_server::ServerConfig;
 
+use super::backend::{self, BackendKind, Chosen};
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Hugging Face model folder; the bundled model when omitted.
@@ -56,9 +58,9 @@ pub struct Args {
     /// Seconds between SSE keep-alive comments while a stream waits.
     #[arg(long, default_value_t = 15.0)]
     sse_ping_interval: f64,
-    /// Where the model runs.
-    #[arg(long, value_enum, default_value = "cpu")]
-    backend: Backend,
+    /// Where the model runs: `auto` takes the GPU when one can be opened.
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: BackendKind,
     /// CUDA device ordinal (with --backend cuda).
     #[arg(long, default_value_t = 0)]
     device: usize,
@@ -72,9 +74,16 @@ pub struct Args {
     load_format: LoadFormat,
     #[command(flatten)]
     quantization: super::quantization::QuantizationArgs,
-    /// Cap on the context length (prompt + output); the model's own by default.
+    /// Cap on the context length (prompt + output); the model's own by
+    /// default. A value above the model's own is refused unless
+    /// --allow-long-max-model-len is given.
     #[arg(long)]
     max_model_len: Option<usize>,
+    /// Accept a --max-model-len above the model's max_position_embeddings
+    /// (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); output past the trained
+    /// context may be poor.
+    #[arg(long)]
+    allow_long_max_model_len: bool,
     /// `/v1/messages`: keep Claude Code's per-request
     /// `x-anthropic-billing-header:` system-prompt line (by default it is
     /// dropped so consecutive requests share the cached prompt prefix).
@@ -85,12 +94,6 @@ pub struct Args {
     force_preempt_at: Option<usize>,
     #[command(flatten)]
     speculative: super::speculative::SpeculativeArgs,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum Backend {
-    Cpu,
-    Cuda,
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -124,6 +127,7 @@ pub fn run(args: Args) -> Result<()> {
     config.dummy_weights = args.load_format == LoadFormat::Dummy;
     config.quantization = args.quantization.get();
     config.max_model_len = args.max_model_len;
+    config.allow_long_max_model_len = args.allow_long_max_model_len;
     config.strip_billing_header = !args.keep_billing_header;
     config.speculative = args.speculative.config()?;
     config.draft_rows = args.speculative.draft_rows;
@@ -131,11 +135,9 @@ pub fn run(args: Args) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    match args.backend {
-        Backend::Cpu => runtime.block_on(kestrel_server::run(config, CpuBackend::new())),
-        Backend::Cuda => {
-            let mut cuda = kestrel_cuda::CudaBackend::new(args.device)
-                .context("cannot open the CUDA backend")?;
+    match backend::open(args.backend, args.device)? {
+        Chosen::Cpu { .. } => runtime.block_on(kestrel_server::run(config, CpuBackend::new())),
+        Chosen::Cuda(mut cuda) => {
             if args.batch_invariant {
                 cuda.set_batch_invariant(true);
             }

@@ -26,6 +26,8 @@ pub fn bench<B: Backend>(
     args: &Args,
     plan: Option<Value>,
 ) -> Result<()> {
+    // Only the CUDA backend has a kernel plan.
+    let on_cuda = plan.is_some();
     let load_start = Instant::now();
     let (model, load_stats) = if source.dummy {
         let quantization = args.quantization.get();
@@ -194,8 +196,8 @@ pub fn bench<B: Backend>(
             "context": args.context, "steps": args.steps, "warmup": args.warmup,
             "prefill_runs": args.prefill_runs, "breakdown_steps": args.breakdown_steps,
             "max_batched_tokens": args.max_batched_tokens, "block_size": BLOCK_SIZE,
-            "replayed_decode_steps": args.backend == super::BackendKind::Cuda && !args.eager,
-            "replayed_verify_steps": args.backend == super::BackendKind::Cuda && !args.eager,
+            "replayed_decode_steps": on_cuda && !args.eager,
+            "replayed_verify_steps": on_cuda && !args.eager,
             "sampling": format!("{:?}", args.sampling).to_lowercase(),
             "sampled_vocab": sampled_vocab,
             "verify_k": args.verify_k, "verify_batches": args.verify_batches,
