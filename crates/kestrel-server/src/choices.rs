@@ -12,7 +12,7 @@ use kestrel_engine::Constraint;
 use kestrel_sampling::SamplingParams;
 
 use crate::error::ServerResult;
-use crate::generation::TextGeneration;
+use crate::generation::{Collected, TextGeneration};
 use crate::state::{AppState, LoadedModel};
 
 /// Submits `n` choices; their generations, choice `i` at `i`. Failing to
@@ -58,4 +58,21 @@ pub async fn submit_choices(
         all.push(submit(i, prompt_ids.clone(), constraint.clone())?);
     }
     Ok(all)
+}
+
+/// Every choice run to its end, and their usage as one request's (the
+/// prompt once, every choice's completion tokens).
+pub async fn collect_choices(
+    generations: Vec<TextGeneration>,
+) -> ServerResult<(Vec<Collected>, kestrel_api::types::Usage)> {
+    let collected = futures_util::future::try_join_all(
+        generations
+            .into_iter()
+            .map(|g| g.collect_all(String::new())),
+    )
+    .await?;
+    let usage = kestrel_api::types::Usage::of_choices(
+        &collected.iter().map(|c| c.usage).collect::<Vec<_>>(),
+    );
+    Ok((collected, usage))
 }

@@ -12,7 +12,7 @@ use kestrel_api::types::Usage;
 use kestrel_api::types::sse::SSE_PING;
 
 use crate::generation::{Step, TextGeneration};
-use crate::sse::{ChoiceAssembler, event_stream};
+use crate::sse::{ChoiceAssembler, SseAssembler, event_stream, sse_response};
 
 /// Steps of one choice, tagged with its index.
 type ChoiceSteps = Pin<Box<dyn Stream<Item = (usize, Step)> + Send>>;
@@ -76,6 +76,21 @@ impl<A: ChoiceAssembler> Choices<A> {
             }
         }
     }
+}
+
+/// The streaming response of a request's choices, choice `i` assembled by
+/// `assembler(i)`: one choice streams as any single generation does, more
+/// interleave ([`choices_response`]).
+pub fn stream_choices<A: SseAssembler + ChoiceAssembler>(
+    mut generations: Vec<TextGeneration>,
+    assembler: impl Fn(u32) -> A,
+    ping: Duration,
+) -> Response {
+    if generations.len() == 1 {
+        return sse_response(generations.remove(0), assembler(0), ping);
+    }
+    let assemblers = (0..generations.len() as u32).map(assembler).collect();
+    choices_response(generations, assemblers, ping)
 }
 
 /// The streaming response of several generations of one prompt, choice `i`

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use kestrel_api::output::{OutputOptions, parse_chat_output};
 use kestrel_api::reasoning::prompt_opens_reasoning;
-use kestrel_api::types::{ChatChoice, ChatCompletionResponse, ChatLogprobs, Usage};
+use kestrel_api::types::{ChatChoice, ChatCompletionResponse, ChatLogprobs};
 use kestrel_api::validate::check_context_length;
 use kestrel_api::{ApiError, ChatRequest, ToolChoice, parse_chat_request};
 use serde_json::Value;
@@ -19,12 +19,12 @@ use serde_json::Value;
 use super::prompt::{encode, render_chat, truncate_left};
 use super::validation_options;
 use crate::body::json_body;
-use crate::choices::submit_choices;
+use crate::choices::{collect_choices, submit_choices};
 use crate::error::{ServerError, ServerResult};
 use crate::generation::{TextGeneration, sampling_params};
 use crate::request_id::RequestId;
-use crate::sse::{ChatSse, sse_response};
-use crate::sse_choices::choices_response;
+use crate::sse::ChatSse;
+use crate::sse_choices::stream_choices;
 use crate::state::{AppState, LoadedModel, unix_now};
 use crate::structured::{self, ConstraintRequest};
 
@@ -49,7 +49,7 @@ pub async fn chat_completions(
     let id = format!("chatcmpl-{}", request_id.0);
     let created = unix_now();
     let n = prepared.req.n;
-    let mut generations =
+    let generations =
         start_generations(&state, &model, &mut prepared, &request_id.0, received, n).await?;
     let req = &prepared.req;
     let opts = prepared.output_options();
@@ -66,23 +66,13 @@ pub async fn chat_completions(
                 req.include_usage,
             )
         };
-        if generations.len() == 1 {
-            return Ok(sse_response(generations.remove(0), sse(0), ping));
-        }
-        let assemblers = (0..generations.len() as u32).map(sse).collect();
-        return Ok(choices_response(generations, assemblers, ping));
+        return Ok(stream_choices(generations, sse, ping));
     }
 
     // Non-streaming: if the client disconnects, axum drops this future and
     // with it the generations, which aborts the requests.
     let want_logprobs = req.sampling.logprobs.is_some();
-    let collected = futures_util::future::try_join_all(
-        generations
-            .into_iter()
-            .map(|g| g.collect_all(String::new())),
-    )
-    .await?;
-    let usage = Usage::of_choices(&collected.iter().map(|c| c.usage).collect::<Vec<_>>());
+    let (collected, usage) = collect_choices(generations).await?;
     let choices = collected
         .into_iter()
         .enumerate()

@@ -9,19 +9,19 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use kestrel_api::types::{CompletionChoice, CompletionLogprobs, CompletionResponse, Usage};
+use kestrel_api::types::{CompletionChoice, CompletionLogprobs, CompletionResponse};
 use kestrel_api::validate::{check_context_length, check_token_ids};
 use kestrel_api::{ApiError, Prompt, parse_completion_request};
 
 use super::prompt::{encode, truncate_left};
 use super::validation_options;
 use crate::body::json_body;
-use crate::choices::submit_choices;
+use crate::choices::{collect_choices, submit_choices};
 use crate::error::{ServerError, ServerResult};
 use crate::generation::sampling_params;
 use crate::request_id::RequestId;
-use crate::sse::{CompletionSse, sse_response};
-use crate::sse_choices::choices_response;
+use crate::sse::CompletionSse;
+use crate::sse_choices::stream_choices;
 use crate::state::{AppState, unix_now};
 use crate::structured::{self, ConstraintRequest};
 
@@ -78,7 +78,7 @@ pub async fn completions(
     };
     let id = format!("cmpl-{}", request_id.0);
     let created = unix_now();
-    let mut generations = submit_choices(
+    let generations = submit_choices(
         &state,
         &model,
         &request_id.0,
@@ -102,20 +102,10 @@ pub async fn completions(
                 req.include_usage,
             )
         };
-        if generations.len() == 1 {
-            return Ok(sse_response(generations.remove(0), sse(0), ping));
-        }
-        let assemblers = (0..generations.len() as u32).map(sse).collect();
-        return Ok(choices_response(generations, assemblers, ping));
+        return Ok(stream_choices(generations, sse, ping));
     }
     let want_logprobs = req.sampling.logprobs.is_some();
-    let collected = futures_util::future::try_join_all(
-        generations
-            .into_iter()
-            .map(|g| g.collect_all(String::new())),
-    )
-    .await?;
-    let usage = Usage::of_choices(&collected.iter().map(|c| c.usage).collect::<Vec<_>>());
+    let (collected, usage) = collect_choices(generations).await?;
     let choices = collected
         .into_iter()
         .enumerate()
