@@ -237,6 +237,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Weight: Send + Sync;
     /// Paged KV pools and recurrent-state slots of all layers.
     type Cache: Send;
+    /// Keys and values of one attention layer outside the paged cache
+    /// ([`Backend::new_block_keys`]).
+    type BlockKeys: Send;
 
     fn name(&self) -> String;
 
@@ -478,41 +481,47 @@ pub trait Backend: Send + Sync + Sized + 'static {
         batch: &ForwardBatch,
     ) -> Self::Tensor;
 
-    /// Keys and values for attention outside the paged cache
-    /// ([`Backend::block_attention`]): `kv` rows hold the projections
-    /// `[k (Hkv*D) | v (Hkv*D)]`; each key head gets its RMSNorm with
-    /// `k_norm` and RoPE at its row's position (`first_position + row`);
-    /// values pass through. A block drafter (DFlash) keeps its context this
-    /// way. The default computes on the host through `to_host`/`from_host`:
-    /// correct on every backend but slow on a device, where a kernel should
-    /// replace it.
-    fn prepare_keys(
+    /// An empty store of keys and values of one attention layer kept
+    /// outside the paged cache, for [`Backend::block_attention`]: a block
+    /// drafter's (DFlash) context. Rows are appended at the end and dropped
+    /// from either end; their order does not matter to the attention.
+    fn new_block_keys(&self, spec: &AttentionSpec) -> Self::BlockKeys;
+
+    /// Rows held by `keys`.
+    fn block_keys_len(&self, keys: &Self::BlockKeys) -> usize;
+
+    /// Appends the rows of `kv` (`[n, 2 * Hkv * D]`: the projections
+    /// `[k | v]`): each key head gets its RMSNorm with `k_norm` and RoPE at
+    /// its row's position (`first_position + row`); values as they are.
+    fn append_block_keys(
         &self,
+        keys: &mut Self::BlockKeys,
         kv: &Self::Tensor,
         k_norm: &Self::Weight,
         spec: &AttentionSpec,
         first_position: usize,
-    ) -> Self::Tensor {
-        crate::block_attention::prepare_keys_on_host(self, kv, k_norm, spec, first_position)
-    }
+    );
 
-    /// Non-causal GQA attention of the query rows `q` (`[T, Hq*D]`
-    /// projections; their per-head RMSNorm with `q_norm` and RoPE at
-    /// positions `first_position..` are applied here) over every row of
-    /// `kv` (made by [`Backend::prepare_keys`]): no mask, every query sees
-    /// every key. No output gate. Returns `[T, Hq*D]`. The default computes
-    /// on the host through `to_host`/`from_host` (correct but slow on a
-    /// device).
+    /// Keeps only the rows `range` of `keys` (the oldest dropped out of a
+    /// window, or the newest rolled back).
+    fn keep_block_keys(&self, keys: &mut Self::BlockKeys, range: std::ops::Range<usize>);
+
+    /// Non-causal GQA attention of a block of new rows, no output gate:
+    /// `qkv` (`[T, Hq*D + 2 * Hkv*D]`, the block's projections `[q | k |
+    /// v]`, normed with `q_norm` / `k_norm` and rotated at positions
+    /// `first_position..` here) attends with every query to every row of
+    /// `keys` and every one of the block's own keys. The block's keys are
+    /// not kept (`keys` is `&mut` so that a backend may stage them in its
+    /// spare rows). Returns `[T, Hq*D]`.
     fn block_attention(
         &self,
-        q: &Self::Tensor,
+        qkv: &Self::Tensor,
         q_norm: &Self::Weight,
-        kv: &Self::Tensor,
+        k_norm: &Self::Weight,
+        keys: &mut Self::BlockKeys,
         spec: &AttentionSpec,
         first_position: usize,
-    ) -> Self::Tensor {
-        crate::block_attention::block_attention_on_host(self, q, q_norm, kv, spec, first_position)
-    }
+    ) -> Self::Tensor;
 
     /// The rows of `a` followed by the rows of `b` (same width; either may
     /// have no rows). The default copies through the host (correct but slow

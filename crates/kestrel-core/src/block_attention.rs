@@ -3,13 +3,12 @@
 //! of new rows that see every key at once, the context's and the block's
 //! own, so the causal paged [`Backend::attention`] cannot express it.
 //!
-//! These are the host forms behind the trait's default methods
-//! ([`Backend::prepare_keys`], [`Backend::block_attention`],
-//! [`Backend::concat_rows`]): they copy activations to the host, compute in
-//! f32 and copy back. Correct on every backend, slow on a device one; a
-//! backend with kernels overrides the trait methods. The per-head RMSNorm
-//! goes through the backend's own [`Backend::rms_norm`] (on a
-//! `[rows * heads, head_dim]` view), so no weight is ever read back.
+//! These are host forms of [`Backend::append_block_keys`] and
+//! [`Backend::block_attention`] over a [`HostBlockKeys`] store, for a
+//! backend without kernels for them (the CPU backend uses them as they are):
+//! they copy activations to the host, compute in f32 and copy back. The
+//! per-head RMSNorm goes through the backend's own [`Backend::rms_norm`]
+//! (on a `[rows * heads, head_dim]` view), so no weight is ever read back.
 
 use crate::{AttentionSpec, Backend, RopeSpec};
 
@@ -61,22 +60,59 @@ fn norm_rotate_heads<B: Backend>(
     }
 }
 
-/// See [`Backend::prepare_keys`].
-pub fn prepare_keys_on_host<B: Backend>(
-    b: &B,
-    kv: &B::Tensor,
-    k_norm: &B::Weight,
-    spec: &AttentionSpec,
-    first_position: usize,
-) -> B::Tensor {
-    let (rows, cols) = b.dims(kv);
-    assert_eq!(
-        cols,
-        2 * spec.kv_width(),
-        "key/value rows must be [k (Hkv*D) | v (Hkv*D)]"
-    );
-    let mut values = b.to_host(kv);
-    if rows > 0 {
+/// Key/value rows on the host: `[len, 2 * Hkv * D]` f32, keys normed and
+/// rotated.
+#[derive(Clone, Debug, Default)]
+pub struct HostBlockKeys {
+    values: Vec<f32>,
+    cols: usize,
+}
+
+impl HostBlockKeys {
+    pub fn new(spec: &AttentionSpec) -> Self {
+        HostBlockKeys {
+            values: Vec::new(),
+            cols: 2 * spec.kv_width(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len() / self.cols.max(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// See [`Backend::keep_block_keys`].
+    pub fn keep(&mut self, range: std::ops::Range<usize>) {
+        assert!(
+            range.start <= range.end && range.end <= self.len(),
+            "keeping rows {range:?} of {}",
+            self.len()
+        );
+        self.values.truncate(range.end * self.cols);
+        self.values.drain(..range.start * self.cols);
+    }
+
+    /// See [`Backend::append_block_keys`].
+    pub fn append<B: Backend>(
+        &mut self,
+        b: &B,
+        kv: &B::Tensor,
+        k_norm: &B::Weight,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) {
+        let (rows, cols) = b.dims(kv);
+        assert_eq!(
+            cols, self.cols,
+            "key/value rows must be [k (Hkv*D) | v (Hkv*D)]"
+        );
+        if rows == 0 {
+            return;
+        }
+        let mut values = b.to_host(kv);
         norm_rotate_heads(
             b,
             &mut values,
@@ -86,55 +122,82 @@ pub fn prepare_keys_on_host<B: Backend>(
             spec,
             first_position,
         );
+        self.values.extend(values);
     }
-    b.from_host(rows, cols, &values)
+
+    /// See [`Backend::block_attention`].
+    pub fn attend<B: Backend>(
+        &self,
+        b: &B,
+        qkv: &B::Tensor,
+        q_norm: &B::Weight,
+        k_norm: &B::Weight,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) -> B::Tensor {
+        let (rows, cols) = b.dims(qkv);
+        let (q_cols, kv_cols) = (spec.q_width(), 2 * spec.kv_width());
+        assert_eq!(
+            cols,
+            q_cols + kv_cols,
+            "block rows must be [q (Hq*D) | k (Hkv*D) | v (Hkv*D)]"
+        );
+        let mut values = b.to_host(qkv);
+        let mut queries = Vec::with_capacity(rows * q_cols);
+        let mut own = Vec::with_capacity(rows * kv_cols);
+        for row in values.chunks_exact(cols) {
+            queries.extend_from_slice(&row[..q_cols]);
+            own.extend_from_slice(&row[q_cols..]);
+        }
+        values.clear();
+        if rows > 0 {
+            norm_rotate_heads(
+                b,
+                &mut queries,
+                q_cols,
+                spec.num_q_heads,
+                q_norm,
+                spec,
+                first_position,
+            );
+            norm_rotate_heads(
+                b,
+                &mut own,
+                kv_cols,
+                spec.num_kv_heads,
+                k_norm,
+                spec,
+                first_position,
+            );
+        }
+        let out = attend_rows(&queries, &[&self.values, &own], spec);
+        b.from_host(rows, q_cols, &out)
+    }
 }
 
-/// See [`Backend::block_attention`].
-pub fn block_attention_on_host<B: Backend>(
-    b: &B,
-    q: &B::Tensor,
-    q_norm: &B::Weight,
-    kv: &B::Tensor,
-    spec: &AttentionSpec,
-    first_position: usize,
-) -> B::Tensor {
-    let (rows, q_cols) = b.dims(q);
-    let (keys, kv_cols) = b.dims(kv);
-    assert_eq!(q_cols, spec.q_width(), "query rows must be [Hq*D]");
-    assert_eq!(
-        kv_cols,
-        2 * spec.kv_width(),
-        "key/value rows must be [k | v]"
-    );
+/// Every query row (`[T, Hq*D]`, normed and rotated) over every key row of
+/// `parts` (each `[n, 2 * Hkv*D]`), no mask, in f32.
+fn attend_rows(queries: &[f32], parts: &[&[f32]], spec: &AttentionSpec) -> Vec<f32> {
+    let d = spec.head_dim;
+    let q_cols = spec.q_width();
+    let kv_cols = 2 * spec.kv_width();
+    let rows = queries.len() / q_cols.max(1);
+    let keys: usize = parts.iter().map(|p| p.len() / kv_cols).sum();
     assert!(
         keys > 0 || rows == 0,
         "block attention needs at least one key"
     );
-    let mut queries = b.to_host(q);
-    if rows > 0 {
-        norm_rotate_heads(
-            b,
-            &mut queries,
-            q_cols,
-            spec.num_q_heads,
-            q_norm,
-            spec,
-            first_position,
-        );
-    }
-    let kv = b.to_host(kv);
-    let d = spec.head_dim;
     let group = spec.num_q_heads / spec.num_kv_heads;
     let v_offset = spec.kv_width();
+    let key_rows = || parts.iter().flat_map(|p| p.chunks_exact(kv_cols));
     let mut out = vec![0.0f32; rows * q_cols];
     let mut scores = vec![0.0f32; keys];
     for r in 0..rows {
         for head in 0..spec.num_q_heads {
             let kv_head = head / group;
             let query = &queries[r * q_cols + head * d..][..d];
-            for (k, score) in scores.iter_mut().enumerate() {
-                let key = &kv[k * kv_cols + kv_head * d..][..d];
+            for (score, row) in scores.iter_mut().zip(key_rows()) {
+                let key = &row[kv_head * d..][..d];
                 *score = query.iter().zip(key).map(|(a, b)| a * b).sum::<f32>() * spec.scale;
             }
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -144,8 +207,8 @@ pub fn block_attention_on_host<B: Backend>(
                 total += *s;
             }
             let o = &mut out[r * q_cols + head * d..][..d];
-            for (k, &s) in scores.iter().enumerate() {
-                let value = &kv[k * kv_cols + v_offset + kv_head * d..][..d];
+            for (&s, row) in scores.iter().zip(key_rows()) {
+                let value = &row[v_offset + kv_head * d..][..d];
                 let weight = s / total;
                 for (oi, vi) in o.iter_mut().zip(value) {
                     *oi += weight * vi;
@@ -153,7 +216,7 @@ pub fn block_attention_on_host<B: Backend>(
             }
         }
     }
-    b.from_host(rows, q_cols, &out)
+    out
 }
 
 /// See [`Backend::concat_rows`].

@@ -18,6 +18,7 @@ pub mod tensor;
 #[cfg(test)]
 mod tests;
 
+use kestrel_core::block_attention::HostBlockKeys;
 use kestrel_core::{
     AttentionSpec, AttentionWeights, Backend, CacheSpec, ForwardBatch, GdnSpec, GdnWeights,
     HostTensor, MoeSpec, MoeWeights, Result,
@@ -59,9 +60,45 @@ impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
     type Cache = CpuCache;
+    type BlockKeys = HostBlockKeys;
 
     fn name(&self) -> String {
         format!("cpu ({} threads)", rayon::current_num_threads())
+    }
+
+    fn new_block_keys(&self, spec: &AttentionSpec) -> HostBlockKeys {
+        HostBlockKeys::new(spec)
+    }
+
+    fn block_keys_len(&self, keys: &HostBlockKeys) -> usize {
+        keys.len()
+    }
+
+    fn append_block_keys(
+        &self,
+        keys: &mut HostBlockKeys,
+        kv: &CpuTensor,
+        k_norm: &CpuWeight,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) {
+        keys.append(self, kv, k_norm, spec, first_position)
+    }
+
+    fn keep_block_keys(&self, keys: &mut HostBlockKeys, range: std::ops::Range<usize>) {
+        keys.keep(range)
+    }
+
+    fn block_attention(
+        &self,
+        qkv: &CpuTensor,
+        q_norm: &CpuWeight,
+        k_norm: &CpuWeight,
+        keys: &mut HostBlockKeys,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) -> CpuTensor {
+        keys.attend(self, qkv, q_norm, k_norm, spec, first_position)
     }
 
     fn upload(&self, t: &HostTensor) -> Result<CpuWeight> {

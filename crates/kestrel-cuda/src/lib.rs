@@ -52,6 +52,8 @@ pub use tensor::{CudaTensor, CudaWeight};
 
 use std::sync::Mutex;
 
+use ops::attention::block::CudaBlockKeys;
+
 use context::{Cx, Kernels};
 use device::Gpu;
 use graph::Recordings;
@@ -207,6 +209,7 @@ impl Backend for CudaBackend {
     type Tensor = CudaTensor;
     type Weight = CudaWeight;
     type Cache = CudaCache;
+    type BlockKeys = ops::attention::block::CudaBlockKeys;
 
     fn name(&self) -> String {
         format!("cuda:{} ({})", self.ordinal, self.device_name())
@@ -443,6 +446,57 @@ impl Backend for CudaBackend {
 
     fn concat_rows(&self, a: &CudaTensor, b: &CudaTensor) -> CudaTensor {
         ops::elementwise::concat_rows(&self.cx(), a, b)
+    }
+
+    fn new_block_keys(&self, spec: &AttentionSpec) -> CudaBlockKeys {
+        CudaBlockKeys::new(&self.cx(), spec)
+    }
+
+    fn block_keys_len(&self, keys: &CudaBlockKeys) -> usize {
+        keys.len()
+    }
+
+    fn append_block_keys(
+        &self,
+        keys: &mut CudaBlockKeys,
+        kv: &CudaTensor,
+        k_norm: &CudaWeight,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) {
+        match keys {
+            CudaBlockKeys::Device(d) => {
+                ops::attention::block::append(&self.cx(), d, kv, k_norm, spec, first_position)
+            }
+            CudaBlockKeys::Host(h) => h.append(self, kv, k_norm, spec, first_position),
+        }
+    }
+
+    fn keep_block_keys(&self, keys: &mut CudaBlockKeys, range: std::ops::Range<usize>) {
+        keys.keep(range)
+    }
+
+    fn block_attention(
+        &self,
+        qkv: &CudaTensor,
+        q_norm: &CudaWeight,
+        k_norm: &CudaWeight,
+        keys: &mut CudaBlockKeys,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) -> CudaTensor {
+        match keys {
+            CudaBlockKeys::Device(d) => ops::attention::block::attend(
+                &self.cx(),
+                d,
+                qkv,
+                q_norm,
+                k_norm,
+                spec,
+                first_position,
+            ),
+            CudaBlockKeys::Host(h) => h.attend(self, qkv, q_norm, k_norm, spec, first_position),
+        }
     }
 
     fn attention(

@@ -29,6 +29,8 @@ pub struct StepLayout {
     pub max_new: usize,
     /// Keeps a temporary layout's buffer alive (`None` for the step buffer).
     _owned: Option<CudaSlice<i32>>,
+    /// Block tables held elsewhere (`block_rows`); `None`: packed last.
+    tables: Option<u64>,
 }
 
 impl StepLayout {
@@ -88,8 +90,58 @@ impl StepLayout {
     }
     /// Every sequence's pages, concatenated.
     pub fn block_tables(&self) -> u64 {
-        self.at(8 * self.tokens + 4 * self.seqs + 2)
+        self.tables
+            .unwrap_or_else(|| self.at(8 * self.tokens + 4 * self.seqs + 2))
     }
+
+    /// A layout for rows outside the paged cache (a block drafter's, see
+    /// `ops::attention::block`): one sequence whose new rows sit at
+    /// `positions` and are written to `slots`, and in whose decode-row
+    /// sections every row attends to the `keys` keys from table offset
+    /// `table_offset` of `tables`, its own row included or not.
+    pub fn block_rows(
+        gpu: &Gpu,
+        positions: std::ops::Range<usize>,
+        slots: std::ops::Range<usize>,
+        table_offset: usize,
+        keys: usize,
+        tables: u64,
+    ) -> StepLayout {
+        let t = positions.len();
+        let v = block_rows_values(positions, slots, table_offset, keys);
+        let buf = gpu.upload(&v);
+        StepLayout {
+            base: ptr(&buf, &gpu.stream),
+            tokens: t,
+            seqs: 1,
+            max_new: t,
+            _owned: Some(buf),
+            tables: Some(tables),
+        }
+    }
+}
+
+/// The packed sections of [`StepLayout::block_rows`] (no block tables).
+fn block_rows_values(
+    positions: std::ops::Range<usize>,
+    slots: std::ops::Range<usize>,
+    table_offset: usize,
+    keys: usize,
+) -> Vec<i32> {
+    let t = positions.len();
+    assert_eq!(slots.len(), t, "one slot per new row");
+    let (offset, keys) = (table_offset as i32, keys as i32);
+    let mut v = Vec::with_capacity(8 * t + 6);
+    v.resize(t, 0);
+    v.extend(positions.map(|p| p as i32));
+    v.resize(3 * t, 0);
+    v.extend(slots.map(|p| p as i32));
+    v.extend([0, t as i32, keys, 0, offset]);
+    v.resize(5 * t + 5, -1);
+    v.extend(0..=t as i32);
+    v.resize(7 * t + 6, keys);
+    v.resize(8 * t + 6, offset);
+    v
 }
 
 /// The packed host values and the hints of a layout.
@@ -207,6 +259,7 @@ pub fn temporary_layout(gpu: &Gpu, batch: &ForwardBatch, block_size: usize) -> A
         seqs: p.seqs,
         max_new: p.max_new,
         _owned: Some(buf),
+        tables: None,
     })
 }
 
@@ -245,6 +298,7 @@ impl StepState {
                 seqs: p.seqs,
                 max_new: p.max_new,
                 _owned: None,
+                tables: None,
             }),
         });
     }
@@ -293,6 +347,7 @@ mod tests {
             seqs: p.seqs,
             max_new: p.max_new,
             _owned: None,
+            tables: None,
         };
         let sec = |addr: u64, n: usize| p.values[addr as usize / 4..][..n].to_vec();
         assert_eq!(sec(l.ids(), 4), [10, 11, 12, 13]);
@@ -310,5 +365,30 @@ mod tests {
         assert_eq!(sec(l.block_tables(), 3), [7, 9, 5]);
         assert_eq!(p.values.len(), 8 * 4 + 4 * 2 + 2 + 3);
         assert_eq!(l.max_new, 3);
+    }
+
+    #[test]
+    fn block_rows_sections_are_where_the_accessors_say() {
+        let v = block_rows_values(7..10, 20..23, 5, 12);
+        let l = StepLayout {
+            base: 0,
+            tokens: 3,
+            seqs: 1,
+            max_new: 3,
+            _owned: None,
+            tables: Some(0),
+        };
+        let sec = |addr: u64, n: usize| v[addr as usize / 4..][..n].to_vec();
+        assert_eq!(sec(l.positions(), 3), [7, 8, 9]);
+        assert_eq!(sec(l.token_seq(), 3), [0, 0, 0]);
+        assert_eq!(sec(l.slot_mapping(), 3), [20, 21, 22]);
+        assert_eq!(sec(l.seq_start(), 2), [0, 3]);
+        assert_eq!(sec(l.seq_len(), 1), [12]);
+        assert_eq!(sec(l.table_offset(), 1), [5]);
+        assert_eq!(sec(l.token_checkpoint(), 3), [-1, -1, -1]);
+        assert_eq!(sec(l.row_start(), 4), [0, 1, 2, 3]);
+        assert_eq!(sec(l.row_len(), 3), [12, 12, 12]);
+        assert_eq!(sec(l.row_table_offset(), 3), [5, 5, 5]);
+        assert_eq!(v.len(), 8 * 3 + 4 + 2);
     }
 }

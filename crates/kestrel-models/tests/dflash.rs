@@ -82,7 +82,7 @@ impl Fixture {
             .collect()
     }
 
-    fn check_step(&self, ctx: &DraftContext<CpuBackend>, step: &Value, logits_name: &str) {
+    fn check_step(&self, ctx: &mut DraftContext<CpuBackend>, step: &Value, logits_name: &str) {
         let (b, d) = (&self.b, &self.target.decoder);
         let anchor = step["anchor"].as_u64().unwrap() as u32;
         let block = self.drafter.config.block_size;
@@ -117,7 +117,7 @@ fn drafts_and_logits_match_the_reference_as_the_context_grows() {
         let c = step["context_len"].as_u64().unwrap() as usize;
         ctx.append(&f.b, &f.drafter, &f.taps(ctx.end(), c));
         assert_eq!((ctx.first(), ctx.end()), (0, c));
-        f.check_step(&ctx, step, &format!("step.{i}.logits"));
+        f.check_step(&mut ctx, step, &format!("step.{i}.logits"));
     }
 }
 
@@ -133,11 +133,11 @@ fn a_draft_window_keeps_only_the_newest_context_at_its_positions() {
         ctx.append(&f.b, &f.drafter, &f.taps(from, to));
     }
     assert_eq!((ctx.first(), ctx.end()), (first, c));
-    f.check_step(&ctx, window, "window.logits");
+    f.check_step(&mut ctx, window, "window.logits");
     // A context started at the window's first position is the same one.
     let mut direct = DraftContext::starting_at(first, c - first);
     direct.append(&f.b, &f.drafter, &f.taps(first, c));
-    f.check_step(&direct, window, "window.logits");
+    f.check_step(&mut direct, window, "window.logits");
 }
 
 #[test]
@@ -149,7 +149,7 @@ fn truncating_the_context_forgets_the_newest_rows() {
     ctx.append(&f.b, &f.drafter, &f.taps(0, c + 5));
     ctx.truncate(&f.b, c);
     assert_eq!(ctx.end(), c);
-    f.check_step(&ctx, &steps[2], "step.2.logits");
+    f.check_step(&mut ctx, &steps[2], "step.2.logits");
 }
 
 #[test]

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use kestrel_core::block_attention::HostBlockKeys;
 use kestrel_core::{
     AttentionSpec, AttentionWeights, Backend, CacheSpec, FlashNextOps, ForwardBatch, GdnSpec,
     GdnWeights, HostTensor, MoeSpec, MoeWeights, Result,
@@ -23,9 +24,43 @@ impl Backend for HostDefaults {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
     type Cache = CpuCache;
+    type BlockKeys = HostBlockKeys;
 
     fn name(&self) -> String {
         "cpu without Flash-Next overrides".into()
+    }
+
+    fn new_block_keys(&self, spec: &AttentionSpec) -> HostBlockKeys {
+        self.0.new_block_keys(spec)
+    }
+    fn block_keys_len(&self, keys: &HostBlockKeys) -> usize {
+        self.0.block_keys_len(keys)
+    }
+    fn append_block_keys(
+        &self,
+        keys: &mut HostBlockKeys,
+        kv: &CpuTensor,
+        k_norm: &CpuWeight,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) {
+        self.0
+            .append_block_keys(keys, kv, k_norm, spec, first_position)
+    }
+    fn keep_block_keys(&self, keys: &mut HostBlockKeys, range: std::ops::Range<usize>) {
+        self.0.keep_block_keys(keys, range)
+    }
+    fn block_attention(
+        &self,
+        qkv: &CpuTensor,
+        q_norm: &CpuWeight,
+        k_norm: &CpuWeight,
+        keys: &mut HostBlockKeys,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) -> CpuTensor {
+        self.0
+            .block_attention(qkv, q_norm, k_norm, keys, spec, first_position)
     }
     fn upload(&self, t: &HostTensor) -> Result<CpuWeight> {
         self.0.upload(t)

@@ -49,6 +49,7 @@ group_tests!(
     norm_moe,
     matmul,
     attention,
+    block_attention,
     moe,
     gated_delta_net,
     argmax_rows,

@@ -12,8 +12,8 @@ use kestrel_core::Backend;
 use super::DflashDrafter;
 
 pub struct DraftContext<B: Backend> {
-    /// Per drafter layer `[len, 2 * Hkv * D]`; empty before the first append.
-    layers: Vec<B::Tensor>,
+    /// One store per drafter layer; empty before the first append.
+    layers: Vec<B::BlockKeys>,
     /// Position of the first row kept.
     first: usize,
     len: usize,
@@ -56,8 +56,9 @@ impl<B: Backend> DraftContext<B> {
         self.len == 0
     }
 
-    pub(crate) fn layer(&self, i: usize) -> Option<&B::Tensor> {
-        self.layers.get(i)
+    /// Layer `i`'s store (the context is not empty).
+    pub(crate) fn layer_mut(&mut self, i: usize) -> &mut B::BlockKeys {
+        &mut self.layers[i]
     }
 
     /// Appends the committed tokens whose tapped target hidden states are
@@ -68,25 +69,17 @@ impl<B: Backend> DraftContext<B> {
         if n == 0 {
             return;
         }
-        let new = drafter.context_kv(b, taps, self.end());
-        self.layers = if self.layers.is_empty() {
-            new
-        } else {
-            self.layers
-                .iter()
-                .zip(&new)
-                .map(|(old, new)| b.concat_rows(old, new))
-                .collect()
-        };
+        if self.layers.is_empty() {
+            self.layers = drafter.new_context_keys(b);
+        }
+        let at = self.end();
+        drafter.append_context(b, &mut self.layers, taps, at);
         self.len += n;
         if self.len > self.window {
             let drop = self.len - self.window;
-            let keep: Vec<usize> = (drop..self.len).collect();
-            self.layers = self
-                .layers
-                .iter()
-                .map(|t| b.gather_rows(t, &keep))
-                .collect();
+            for store in &mut self.layers {
+                b.keep_block_keys(store, drop..self.len);
+            }
             self.first += drop;
             self.len = self.window;
         }
@@ -102,12 +95,10 @@ impl<B: Backend> DraftContext<B> {
             *self = Self::starting_at(end, self.window);
             return;
         }
-        let keep: Vec<usize> = (0..end - self.first).collect();
-        self.layers = self
-            .layers
-            .iter()
-            .map(|t| b.gather_rows(t, &keep))
-            .collect();
-        self.len = keep.len();
+        let keep = end - self.first;
+        for store in &mut self.layers {
+            b.keep_block_keys(store, 0..keep);
+        }
+        self.len = keep;
     }
 }

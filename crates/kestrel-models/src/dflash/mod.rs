@@ -35,8 +35,11 @@ use crate::weights::WeightFiles;
 
 struct DraftLayer<B: Backend> {
     input_norm: B::Weight,
-    q_proj: B::Weight,
-    /// `k_proj` and `v_proj` stacked: `[2 * Hkv * D, H]`.
+    /// `q_proj`, `k_proj` and `v_proj` stacked: `[Hq*D + 2 * Hkv * D, H]`,
+    /// what a block pass projects.
+    qkv_proj: B::Weight,
+    /// `k_proj` and `v_proj` stacked: `[2 * Hkv * D, H]`, what the context
+    /// projects (it needs no queries).
     kv_proj: B::Weight,
     o_proj: B::Weight,
     q_norm: B::Weight,
@@ -52,7 +55,11 @@ impl<B: Backend> DraftLayer<B> {
         let a = format!("{p}self_attn.");
         Ok(DraftLayer {
             input_norm: l.norm(&format!("{p}input_layernorm.weight"), h)?,
-            q_proj: l.weight(&format!("{a}q_proj.weight"), &[qw, h])?,
+            qkv_proj: l.fused(&[
+                (&format!("{a}q_proj.weight"), &[qw, h]),
+                (&format!("{a}k_proj.weight"), &[kvw, h]),
+                (&format!("{a}v_proj.weight"), &[kvw, h]),
+            ])?,
             kv_proj: l.fused(&[
                 (&format!("{a}k_proj.weight"), &[kvw, h]),
                 (&format!("{a}v_proj.weight"), &[kvw, h]),
@@ -99,6 +106,31 @@ impl<B: Backend> DflashDrafter<B> {
         build().with_context(|| format!("cannot load the DFlash drafter from {}", dir.display()))
     }
 
+    /// A drafter of `config` (a drafter `config.json`, or its folder) with
+    /// random weights, for timing at real shapes without a checkpoint.
+    pub fn dummy(config: &Path, backend: &B, target: &Decoder<B>, seed: u64) -> Result<Self> {
+        let path = if config.is_dir() {
+            config.join("config.json")
+        } else {
+            config.to_path_buf()
+        };
+        let build = || -> Result<Self> {
+            let config = DflashConfig::from_file(&path)?;
+            config.check_target(&target.config)?;
+            let dummy = crate::loader::DummyWeights {
+                seed,
+                absent: Default::default(),
+            };
+            Self::build(&Loader::dummy(dummy, backend, false), config)
+        };
+        build().with_context(|| {
+            format!(
+                "cannot build a dummy DFlash drafter from {}",
+                path.display()
+            )
+        })
+    }
+
     fn build(l: &Loader<B>, config: DflashConfig) -> Result<Self> {
         let c = &config.layers;
         let h = c.hidden_size;
@@ -140,28 +172,40 @@ impl<B: Backend> DflashDrafter<B> {
         self.layers.len()
     }
 
-    /// Every layer's context keys and values (`[n, 2 * Hkv * D]` each) of
-    /// `taps` (per target layer of `target_layer_ids`, `[n, H]`: the
-    /// target's hidden states of n consecutive tokens from
-    /// `first_position` on).
-    pub fn context_kv(&self, b: &B, taps: &[B::Tensor], first_position: usize) -> Vec<B::Tensor> {
+    /// Appends to every layer's context keys and values (`keys`, one store
+    /// per drafter layer) those of `taps` (per target layer of
+    /// `target_layer_ids`, `[n, H]`: the target's hidden states of n
+    /// consecutive tokens from `first_position` on).
+    pub fn append_context(
+        &self,
+        b: &B,
+        keys: &mut [B::BlockKeys],
+        taps: &[B::Tensor],
+        first_position: usize,
+    ) {
         assert_eq!(
             taps.len(),
             self.fc.len(),
             "one hidden state per target layer tapped"
         );
+        assert_eq!(keys.len(), self.layers.len(), "one store per drafter layer");
         let eps = self.config.layers.rms_norm_eps;
         let mut projected = b.matmul(&taps[0], &self.fc[0]);
         for (tap, fc) in taps.iter().zip(&self.fc).skip(1) {
             b.add_assign(&mut projected, &b.matmul(tap, fc));
         }
         let x = b.rms_norm(&projected, &self.hidden_norm, eps);
+        for (layer, store) in self.layers.iter().zip(keys) {
+            let kv = b.matmul(&x, &layer.kv_proj);
+            b.append_block_keys(store, &kv, &layer.k_norm, &self.spec, first_position);
+        }
+    }
+
+    /// Empty context stores, one per drafter layer.
+    pub fn new_context_keys(&self, b: &B) -> Vec<B::BlockKeys> {
         self.layers
             .iter()
-            .map(|layer| {
-                let kv = b.matmul(&x, &layer.kv_proj);
-                b.prepare_keys(&kv, &layer.k_norm, &self.spec, first_position)
-            })
+            .map(|_| b.new_block_keys(&self.spec))
             .collect()
     }
 
@@ -172,7 +216,7 @@ impl<B: Backend> DflashDrafter<B> {
         &self,
         b: &B,
         target: &Decoder<B>,
-        context: &DraftContext<B>,
+        context: &mut DraftContext<B>,
         anchor: u32,
         block: usize,
     ) -> B::Tensor {
@@ -189,18 +233,15 @@ impl<B: Backend> DflashDrafter<B> {
                 weight: &layer.input_norm,
                 eps,
             });
-            let own = b.prepare_keys(
-                &b.matmul(&x, &layer.kv_proj),
+            let qkv = b.matmul(&x, &layer.qkv_proj);
+            let attn = b.block_attention(
+                &qkv,
+                &layer.q_norm,
                 &layer.k_norm,
+                context.layer_mut(i),
                 &self.spec,
                 start,
             );
-            let kv = match context.layer(i) {
-                Some(ctx) => b.concat_rows(ctx, &own),
-                None => own,
-            };
-            let q = b.matmul(&x, &layer.q_proj);
-            let attn = b.block_attention(&q, &layer.q_norm, &kv, &self.spec, start);
             let mixed = b.matmul(&attn, &layer.o_proj);
             out = Some(layer.mlp.forward(
                 b,
@@ -224,7 +265,7 @@ impl<B: Backend> DflashDrafter<B> {
         &self,
         b: &B,
         target: &Decoder<B>,
-        context: &DraftContext<B>,
+        context: &mut DraftContext<B>,
         anchor: u32,
         block: usize,
     ) -> B::Tensor {
@@ -238,7 +279,7 @@ impl<B: Backend> DflashDrafter<B> {
         &self,
         b: &B,
         target: &Decoder<B>,
-        context: &DraftContext<B>,
+        context: &mut DraftContext<B>,
         anchor: u32,
         block: usize,
         vocab: usize,

@@ -11,6 +11,7 @@
 //! weights of a config's real shapes (no download needed).
 
 mod bandwidth;
+mod dflash_draft;
 mod mtp_draft;
 mod replay;
 mod replay_bench;
@@ -134,6 +135,17 @@ pub struct Args {
     /// Also time the draft phases over the ids 0..N (for dummy weights).
     #[arg(long, value_name = "N")]
     draft_vocab_size: Option<usize>,
+    /// Time DFlash drafter passes with this drafter: a folder, or with
+    /// `--load-format dummy` its `config.json` (random weights at its
+    /// shapes); none by default.
+    #[arg(long, value_name = "PATH")]
+    dflash_drafter: Option<PathBuf>,
+    /// Block sizes (the anchor and the drafts) of the DFlash passes.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "8,12,16")]
+    dflash_blocks: Vec<usize>,
+    /// Numbers of sequences drafted in one step in the DFlash passes.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "1,8")]
+    dflash_batches: Vec<usize>,
     /// Time whole speculative steps through the engine with this proposer.
     #[arg(long, value_enum)]
     speculative: Option<BenchProposer>,
@@ -206,6 +218,9 @@ pub fn run(args: Args) -> Result<()> {
     }
     if args.mtp_draft_k.contains(&0) || args.mtp_draft_batches.contains(&0) {
         bail!("--mtp-draft-k and --mtp-draft-batches values must be at least 1");
+    }
+    if args.dflash_blocks.iter().any(|&b| b < 2) || args.dflash_batches.contains(&0) {
+        bail!("--dflash-blocks values must be at least 2 and --dflash-batches at least 1");
     }
     if args.replay_batches.contains(&0) || args.replay_tokens < 2 {
         bail!("--replay-batches must be at least 1 and --replay-tokens at least 2");

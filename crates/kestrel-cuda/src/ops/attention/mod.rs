@@ -21,6 +21,7 @@
 //! go through a generic kernel.
 
 pub mod attend;
+pub mod block;
 pub mod kernels;
 
 use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch};

@@ -7,6 +7,7 @@
 //! whether it runs alone, in the test harness or in the full example run.
 
 mod attention;
+mod block_attention;
 mod elementwise;
 mod fp8;
 mod gdn;
@@ -26,6 +27,7 @@ use crate::compare::{Outcome, compare};
 use crate::data::Data;
 
 pub use attention::attention;
+pub use block_attention::block_attention;
 pub use elementwise::{elementwise, embedding, norms};
 pub use fp8::fp8;
 pub use gdn::gated_delta_net;
@@ -41,7 +43,7 @@ type Outputs = Vec<(String, Vec<f32>)>;
 pub type Group = fn(&mut Ctx);
 
 /// Every group, in the order the example runs them.
-pub const GROUPS: [(&str, Group); 14] = [
+pub const GROUPS: [(&str, Group); 15] = [
     ("embedding", embedding),
     ("elementwise", elementwise),
     ("norms", norms),
@@ -49,6 +51,7 @@ pub const GROUPS: [(&str, Group); 14] = [
     ("norm_moe", norm_moe),
     ("matmul", matmul),
     ("attention", attention),
+    ("block_attention", block_attention),
     ("moe", moe),
     ("gated_delta_net", gated_delta_net),
     ("argmax_rows", argmax_rows),

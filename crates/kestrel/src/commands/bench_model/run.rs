@@ -15,7 +15,7 @@ use super::report::{self, Breakdown, PrefillResult, Stats, VerifyResult};
 use super::steps::{self, BLOCK_SIZE, prefill_sequence, prompt_ids};
 use super::timing::Timed;
 use super::traffic::{self, Storage};
-use super::{Args, Source, bandwidth, mtp_draft};
+use super::{Args, Source, bandwidth, dflash_draft, mtp_draft};
 
 /// `plan`: the CUDA backend's kernel plan, written into the JSON (`None`
 /// for the CPU backend, which has none).
@@ -150,6 +150,8 @@ pub fn bench<B: Backend>(
         &mut skipped,
     )?;
 
+    let dflash = dflash_draft::run_all(b, &model, storage, bandwidth_gbs, source.dummy, args)?;
+
     // Last: the engine takes the model.
     let replay = match args.replay_settings(sampled_vocab)? {
         None => None,
@@ -202,11 +204,13 @@ pub fn bench<B: Backend>(
             "sampled_vocab": sampled_vocab,
             "verify_k": args.verify_k, "verify_batches": args.verify_batches,
             "mtp_draft_k": args.mtp_draft_k, "mtp_draft_batches": args.mtp_draft_batches,
+            "dflash_drafter": args.dflash_drafter, "dflash_blocks": args.dflash_blocks, "dflash_batches": args.dflash_batches,
         },
         "prefill": prefills.iter().map(PrefillResult::to_json).collect::<Vec<Value>>(),
         "decode": decodes.iter().map(|(d, b)| report::decode_json(d, b)).collect::<Vec<Value>>(),
         "verify": verifies.iter().map(|(v, b)| v.to_json(b)).collect::<Vec<Value>>(),
         "mtp_draft": drafts.iter().map(|(d, b)| d.to_json(b)).collect::<Vec<Value>>(),
+        "dflash_draft": dflash.iter().map(|(d, b)| d.to_json(b)).collect::<Vec<Value>>(),
         "speculative": replay.as_ref().map(|(settings, results)| json!({
             "proposer": settings.profile.label(),
             "profile": settings.profile.rates(),
@@ -222,6 +226,7 @@ pub fn bench<B: Backend>(
     });
     report::print(&summary, &prefills, &decodes, &verifies);
     mtp_draft::print(&drafts);
+    dflash_draft::print(&dflash);
     if let Some((settings, results)) = &replay {
         replay_bench::print(results, &settings.profile, settings);
     }

@@ -98,6 +98,7 @@ impl<B: Backend> Backend for Timed<B> {
     type Tensor = B::Tensor;
     type Weight = B::Weight;
     type Cache = B::Cache;
+    type BlockKeys = B::BlockKeys;
 
     fn name(&self) -> String {
         self.inner.name()
@@ -254,6 +255,47 @@ impl<B: Backend> Backend for Timed<B> {
 
     fn concat_rows(&self, a: &B::Tensor, b: &B::Tensor) -> B::Tensor {
         self.time(fixed("concat_rows"), || self.inner.concat_rows(a, b))
+    }
+
+    fn new_block_keys(&self, spec: &AttentionSpec) -> B::BlockKeys {
+        self.inner.new_block_keys(spec)
+    }
+
+    fn block_keys_len(&self, keys: &B::BlockKeys) -> usize {
+        self.inner.block_keys_len(keys)
+    }
+
+    fn append_block_keys(
+        &self,
+        keys: &mut B::BlockKeys,
+        kv: &B::Tensor,
+        k_norm: &B::Weight,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) {
+        self.time(fixed("append_block_keys"), || {
+            self.inner
+                .append_block_keys(keys, kv, k_norm, spec, first_position)
+        })
+    }
+
+    fn keep_block_keys(&self, keys: &mut B::BlockKeys, range: std::ops::Range<usize>) {
+        self.inner.keep_block_keys(keys, range)
+    }
+
+    fn block_attention(
+        &self,
+        qkv: &B::Tensor,
+        q_norm: &B::Weight,
+        k_norm: &B::Weight,
+        keys: &mut B::BlockKeys,
+        spec: &AttentionSpec,
+        first_position: usize,
+    ) -> B::Tensor {
+        self.time(fixed("block_attention"), || {
+            self.inner
+                .block_attention(qkv, q_norm, k_norm, keys, spec, first_position)
+        })
     }
 
     fn attention(

@@ -1,0 +1,305 @@
+//! Keys and values kept outside the paged cache, and non-causal attention of
+//! a block of rows over them: what a block drafter (DFlash) runs each step.
+//!
+//! Why it reuses the decode kernels: a drafter's block is at most a few
+//! dozen rows over up to a window of context keys, the decode kernels'
+//! shape (split-KV on tensor cores, one query row as one sequence). The
+//! store is one layer's bf16 K and V in the paged cache's row layout
+//! (`[slot, Hkv, D]`), its live rows a contiguous run of slots
+//! `lo..hi`, and the kernels read it through an identity block table with
+//! pages of one slot: row `i` of a query sees slots `lo .. lo + len`.
+//! A block pass stages its own keys in the spare slots right after `hi`
+//! (the next append overwrites them), and every one of its rows gets the
+//! whole run as its length, which makes the attention non-causal. Order of
+//! keys does not matter to a softmax, and RoPE is applied before a key is
+//! stored, so slots need not follow positions.
+//!
+//! Head dims without a tensor-core decode kernel, and the f32 precision
+//! mode (whose caches are f32), keep the rows on the host instead.
+
+use std::ops::Range;
+
+use cudarc::driver::CudaSlice;
+use kestrel_core::AttentionSpec;
+use kestrel_core::block_attention::HostBlockKeys;
+
+use super::attend::Attend;
+use super::kernels::QKN_WARPS;
+use crate::context::Cx;
+use crate::device::ptr;
+use crate::launch::Arg;
+use crate::plan::FAST_HEAD_DIMS;
+use crate::precision::Precision;
+use crate::step::StepLayout;
+use crate::tensor::{CudaTensor, CudaWeight};
+
+/// One layer's keys and values outside the paged cache.
+pub enum CudaBlockKeys {
+    Device(DeviceBlockKeys),
+    Host(HostBlockKeys),
+}
+
+impl CudaBlockKeys {
+    pub fn new(cx: &Cx, spec: &AttentionSpec) -> Self {
+        let fast = FAST_HEAD_DIMS.contains(&spec.head_dim);
+        if fast && cx.plan.precision != Precision::F32 {
+            CudaBlockKeys::Device(DeviceBlockKeys::empty(spec))
+        } else {
+            CudaBlockKeys::Host(HostBlockKeys::new(spec))
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            CudaBlockKeys::Device(d) => d.hi - d.lo,
+            CudaBlockKeys::Host(h) => h.len(),
+        }
+    }
+
+    pub fn keep(&mut self, range: Range<usize>) {
+        match self {
+            CudaBlockKeys::Device(d) => d.keep(range),
+            CudaBlockKeys::Host(h) => h.keep(range),
+        }
+    }
+}
+
+/// bf16 K and V `[capacity, Hkv, D]`, live slots `lo..hi`.
+pub struct DeviceBlockKeys {
+    k: Option<CudaSlice<u16>>,
+    v: Option<CudaSlice<u16>>,
+    /// `0..capacity`: the block table that maps key i of a row to slot
+    /// `lo + i` (the row's table offset is `lo`).
+    identity: Option<CudaSlice<i32>>,
+    capacity: usize,
+    lo: usize,
+    hi: usize,
+    /// Elements of one slot: `Hkv * D`.
+    width: usize,
+}
+
+impl DeviceBlockKeys {
+    fn empty(spec: &AttentionSpec) -> Self {
+        DeviceBlockKeys {
+            k: None,
+            v: None,
+            identity: None,
+            capacity: 0,
+            lo: 0,
+            hi: 0,
+            width: spec.kv_width(),
+        }
+    }
+
+    fn keep(&mut self, range: Range<usize>) {
+        let len = self.hi - self.lo;
+        assert!(
+            range.start <= range.end && range.end <= len,
+            "keeping rows {range:?} of {len}"
+        );
+        self.hi = self.lo + range.end;
+        self.lo += range.start;
+    }
+
+    /// Room for `extra` slots after `hi`. When there is none, the live rows
+    /// move to a new store of twice what they and `extra` need, so that a
+    /// context growing one token at a time is copied about once per row
+    /// kept (and a windowed one stays within twice its window).
+    fn reserve(&mut self, cx: &Cx, extra: usize) {
+        if self.hi + extra <= self.capacity {
+            return;
+        }
+        let gpu = cx.gpu;
+        let s = &gpu.stream;
+        let live = self.hi - self.lo;
+        let capacity = (2 * (live + extra)).max(64).next_multiple_of(64);
+        let (k, v) = (
+            gpu.alloc::<u16>(capacity * self.width),
+            gpu.alloc::<u16>(capacity * self.width),
+        );
+        if let (Some(old_k), Some(old_v)) = (&self.k, &self.v)
+            && live > 0
+        {
+            let (from, bytes) = (self.lo * self.width * 2, live * self.width * 2);
+            gpu.copy_dtod(ptr(&k, s), ptr(old_k, s) + from as u64, bytes);
+            gpu.copy_dtod(ptr(&v, s), ptr(old_v, s) + from as u64, bytes);
+        }
+        let identity: Vec<i32> = (0..capacity as i32).collect();
+        self.identity = Some(gpu.upload(&identity));
+        self.k = Some(k);
+        self.v = Some(v);
+        self.capacity = capacity;
+        self.lo = 0;
+        self.hi = live;
+    }
+
+    fn caches(&self, cx: &Cx) -> (u64, u64) {
+        let s = &cx.gpu.stream;
+        let k = self.k.as_ref().expect("a reserved store");
+        let v = self.v.as_ref().expect("a reserved store");
+        (ptr(k, s), ptr(v, s))
+    }
+
+    /// The layout of `rows` new rows at positions `first_position..`,
+    /// stored at slots `hi..hi + rows`, each attending to the slots
+    /// `lo .. lo + keys` (decode-row sections of one sequence).
+    fn layout(&self, cx: &Cx, rows: usize, first_position: usize, keys: usize) -> StepLayout {
+        let identity = self.identity.as_ref().expect("a reserved store");
+        StepLayout::block_rows(
+            cx.gpu,
+            first_position..first_position + rows,
+            self.hi..self.hi + rows,
+            self.lo,
+            keys,
+            ptr(identity, &cx.gpu.stream),
+        )
+    }
+}
+
+/// RMSNorm + RoPE of the q and k heads of `proj` rows and the cache write of
+/// k and v (`qk_norm_rope_kv_write`); `hq` 0 writes keys and values only.
+#[allow(clippy::too_many_arguments)]
+fn norm_rope_write(
+    cx: &Cx,
+    proj: &CudaTensor,
+    q_out: u64,
+    caches: (u64, u64),
+    norms: (u64, u64),
+    l: &StepLayout,
+    spec: &AttentionSpec,
+    hq: usize,
+    k_offset: usize,
+) {
+    let (hkv, d) = (spec.num_kv_heads, spec.head_dim);
+    let s = &cx.gpu.stream;
+    cx.gpu.launch(
+        &cx.k.attention.qk_norm_rope_kv_write,
+        (
+            proj.rows as u32,
+            (hq + 2 * hkv).div_ceil(QKN_WARPS) as u32,
+            1,
+        ),
+        32 * QKN_WARPS as u32,
+        ((spec.rope.rotary_dim + QKN_WARPS * d) * 4) as u32,
+        &[
+            Arg::Ptr(ptr(&proj.buf, s)),
+            Arg::I32(proj.cols as i32),
+            Arg::Ptr(q_out),
+            Arg::Ptr(caches.0),
+            Arg::Ptr(caches.1),
+            Arg::Ptr(norms.0),
+            Arg::Ptr(norms.1),
+            Arg::Ptr(l.positions()),
+            Arg::Ptr(l.slot_mapping()),
+            Arg::I32(hq as i32),
+            Arg::I32(hkv as i32),
+            Arg::I32(d as i32),
+            Arg::I32(spec.rope.rotary_dim as i32),
+            Arg::F32(spec.rope.theta),
+            Arg::F32(spec.norm_eps),
+            Arg::I32(k_offset as i32),
+            Arg::I32((k_offset + spec.kv_width()) as i32),
+        ],
+    );
+}
+
+/// See `Backend::append_block_keys`.
+pub fn append(
+    cx: &Cx,
+    keys: &mut DeviceBlockKeys,
+    kv: &CudaTensor,
+    k_norm: &CudaWeight,
+    spec: &AttentionSpec,
+    first_position: usize,
+) {
+    assert_eq!(
+        kv.cols,
+        2 * spec.kv_width(),
+        "key/value rows must be [k (Hkv*D) | v (Hkv*D)]"
+    );
+    assert_eq!(
+        k_norm.numel(),
+        spec.head_dim,
+        "k_norm must have head_dim values"
+    );
+    if kv.rows == 0 {
+        return;
+    }
+    keys.reserve(cx, kv.rows);
+    let l = keys.layout(cx, kv.rows, first_position, 0);
+    let s = &cx.gpu.stream;
+    let k_norm = ptr(k_norm.f32("k_norm"), s);
+    norm_rope_write(cx, kv, 0, keys.caches(cx), (k_norm, k_norm), &l, spec, 0, 0);
+    keys.hi += kv.rows;
+}
+
+/// See `Backend::block_attention`.
+pub fn attend(
+    cx: &Cx,
+    keys: &mut DeviceBlockKeys,
+    qkv: &CudaTensor,
+    q_norm: &CudaWeight,
+    k_norm: &CudaWeight,
+    spec: &AttentionSpec,
+    first_position: usize,
+) -> CudaTensor {
+    let (hq, d) = (spec.num_q_heads, spec.head_dim);
+    let q_width = spec.q_width();
+    assert_eq!(
+        qkv.cols,
+        q_width + 2 * spec.kv_width(),
+        "block rows must be [q (Hq*D) | k (Hkv*D) | v (Hkv*D)]"
+    );
+    assert!(
+        spec.num_kv_heads > 0 && hq % spec.num_kv_heads == 0,
+        "{hq} q heads are not a multiple of {} kv heads",
+        spec.num_kv_heads
+    );
+    assert_eq!(q_norm.numel(), d, "q_norm must have head_dim values");
+    assert_eq!(k_norm.numel(), d, "k_norm must have head_dim values");
+    let dim_index = FAST_HEAD_DIMS
+        .iter()
+        .position(|&x| x == d)
+        .expect("a device store has a tensor-core head dim");
+    let gpu = cx.gpu;
+    let s = &gpu.stream;
+    let t = qkv.rows;
+    let out = gpu.alloc::<f32>(t * q_width);
+    if t == 0 {
+        return CudaTensor {
+            bf16: None,
+            rows: 0,
+            cols: q_width,
+            buf: out,
+        };
+    }
+    keys.reserve(cx, t);
+    let keys_seen = keys.hi - keys.lo + t;
+    let l = keys.layout(cx, t, first_position, keys_seen);
+    let caches = keys.caches(cx);
+    let q = gpu.alloc::<f32>(t * q_width);
+    let norms = (ptr(q_norm.f32("q_norm"), s), ptr(k_norm.f32("k_norm"), s));
+    norm_rope_write(cx, qkv, ptr(&q, s), caches, norms, &l, spec, hq, q_width);
+    Attend {
+        cx,
+        spec,
+        l: &l,
+        out: ptr(&out, s),
+        q: ptr(&q, s),
+        k_cache: caches.0,
+        v_cache: caches.1,
+        block_size: 1,
+        proj: ptr(&qkv.buf, s),
+        proj_stride: qkv.cols,
+        gate_offset: -1,
+        f32_cache: false,
+        new_token: None,
+    }
+    .decode(dim_index);
+    CudaTensor {
+        bf16: None,
+        rows: t,
+        cols: q_width,
+        buf: out,
+    }
+}

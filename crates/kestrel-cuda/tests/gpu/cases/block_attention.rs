@@ -1,0 +1,107 @@
+//! Keys kept outside the paged cache and non-causal block attention over
+//! them (a DFlash drafter's context and block pass).
+
+use kestrel_core::{AttentionSpec, Backend, HostTensor, Result, RopeSpec};
+
+use super::{Ctx, Outputs, TOL_ATTENTION, out};
+
+/// `(label, Hq, Hkv, D, rotary_dim, theta)`: the z-lab drafter's heads, and
+/// the other tensor-core head dims with partial rotaries.
+const SHAPES: [(&str, usize, usize, usize, usize, f32); 3] = [
+    ("Hq32 Hkv4 D128 (z-lab drafter)", 32, 4, 128, 128, 1e6),
+    ("Hq4 Hkv2 D64 rot16", 4, 2, 64, 16, 1e7),
+    ("Hq8 Hkv1 D256 rot64", 8, 1, 256, 64, 1e7),
+];
+
+/// What happens to a store between block passes.
+#[derive(Clone, Copy)]
+enum Op {
+    /// Append this many rows (their positions continue the context's).
+    Append(usize),
+    /// Drop this many of the oldest rows (a window).
+    DropOldest(usize),
+    /// Drop this many of the newest rows (a roll-back).
+    DropNewest(usize),
+    /// A block pass of this many rows right after the context.
+    Attend(usize),
+}
+
+/// Appends that outgrow the first store (64 rows) and its successor, a
+/// window that moves the live rows off slot 0, a roll-back, and block
+/// passes of 16, 8 and 1 rows whose keys the next append overwrites.
+const OPS: [Op; 10] = [
+    Op::Append(37),
+    Op::Attend(16),
+    Op::Append(1),
+    Op::Append(150),
+    Op::DropOldest(60),
+    Op::Attend(8),
+    Op::DropNewest(5),
+    Op::Append(9),
+    Op::Attend(16),
+    Op::Attend(1),
+];
+
+pub fn block_attention(c: &mut Ctx) {
+    for (label, hq, hkv, d, rotary_dim, theta) in SHAPES {
+        let spec = AttentionSpec {
+            num_q_heads: hq,
+            num_kv_heads: hkv,
+            head_dim: d,
+            rope: RopeSpec { theta, rotary_dim },
+            norm_eps: 1e-6,
+            output_gate: false,
+            scale: (d as f32).powf(-0.5),
+        };
+        let (q_norm, k_norm) = (c.data.vector(d, 1.0, 0.2), c.data.vector(d, 1.0, 0.2));
+        let kv_cols = 2 * spec.kv_width();
+        let inputs: Vec<Vec<f32>> = OPS
+            .iter()
+            .map(|op| match *op {
+                Op::Append(n) => c.data.randn(n * kv_cols, 1.0),
+                Op::Attend(n) => c.data.randn(n * (spec.q_width() + kv_cols), 1.0),
+                _ => Vec::new(),
+            })
+            .collect();
+        fn run<B: Backend>(
+            b: &B,
+            spec: &AttentionSpec,
+            norms: (&HostTensor, &HostTensor),
+            inputs: &[Vec<f32>],
+        ) -> Result<Outputs> {
+            let (q_norm, k_norm) = (b.upload(norms.0)?, b.upload(norms.1)?);
+            let mut keys = b.new_block_keys(spec);
+            // Position of the oldest row kept; rows are consecutive.
+            let mut first = 3usize;
+            let mut outputs = Vec::new();
+            let kv_cols = 2 * spec.kv_width();
+            for (i, (op, x)) in OPS.iter().zip(inputs).enumerate() {
+                let len = b.block_keys_len(&keys);
+                match *op {
+                    Op::Append(n) => {
+                        let kv = b.from_host(n, kv_cols, x);
+                        b.append_block_keys(&mut keys, &kv, &k_norm, spec, first + len);
+                    }
+                    Op::DropOldest(n) => {
+                        b.keep_block_keys(&mut keys, n..len);
+                        first += n;
+                    }
+                    Op::DropNewest(n) => b.keep_block_keys(&mut keys, 0..len - n),
+                    Op::Attend(n) => {
+                        let qkv = b.from_host(n, spec.q_width() + kv_cols, x);
+                        let o =
+                            b.block_attention(&qkv, &q_norm, &k_norm, &mut keys, spec, first + len);
+                        outputs.push(out(b, &format!("pass {i} ({n} rows over {len})"), &o));
+                    }
+                }
+            }
+            Ok(outputs)
+        }
+        let norms = (&q_norm, &k_norm);
+        let (cpu, gpu) = (
+            run(&c.cpu, &spec, norms, &inputs),
+            run(&c.gpu, &spec, norms, &inputs),
+        );
+        c.record(&format!("block_attention {label}"), TOL_ATTENTION, cpu, gpu);
+    }
+}
