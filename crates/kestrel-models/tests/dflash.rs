@@ -153,6 +153,44 @@ fn truncating_the_context_forgets_the_newest_rows() {
 }
 
 #[test]
+fn one_pass_for_several_sequences_drafts_what_each_pass_drafts_alone() {
+    let f = load();
+    let steps = f.meta["steps"].as_array().unwrap();
+    let (d, vocab) = (&f.target.decoder, 512);
+    // Three sequences' contexts: the reference's at two lengths, a window,
+    // and an empty one (which gets no drafts).
+    let len = |i: usize| steps[i]["context_len"].as_u64().unwrap() as usize;
+    let mut a = DraftContext::new(8192);
+    a.append(&f.b, &f.drafter, &f.taps(0, len(1)));
+    let mut b = DraftContext::new(8192);
+    b.append(&f.b, &f.drafter, &f.taps(0, len(4)));
+    let mut w = DraftContext::new(9);
+    w.append(&f.b, &f.drafter, &f.taps(0, len(3)));
+    let mut empty = DraftContext::new(8192);
+    let anchor = |c: &DraftContext<CpuBackend>| f.meta["sequence"][c.end()].as_u64().unwrap() as u32;
+    let anchors = [anchor(&a), anchor(&b), anchor(&w), 7];
+    let block = f.drafter.config.block_size;
+    let alone: Vec<Vec<u32>> = [&mut a, &mut b, &mut w, &mut empty]
+        .into_iter()
+        .zip(anchors)
+        .map(|(c, x)| f.drafter.drafts(&f.b, d, c, x, block, vocab))
+        .collect();
+    let mut seqs = vec![(&mut a, anchors[0]), (&mut b, anchors[1]), (&mut w, anchors[2])];
+    seqs.insert(1, (&mut empty, anchors[3]));
+    let together = f.drafter.drafts_batch(&f.b, d, &mut seqs, block, vocab);
+    let expected = vec![
+        alone[0].clone(),
+        Vec::new(),
+        alone[1].clone(),
+        alone[2].clone(),
+    ];
+    assert_eq!(together, expected);
+    assert!(alone[..3].iter().all(|d| d.len() == block - 1));
+    // The passes left every context as it was.
+    assert_eq!((a.end(), b.end(), w.len()), (len(1), len(4), 9));
+}
+
+#[test]
 fn malformed_drafter_folders_are_refused_with_the_reason() {
     let b = CpuBackend::new();
     let target = Model::load(&root().join("golden/qwen3_5_moe/model"), &b).unwrap();

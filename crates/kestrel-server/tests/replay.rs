@@ -50,7 +50,11 @@ struct Counters {
     per_position: Vec<f64>,
 }
 
+/// The counters once the engine is idle: a response can arrive before the
+/// engine publishes the statistics of the step that produced its last
+/// tokens (they are published after every step).
 async fn counters(base: &str) -> Counters {
+    wait_idle(base, std::time::Duration::from_secs(10)).await;
     let page = get(base, "/metrics").await.1;
     let per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total{";
     Counters {

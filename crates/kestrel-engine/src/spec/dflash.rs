@@ -110,6 +110,7 @@ impl<B: Backend> DflashProposer<B> {
     ) -> Result<()> {
         self.drafts.clear();
         let window = self.window;
+        let mut drafting = Vec::new();
         for s in seqs {
             let ctx = self
                 .contexts
@@ -131,11 +132,23 @@ impl<B: Backend> DflashProposer<B> {
                     .tokens
                     .get(s.committed)
                     .context("a decoding sequence has its newest token")?;
-                let drafts =
-                    self.drafter
-                        .drafts(b, &model.decoder, ctx, anchor, self.block, self.vocab);
-                self.drafts.insert(s.id, drafts);
+                drafting.push((s.id, anchor));
             }
+        }
+        // One pass for every sequence that drafts: the drafter's weights
+        // and the lm_head are read once per step, not once per sequence.
+        let mut taken: Vec<(SeqId, DraftContext<B>, u32)> = drafting
+            .iter()
+            .filter_map(|&(id, anchor)| self.contexts.remove(&id).map(|c| (id, c, anchor)))
+            .collect();
+        let mut seqs: Vec<(&mut DraftContext<B>, u32)> =
+            taken.iter_mut().map(|(_, c, a)| (c, *a)).collect();
+        let drafts =
+            self.drafter
+                .drafts_batch(b, &model.decoder, &mut seqs, self.block, self.vocab);
+        for ((id, ctx, _), drafts) in taken.into_iter().zip(drafts) {
+            self.contexts.insert(id, ctx);
+            self.drafts.insert(id, drafts);
         }
         Ok(())
     }

@@ -220,10 +220,27 @@ impl<B: Backend> DflashDrafter<B> {
         anchor: u32,
         block: usize,
     ) -> B::Tensor {
+        self.blocks_hidden(b, target, &mut [(context, anchor)], block)
+    }
+
+    /// [`DflashDrafter::block_hidden`] of several sequences in one pass:
+    /// their blocks are consecutive row groups of every product (the
+    /// weights are read once for all of them), and only the attention runs
+    /// per sequence, over its own context. `[seqs * block, H]`.
+    pub fn blocks_hidden(
+        &self,
+        b: &B,
+        target: &Decoder<B>,
+        seqs: &mut [(&mut DraftContext<B>, u32)],
+        block: usize,
+    ) -> B::Tensor {
         let eps = self.config.layers.rms_norm_eps;
-        let start = context.end();
-        let mut ids = vec![self.config.mask_token_id; block.max(1)];
-        ids[0] = anchor;
+        let block = block.max(1);
+        let mut ids = Vec::with_capacity(seqs.len() * block);
+        for (_, anchor) in seqs.iter() {
+            ids.push(*anchor);
+            ids.extend(std::iter::repeat_n(self.config.mask_token_id, block - 1));
+        }
         let mut residual = b.embedding(&target.embed, &ids);
         let mut out: Option<B::Tensor> = None;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -234,14 +251,24 @@ impl<B: Backend> DflashDrafter<B> {
                 eps,
             });
             let qkv = b.matmul(&x, &layer.qkv_proj);
-            let attn = b.block_attention(
-                &qkv,
-                &layer.q_norm,
-                &layer.k_norm,
-                context.layer_mut(i),
-                &self.spec,
-                start,
-            );
+            let attn = if seqs.len() == 1 {
+                let (context, _) = &mut seqs[0];
+                let start = context.end();
+                self.attend(b, layer, &qkv, context.layer_mut(i), start)
+            } else {
+                let mut joined: Option<B::Tensor> = None;
+                for (s, (context, _)) in seqs.iter_mut().enumerate() {
+                    let rows: Vec<usize> = (s * block..(s + 1) * block).collect();
+                    let start = context.end();
+                    let own = b.gather_rows(&qkv, &rows);
+                    let o = self.attend(b, layer, &own, context.layer_mut(i), start);
+                    joined = Some(match joined {
+                        None => o,
+                        Some(j) => b.concat_rows(&j, &o),
+                    });
+                }
+                joined.expect("at least one sequence")
+            };
             let mixed = b.matmul(&attn, &layer.o_proj);
             out = Some(layer.mlp.forward(
                 b,
@@ -259,6 +286,17 @@ impl<B: Backend> DflashDrafter<B> {
         }
     }
 
+    fn attend(
+        &self,
+        b: &B,
+        layer: &DraftLayer<B>,
+        qkv: &B::Tensor,
+        keys: &mut B::BlockKeys,
+        start: usize,
+    ) -> B::Tensor {
+        b.block_attention(qkv, &layer.q_norm, &layer.k_norm, keys, &self.spec, start)
+    }
+
     /// Draft logits of a block (`[block - 1, vocab]`, the target's lm_head
     /// on the mask rows).
     pub fn block_logits(
@@ -274,6 +312,42 @@ impl<B: Backend> DflashDrafter<B> {
         b.matmul(&b.gather_rows(&hidden, &rows), target.lm_head())
     }
 
+    /// Greedy drafts of several sequences' blocks in one pass
+    /// ([`DflashDrafter::blocks_hidden`]): `block - 1` ids below `vocab`
+    /// each, none for a sequence whose context is empty.
+    pub fn drafts_batch(
+        &self,
+        b: &B,
+        target: &Decoder<B>,
+        seqs: &mut [(&mut DraftContext<B>, u32)],
+        block: usize,
+        vocab: usize,
+    ) -> Vec<Vec<u32>> {
+        let mut drafts = vec![Vec::new(); seqs.len()];
+        if block < 2 {
+            return drafts;
+        }
+        let (ready, mut with_context): (Vec<usize>, Vec<_>) = seqs
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, (c, _))| !c.is_empty())
+            .map(|(i, (c, a))| (i, (&mut **c, *a)))
+            .unzip();
+        if with_context.is_empty() {
+            return drafts;
+        }
+        let hidden = self.blocks_hidden(b, target, &mut with_context, block);
+        let rows: Vec<usize> = (0..ready.len())
+            .flat_map(|s| s * block + 1..(s + 1) * block)
+            .collect();
+        let logits = b.matmul(&b.gather_rows(&hidden, &rows), target.lm_head());
+        let ids = b.argmax_rows(&logits, vocab.min(b.dims(&logits).1));
+        for (chunk, &i) in ids.chunks(block - 1).zip(&ready) {
+            drafts[i] = chunk.to_vec();
+        }
+        drafts
+    }
+
     /// Greedy drafts of a block (`block - 1` ids below `vocab`).
     pub fn drafts(
         &self,
@@ -284,11 +358,9 @@ impl<B: Backend> DflashDrafter<B> {
         block: usize,
         vocab: usize,
     ) -> Vec<u32> {
-        if block < 2 || context.is_empty() {
-            return Vec::new();
-        }
-        let logits = self.block_logits(b, target, context, anchor, block);
-        b.argmax_rows(&logits, vocab.min(b.dims(&logits).1))
+        self.drafts_batch(b, target, &mut [(context, anchor)], block, vocab)
+            .pop()
+            .unwrap_or_default()
     }
 }
 

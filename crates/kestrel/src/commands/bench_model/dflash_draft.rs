@@ -1,6 +1,6 @@
-//! DFlash drafter pass timing (`--dflash-drafter`): what one block pass
-//! costs per sequence, by block size and by the number of sequences drafted
-//! in a step.
+//! DFlash drafter pass timing (`--dflash-drafter`): what the drafting pass
+//! of a step costs, by block size and by the number of sequences drafted in
+//! it.
 //!
 //! A pass is what the engine's DFlash proposer runs for a decoding sequence
 //! after each step: the block `[anchor, mask x (B-1)]` through every drafter
@@ -8,10 +8,12 @@
 //! drafter's norm, the target's lm_head on the B-1 mask rows and their
 //! argmax. Every sequence holds `--context` tokens of context (at most the
 //! draft window), made from random stand-ins for the target's tapped hidden
-//! states; each pass leaves the context as it was. Passes of several
-//! sequences run one after another, as the proposer runs them today.
+//! states; each pass leaves the context as it was. Several sequences share
+//! one pass, as the proposer runs them: their blocks are row groups of every
+//! product and only the attention runs per sequence.
 //! Its floor: the drafter's layer weights and the whole lm_head, read once
-//! per pass, and the pass's context keys and values, over the bandwidth.
+//! per step, and every sequence's context keys and values, over the
+//! bandwidth.
 
 use std::path::Path;
 use std::time::Instant;
@@ -27,7 +29,7 @@ use super::steps::time_steps;
 use super::timing::Timed;
 use super::traffic::Storage;
 
-/// Bytes of one sequence's block pass.
+/// Bytes of a block pass: the weights, and one sequence's context.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PassBytes {
     /// The drafter's layers and norms.
@@ -65,15 +67,18 @@ pub struct PassResult {
     pub batch: usize,
     pub block: usize,
     pub context: usize,
-    /// Time of the step's passes (all `batch` sequences).
+    /// Time of the step's pass (all `batch` sequences).
     pub stats: Stats,
     pub bytes: PassBytes,
     pub bandwidth_gbs: f64,
 }
 
 impl PassResult {
+    /// Weights once, context of every sequence.
     fn floor_s(&self) -> f64 {
-        self.batch as f64 * self.bytes.total / (self.bandwidth_gbs * 1e9)
+        let b = &self.bytes;
+        let bytes = b.layer_weights + b.lm_head + self.batch as f64 * b.context_kv;
+        bytes / (self.bandwidth_gbs * 1e9)
     }
 
     pub fn to_json(&self, breakdown: &Option<Breakdown>) -> Value {
@@ -170,11 +175,14 @@ pub fn run_all<B: Backend>(
             let (times, breakdown) = time_steps(b, args, || {
                 b.synchronize()?;
                 let start = Instant::now();
-                for (ctx, &anchor) in contexts.iter_mut().zip(&anchors).take(batch) {
-                    let drafts = drafter.drafts(b, &model.decoder, ctx, anchor, block, vocab);
-                    if drafts.len() != block - 1 {
-                        bail!("{} drafts from a block of {block}", drafts.len());
-                    }
+                let mut seqs: Vec<(&mut DraftContext<Timed<B>>, u32)> = contexts
+                    .iter_mut()
+                    .zip(anchors.iter().copied())
+                    .take(batch)
+                    .collect();
+                let drafts = drafter.drafts_batch(b, &model.decoder, &mut seqs, block, vocab);
+                if drafts.iter().any(|d| d.len() != block - 1) {
+                    bail!("a sequence got fewer than {} drafts", block - 1);
                 }
                 Ok(start.elapsed().as_secs_f64())
             })?;
@@ -198,7 +206,7 @@ pub fn print(results: &[(PassResult, Option<Breakdown>)]) {
         return;
     };
     println!(
-        "\nDFlash drafter passes (one per sequence, context {}, median of {} steps)",
+        "\nDFlash drafter passes (one for all sequences, context {}, median of {} steps)",
         first.context,
         first.stats.all.len()
     );
