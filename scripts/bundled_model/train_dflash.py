@@ -98,7 +98,8 @@ def parse_args():
                     help="no new generation batch starts when the last one would end past this")
     ap.add_argument("--feature-batch", type=int, default=32, help="sequences per teacher-forced feature pass")
     ap.add_argument("--eval-sequences", type=int, default=64, help="held-out continuations")
-    ap.add_argument("--eval-prompt-lens", default="32,128", help="their prompt lengths, one generation batch each")
+    ap.add_argument("--eval-prompt-lens", default="64",
+                    help="their prompt lengths, one generation batch each (one batch costs as much as a training one)")
     # Optimisation.
     ap.add_argument("--max-seconds", type=float, default=150.0, help="training time (evaluations excluded)")
     ap.add_argument("--steps", type=int, default=None, help="fixed step count instead of --max-seconds")
@@ -544,6 +545,9 @@ def main():
     train_blocks = ints(args.train_block_sizes)
     if max(train_blocks) > block or min(train_blocks) < 2:
         raise SystemExit("error: --train-block-sizes must lie in 2..--block-size")
+
+    if args.seq_len - max(ints(args.prompt_lens) + ints(args.eval_prompt_lens)) < block:
+        raise SystemExit("error: every prompt must leave at least --block-size generated tokens in --seq-len")
 
     target_cfg = json.loads((args.target_dir / "config.json").read_text())["text_config"]
     tok = json.loads((args.target_dir / "tokenizer.json").read_text())

@@ -60,7 +60,10 @@ fn the_bundled_drafter_drafts_what_its_training_script_recorded() {
         ctx.append(&b, &drafter, &states);
         assert_eq!((ctx.first(), ctx.end()), (0, c));
         let anchor = step["anchor"].as_u64().unwrap() as u32;
-        assert_eq!(anchor, seq[c], "the anchor is the token at the context's end");
+        assert_eq!(
+            anchor, seq[c],
+            "the anchor is the token at the context's end"
+        );
         let got = drafter.drafts(&b, &target.decoder, &ctx, anchor, config.block_size, vocab);
         let want = ids(&step["drafts"]);
         let margins: Vec<f64> = step["margins"]
@@ -76,7 +79,7 @@ fn the_bundled_drafter_drafts_what_its_training_script_recorded() {
         assert_eq!(
             got[..firm],
             want[..firm],
-            "context {c}: drafts (rows from {firm} on are near-ties)"
+            "context {c}: drafts (the first {firm} rows, those before any near-tie)"
         );
         compared += firm;
         steps += 1;

@@ -129,7 +129,10 @@ mod tests {
         let default = super::default_drafter(None);
         if cfg!(bundled_dflash) {
             let drafter = default.unwrap().expect("the bundled drafter");
-            assert_eq!(drafter, root.path().join("models/kestrel-tiny-qwen35-dflash"));
+            assert_eq!(
+                drafter,
+                root.path().join("models/kestrel-tiny-qwen35-dflash")
+            );
             let config = kestrel_models::DflashConfig::from_file(&drafter.join("config.json"))
                 .expect("the bundled drafter's config parses");
             assert!(config.block_size >= 2);
