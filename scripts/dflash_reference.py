@@ -28,12 +28,13 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE over the whole head: x is [T, heads, D], positions [T]."""
+    """Rotate-half RoPE over the whole head: x is [..., T, heads, D], positions [..., T]
+    (on x's device; leading batch dimensions are allowed, for the trainer)."""
     d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    angle = positions.float()[:, None] * inv_freq[None, :]
-    cos = torch.cat([angle, angle], -1).cos()[:, None, :]
-    sin = torch.cat([angle, angle], -1).sin()[:, None, :]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=positions.device).float() / d))
+    angle = positions.float()[..., None] * inv_freq
+    cos = torch.cat([angle, angle], -1).cos()[..., None, :]
+    sin = torch.cat([angle, angle], -1).sin()[..., None, :]
     lo, hi = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-hi, lo], -1) * sin
 

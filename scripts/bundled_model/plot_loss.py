@@ -17,14 +17,11 @@ SERIES = [  # (label, colour, source, key)
 ]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--log", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    log = json.loads(args.log.read_text())
+def render(log: dict, series=SERIES, title: str = "loss (nats/token)") -> str:
+    """The SVG text: each series is (label, colour, log key of a list of
+    records, record key); "curve" series are lines, others points."""
     steps = log["steps"]
-    values = [r[k] for _, _, src, k in SERIES for r in log[src]]
+    values = [r[k] for _, _, src, k in series for r in log[src] if k in r]
     y_max = min(max(values), 9.0)
     y_min = 0.0
 
@@ -51,9 +48,9 @@ def main():
     out.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{H - BOTTOM}" stroke="#333"/>')
     out.append(f'<text x="{(W + LEFT) / 2}" y="{H - 12}" text-anchor="middle">step</text>')
     out.append(f'<text x="16" y="{(H - BOTTOM + TOP) / 2}" text-anchor="middle" '
-               f'transform="rotate(-90 16 {(H - BOTTOM + TOP) / 2})">loss (nats/token)</text>')
-    for i, (label, colour, src, key) in enumerate(SERIES):
-        pts = [(px(r["step"]), py(r[key])) for r in log[src]]
+               f'transform="rotate(-90 16 {(H - BOTTOM + TOP) / 2})">{title}</text>')
+    for i, (label, colour, src, key) in enumerate(series):
+        pts = [(px(r["step"]), py(r[key])) for r in log[src] if key in r]
         if src == "curve":
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
             out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
@@ -63,7 +60,15 @@ def main():
         out.append(f'<rect x="{lx}" y="{ly - 9}" width="12" height="12" fill="{colour}"/>')
         out.append(f'<text x="{lx + 18}" y="{ly + 1}">{label}</text>')
     out.append("</svg>")
-    args.out.write_text("\n".join(out) + "\n")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--log", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.write_text(render(json.loads(args.log.read_text())))
 
 
 if __name__ == "__main__":

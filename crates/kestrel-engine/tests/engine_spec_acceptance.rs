@@ -1,16 +1,19 @@
 //! Acceptance of the proposers on the bundled model (trained on Python
 //! source): MTP at depth 1..4 on held-out-style code, and n-gram lookup on a
 //! copy-heavy prompt (a function followed by the start of an edited copy of
-//! it). The floors sit below the figures measured when they were set (see
-//! docs/benchmarks/2026-12-01-cpu-speculative-acceptance), so a change that
-//! breaks drafting fails here; outputs are checked lossless elsewhere.
+//! it), and the bundled DFlash drafter on held-out file openings (with its
+//! output checked against plain decoding). The floors sit below the figures
+//! measured when they were set (see
+//! docs/benchmarks/2026-12-01-cpu-speculative-acceptance and
+//! models/kestrel-tiny-qwen35-dflash/README.md), so a change that breaks
+//! drafting fails here; outputs are checked lossless elsewhere.
 
 mod common;
 
 use common::*;
 use kestrel_cpu::CpuBackend;
-use kestrel_engine::spec::{NgramConfig, SpeculativeConfig, SpeculativeMethod};
-use kestrel_engine::{Engine, EngineOptions, EngineStats};
+use kestrel_engine::spec::{DflashOptions, NgramConfig, SpeculativeConfig, SpeculativeMethod};
+use kestrel_engine::{Engine, EngineConfig, EngineOptions, EngineStats};
 use kestrel_text::Tokenizer;
 
 const CODE: &str = "import os\nimport sys\n\n\ndef read_lines(path, encoding=\"utf-8\"):\n    \"\"\"Return the lines of the file at path.\"\"\"\n    with open(path, encoding=encoding) as f:\n        return f.read().splitlines()\n\n\nclass Config:\n    def __init__(self, name, values=None):\n        self.name = name\n        self.values = values or {}\n\n    def get(self, key, default=None):\n        return self.values.get(key, default)\n\n    def ";
@@ -86,4 +89,92 @@ fn ngram_drafts_are_accepted_on_a_copy() {
         "the copy gives lookups"
     );
     assert!(rate >= 0.5, "acceptance {rate}");
+}
+
+/// Mean accepted DFlash drafts per verify step (block 16, 15 drafts) that the
+/// bundled drafter must keep on the held-out prompts below. Not set until the
+/// trained drafter is in the repository: set it a little below the figure
+/// this test prints (`cargo test -p kestrel-engine --test
+/// engine_spec_acceptance dflash -- --ignored --nocapture`), as the MTP
+/// floors above sit below theirs.
+const DFLASH_ACCEPTED_PER_STEP_FLOOR: Option<f64> = None;
+
+#[test]
+#[ignore = "needs the trained drafter in models/kestrel-tiny-qwen35-dflash \
+            (scripts/bundled_model/train_dflash.py, run on a GPU) and its floor"]
+fn the_bundled_dflash_drafter_is_accepted_on_held_out_code() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let drafter = root.join("models/kestrel-tiny-qwen35-dflash");
+    // Openings of held-out files (the bundled model's reference prompts).
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("models/kestrel-tiny-qwen35/reference/reference.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let prompts: Vec<Vec<u32>> = reference["greedy"]["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .step_by(3)
+        .map(|p| {
+            p["prompt_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect();
+    let run = |speculative: Option<SpeculativeConfig>| {
+        let options = EngineOptions {
+            speculative,
+            ..EngineOptions::default()
+        };
+        // A recurrent-state checkpoint per draft of every sequence, so that
+        // no step's drafts are cut short for want of slots.
+        let engine_config = EngineConfig {
+            num_state_slots: prompts.len() * 16 + 8,
+            enable_prefix_cache: false,
+            ..config()
+        };
+        let engine = Engine::spawn_with_options(
+            CpuBackend::new(),
+            TestModel::Bundled.load(),
+            engine_config,
+            options,
+        )
+        .expect("engine starts");
+        let mut streams: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                engine
+                    .submit(named(&format!("p{i}"), p, greedy(48)))
+                    .expect("submitted")
+            })
+            .collect();
+        let outputs: Vec<Vec<u32>> = streams.iter_mut().map(|s| collect(s).tokens).collect();
+        (outputs, wait_idle(&engine))
+    };
+    let (plain, _) = run(None);
+    let (drafted, stats) = run(Some(SpeculativeConfig {
+        method: SpeculativeMethod::Dflash(DflashOptions::new(&drafter)),
+        num_speculative_tokens: 15,
+    }));
+    assert_eq!(drafted, plain, "greedy output is the same with DFlash");
+    let (rate, per_pos) = acceptance(&stats);
+    let per_step = stats.spec_decode_num_accepted_tokens_total as f64
+        / stats.spec_decode_num_drafts_total.max(1) as f64;
+    println!(
+        "DFlash k=15: {} steps drafted, acceptance {rate:.3}, accepted per step {per_step:.2}, \
+         per position {per_pos:.3?}",
+        stats.spec_decode_num_drafts_total
+    );
+    assert!(stats.spec_decode_num_drafts_total >= 10, "{stats:?}");
+    let floor = DFLASH_ACCEPTED_PER_STEP_FLOOR
+        .expect("DFLASH_ACCEPTED_PER_STEP_FLOOR is not set: set it from the figure printed above");
+    assert!(
+        per_step >= floor,
+        "accepted drafts per step {per_step:.2} fell below the floor {floor}"
+    );
 }

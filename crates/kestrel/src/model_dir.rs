@@ -1,21 +1,26 @@
 //! Which model folder a command runs on: the one given, or the bundled
 //! default model, which is compiled into the binary so that kestrel works
-//! offline on a fresh machine.
+//! offline on a fresh machine. Its DFlash drafter
+//! (models/kestrel-tiny-qwen35-dflash) is compiled in the same way when the
+//! checkout has it (see build.rs), and is the default drafter of
+//! `--speculative dflash` on the bundled model.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
 const BUNDLED_NAME: &str = "kestrel-tiny-qwen35";
+const BUNDLED_DRAFTER_NAME: &str = "kestrel-tiny-qwen35-dflash";
 
 macro_rules! bundled_files {
-    ($($name:literal),* $(,)?) => {
-        &[$(($name, include_bytes!(concat!("../../../models/kestrel-tiny-qwen35/", $name)) as &[u8])),*]
+    ($folder:literal: $($name:literal),* $(,)?) => {
+        &[$(($name, include_bytes!(concat!("../../../models/", $folder, "/", $name)) as &[u8])),*]
     };
 }
 
 /// The bundled model's files (a Hugging Face folder: config, weights, tokenizer, template).
 static BUNDLED: &[(&str, &[u8])] = bundled_files!(
+    "kestrel-tiny-qwen35":
     "config.json",
     "generation_config.json",
     "model.safetensors",
@@ -33,13 +38,44 @@ pub fn resolve(arg: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
+/// The bundled model's DFlash drafter (config and weights), where this build has it.
+#[cfg(bundled_dflash)]
+static BUNDLED_DRAFTER: Option<&[(&str, &[u8])]> = Some(bundled_files!(
+    "kestrel-tiny-qwen35-dflash":
+    "config.json",
+    "model.safetensors",
+));
+#[cfg(not(bundled_dflash))]
+static BUNDLED_DRAFTER: Option<&[(&str, &[u8])]> = None;
+
 /// Writes the bundled model into the cache folder once (and again if a file
 /// there was changed) and returns that folder.
 pub fn bundled_dir() -> Result<PathBuf> {
-    let dir = cache_root().join("models").join(BUNDLED_NAME);
+    write_bundle(BUNDLED_NAME, BUNDLED)
+}
+
+/// The drafter `--speculative dflash` uses when no `--draft-model` is
+/// given: the bundled drafter when the model is the bundled one (`model`
+/// not given), written into the cache folder like the model; none for any
+/// other model.
+pub fn default_drafter(model: Option<&Path>) -> Result<Option<PathBuf>> {
+    if model.is_some() {
+        return Ok(None);
+    }
+    match BUNDLED_DRAFTER {
+        Some(files) => write_bundle(BUNDLED_DRAFTER_NAME, files).map(Some),
+        None => bail!(
+            "this build of kestrel has no bundled DFlash drafter (models/{BUNDLED_DRAFTER_NAME} \
+             was not in its checkout): give --draft-model DIR"
+        ),
+    }
+}
+
+fn write_bundle(folder: &str, files: &[(&str, &[u8])]) -> Result<PathBuf> {
+    let dir = cache_root().join("models").join(folder);
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create the model cache folder {}", dir.display()))?;
-    for (name, bytes) in BUNDLED {
+    for (name, bytes) in files {
         let path = dir.join(name);
         if std::fs::read(&path).is_ok_and(|on_disk| on_disk == *bytes) {
             continue;
@@ -74,7 +110,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn bundled_model_is_written_once_and_repaired() {
+    fn bundled_model_and_its_drafter_are_written_once_and_repaired() {
         let root = tempfile::tempdir().unwrap();
         // SAFETY: this is the only test in the binary that touches the environment.
         unsafe { std::env::set_var("KESTREL_CACHE_DIR", root.path()) };
@@ -85,5 +121,25 @@ mod tests {
         assert_eq!(dir, again);
         let config = std::fs::read(again.join("config.json")).unwrap();
         assert!(config.len() > 100, "a damaged file is rewritten");
+
+        // A model given by path has no default drafter; the bundled one has
+        // the bundled drafter where this build carries it.
+        let given = super::default_drafter(Some(&dir)).unwrap();
+        assert_eq!(given, None);
+        let default = super::default_drafter(None);
+        if cfg!(bundled_dflash) {
+            let drafter = default.unwrap().expect("the bundled drafter");
+            assert_eq!(
+                drafter,
+                root.path().join("models/kestrel-tiny-qwen35-dflash")
+            );
+            let config = kestrel_models::DflashConfig::from_file(&drafter.join("config.json"))
+                .expect("the bundled drafter's config parses");
+            assert!(config.block_size >= 2);
+            assert!(drafter.join("model.safetensors").is_file());
+        } else {
+            let err = format!("{:#}", default.unwrap_err());
+            assert!(err.contains("--draft-model"), "{err}");
+        }
     }
 }

@@ -87,7 +87,10 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
-    let speculative = args.speculative.config()?;
+    // On the bundled model, `--speculative dflash` defaults to its drafter.
+    let speculative = args
+        .speculative
+        .config_with(|| crate::model_dir::default_drafter(args.model.as_deref()))?;
     let dir = crate::model_dir::resolve(args.model.clone())?;
     let tokenizer = Tokenizer::from_model_dir(&dir)?;
     let prompt = if args.chat {

@@ -129,7 +129,10 @@ pub fn run(args: Args) -> Result<()> {
     config.max_model_len = args.max_model_len;
     config.allow_long_max_model_len = args.allow_long_max_model_len;
     config.strip_billing_header = !args.keep_billing_header;
-    config.speculative = args.speculative.config()?;
+    // On the bundled model, `--speculative dflash` defaults to its drafter.
+    config.speculative = args
+        .speculative
+        .config_with(|| crate::model_dir::default_drafter(args.model.as_deref()))?;
     config.draft_rows = args.speculative.draft_rows;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

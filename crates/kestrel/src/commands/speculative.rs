@@ -80,7 +80,19 @@ impl SpeculativeArgs {
         self.speculative.as_deref() == Some("replay") || from_json == Some(true)
     }
 
+    /// The settings, with no default DFlash drafter.
+    #[cfg(test)]
     pub fn config(&self) -> Result<Option<SpeculativeConfig>> {
+        self.config_with(|| Ok(None))
+    }
+
+    /// The settings; `default_drafter` names the drafter of `--speculative
+    /// dflash` when no `--draft-model` is given (asked only then: for the
+    /// bundled model, the bundled drafter).
+    pub fn config_with(
+        &self,
+        default_drafter: impl FnOnce() -> Result<Option<PathBuf>>,
+    ) -> Result<Option<SpeculativeConfig>> {
         let mut method = self.speculative.clone();
         let mut k = self.num_speculative_tokens;
         let (mut min, mut max) = (self.prompt_lookup_min, self.prompt_lookup_max);
@@ -164,7 +176,11 @@ impl SpeculativeArgs {
             bail!("--acceptance is for --speculative replay, not {method}");
         }
         if method == "dflash" {
-            return dflash(draft_model, draft_window, k, draft_vocab.is_some()).map(Some);
+            let dir = match draft_model {
+                Some(dir) => Some(dir),
+                None => default_drafter()?,
+            };
+            return dflash(dir, draft_window, k, draft_vocab.is_some()).map(Some);
         }
         if draft_model.is_some() || draft_window.is_some() {
             bail!("--draft-model and --draft-window are for --speculative dflash");
@@ -209,7 +225,10 @@ fn dflash(
     has_draft_vocab: bool,
 ) -> Result<SpeculativeConfig> {
     let Some(dir) = dir else {
-        bail!("--speculative dflash needs --draft-model DIR (a DFlash drafter folder)");
+        bail!(
+            "--speculative dflash needs --draft-model DIR (a DFlash drafter folder; only the \
+             bundled model has a default one)"
+        );
     };
     if has_draft_vocab {
         bail!("a draft vocabulary is for MTP drafting (--speculative mtp)");
@@ -313,6 +332,27 @@ mod tests {
             .config()
             .unwrap_err();
         assert!(err.to_string().contains("--draft-model"), "{err}");
+        // Without --draft-model: the default drafter, where the model has one.
+        let dflash_only = args(|a| a.speculative = Some("dflash".into()));
+        let by_default = dflash_only
+            .config_with(|| Ok(Some(dir.clone())))
+            .unwrap()
+            .unwrap();
+        assert_eq!(by_default.num_speculative_tokens, 7);
+        match &by_default.method {
+            SpeculativeMethod::Dflash(o) => assert_eq!(o.draft_model, dir),
+            other => panic!("{other:?}"),
+        }
+        let failing = dflash_only.config_with(|| anyhow::bail!("no bundled drafter"));
+        assert!(format!("{:#}", failing.unwrap_err()).contains("no bundled drafter"));
+        // A drafter given by flag wins, and the default is not even asked for.
+        let flagged = args(|a| {
+            a.speculative = Some("dflash".into());
+            a.draft_model = Some(dir.clone());
+        });
+        flagged
+            .config_with(|| panic!("the default drafter is not asked for"))
+            .unwrap();
         let err = args(|a| a.draft_model = Some(dir.clone()))
             .config()
             .unwrap_err();
