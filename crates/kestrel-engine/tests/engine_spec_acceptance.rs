@@ -92,16 +92,14 @@ fn ngram_drafts_are_accepted_on_a_copy() {
 }
 
 /// Mean accepted DFlash drafts per verify step (block 16, 15 drafts) that the
-/// bundled drafter must keep on the held-out prompts below. Not set until the
-/// trained drafter is in the repository: set it a little below the figure
-/// this test prints (`cargo test -p kestrel-engine --test
-/// engine_spec_acceptance dflash -- --ignored --nocapture`), as the MTP
-/// floors above sit below theirs.
-const DFLASH_ACCEPTED_PER_STEP_FLOOR: Option<f64> = None;
+/// bundled drafter must keep on the held-out prompts below: it measured 0.38
+/// when it was committed (`cargo test -p kestrel-engine --test
+/// engine_spec_acceptance dflash -- --nocapture` prints the figure), and the
+/// CPU run is deterministic; the floor sits below it as the MTP floors above
+/// sit below theirs.
+const DFLASH_ACCEPTED_PER_STEP_FLOOR: f64 = 0.3;
 
 #[test]
-#[ignore = "needs the trained drafter in models/kestrel-tiny-qwen35-dflash \
-            (scripts/bundled_model/train_dflash.py, run on a GPU) and its floor"]
 fn the_bundled_dflash_drafter_is_accepted_on_held_out_code() {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let drafter = root.join("models/kestrel-tiny-qwen35-dflash");
@@ -171,8 +169,7 @@ fn the_bundled_dflash_drafter_is_accepted_on_held_out_code() {
         stats.spec_decode_num_drafts_total
     );
     assert!(stats.spec_decode_num_drafts_total >= 10, "{stats:?}");
-    let floor = DFLASH_ACCEPTED_PER_STEP_FLOOR
-        .expect("DFLASH_ACCEPTED_PER_STEP_FLOOR is not set: set it from the figure printed above");
+    let floor = DFLASH_ACCEPTED_PER_STEP_FLOOR;
     assert!(
         per_step >= floor,
         "accepted drafts per step {per_step:.2} fell below the floor {floor}"

@@ -167,7 +167,8 @@ fn one_pass_for_several_sequences_drafts_what_each_pass_drafts_alone() {
     let mut w = DraftContext::new(9);
     w.append(&f.b, &f.drafter, &f.taps(0, len(3)));
     let mut empty = DraftContext::new(8192);
-    let anchor = |c: &DraftContext<CpuBackend>| f.meta["sequence"][c.end()].as_u64().unwrap() as u32;
+    let anchor =
+        |c: &DraftContext<CpuBackend>| f.meta["sequence"][c.end()].as_u64().unwrap() as u32;
     let anchors = [anchor(&a), anchor(&b), anchor(&w), 7];
     let block = f.drafter.config.block_size;
     let alone: Vec<Vec<u32>> = [&mut a, &mut b, &mut w, &mut empty]
@@ -175,7 +176,11 @@ fn one_pass_for_several_sequences_drafts_what_each_pass_drafts_alone() {
         .zip(anchors)
         .map(|(c, x)| f.drafter.drafts(&f.b, d, c, x, block, vocab))
         .collect();
-    let mut seqs = vec![(&mut a, anchors[0]), (&mut b, anchors[1]), (&mut w, anchors[2])];
+    let mut seqs = vec![
+        (&mut a, anchors[0]),
+        (&mut b, anchors[1]),
+        (&mut w, anchors[2]),
+    ];
     seqs.insert(1, (&mut empty, anchors[3]));
     let together = f.drafter.drafts_batch(&f.b, d, &mut seqs, block, vocab);
     let expected = vec![

@@ -1,9 +1,8 @@
 //! Which model folder a command runs on: the one given, or the bundled
 //! default model, which is compiled into the binary so that kestrel works
 //! offline on a fresh machine. Its DFlash drafter
-//! (models/kestrel-tiny-qwen35-dflash) is compiled in the same way when the
-//! checkout has it (see build.rs), and is the default drafter of
-//! `--speculative dflash` on the bundled model.
+//! (models/kestrel-tiny-qwen35-dflash) is compiled in the same way and is the
+//! default drafter of `--speculative dflash` on the bundled model.
 
 use std::path::{Path, PathBuf};
 
@@ -38,15 +37,12 @@ pub fn resolve(arg: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-/// The bundled model's DFlash drafter (config and weights), where this build has it.
-#[cfg(bundled_dflash)]
-static BUNDLED_DRAFTER: Option<&[(&str, &[u8])]> = Some(bundled_files!(
+/// The bundled model's DFlash drafter (config and weights).
+static BUNDLED_DRAFTER: &[(&str, &[u8])] = bundled_files!(
     "kestrel-tiny-qwen35-dflash":
     "config.json",
     "model.safetensors",
-));
-#[cfg(not(bundled_dflash))]
-static BUNDLED_DRAFTER: Option<&[(&str, &[u8])]> = None;
+);
 
 /// Writes the bundled model into the cache folder once (and again if a file
 /// there was changed) and returns that folder.
@@ -62,13 +58,7 @@ pub fn default_drafter(model: Option<&Path>) -> Result<Option<PathBuf>> {
     if model.is_some() {
         return Ok(None);
     }
-    match BUNDLED_DRAFTER {
-        Some(files) => write_bundle(BUNDLED_DRAFTER_NAME, files).map(Some),
-        None => bail!(
-            "this build of kestrel has no bundled DFlash drafter (models/{BUNDLED_DRAFTER_NAME} \
-             was not in its checkout): give --draft-model DIR"
-        ),
-    }
+    write_bundle(BUNDLED_DRAFTER_NAME, BUNDLED_DRAFTER).map(Some)
 }
 
 fn write_bundle(folder: &str, files: &[(&str, &[u8])]) -> Result<PathBuf> {
@@ -123,23 +113,18 @@ mod tests {
         assert!(config.len() > 100, "a damaged file is rewritten");
 
         // A model given by path has no default drafter; the bundled one has
-        // the bundled drafter where this build carries it.
+        // the bundled drafter.
         let given = super::default_drafter(Some(&dir)).unwrap();
         assert_eq!(given, None);
         let default = super::default_drafter(None);
-        if cfg!(bundled_dflash) {
-            let drafter = default.unwrap().expect("the bundled drafter");
-            assert_eq!(
-                drafter,
-                root.path().join("models/kestrel-tiny-qwen35-dflash")
-            );
-            let config = kestrel_models::DflashConfig::from_file(&drafter.join("config.json"))
-                .expect("the bundled drafter's config parses");
-            assert!(config.block_size >= 2);
-            assert!(drafter.join("model.safetensors").is_file());
-        } else {
-            let err = format!("{:#}", default.unwrap_err());
-            assert!(err.contains("--draft-model"), "{err}");
-        }
+        let drafter = default.unwrap().expect("the bundled drafter");
+        assert_eq!(
+            drafter,
+            root.path().join("models/kestrel-tiny-qwen35-dflash")
+        );
+        let config = kestrel_models::DflashConfig::from_file(&drafter.join("config.json"))
+            .expect("the bundled drafter's config parses");
+        assert!(config.block_size >= 2);
+        assert!(drafter.join("model.safetensors").is_file());
     }
 }
