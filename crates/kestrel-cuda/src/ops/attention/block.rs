@@ -157,9 +157,11 @@ impl DeviceBlockKeys {
 }
 
 /// RMSNorm + RoPE of the q and k heads of `proj` rows and the cache write of
-/// k and v (`qk_norm_rope_kv_write`); `hq` 0 writes keys and values only.
+/// k and v (`qk_norm_rope_kv_write`, its f32-cache form with `f32_cache`):
+/// `heads` is `(hq, k_offset)`, the q heads to form (0: keys and values
+/// only) and the column where k starts (v follows it).
 #[allow(clippy::too_many_arguments)]
-fn norm_rope_write(
+pub(super) fn norm_rope_write(
     cx: &Cx,
     proj: &CudaTensor,
     q_out: u64,
@@ -167,13 +169,19 @@ fn norm_rope_write(
     norms: (u64, u64),
     l: &StepLayout,
     spec: &AttentionSpec,
-    hq: usize,
-    k_offset: usize,
+    heads: (usize, usize),
+    f32_cache: bool,
 ) {
+    let (hq, k_offset) = heads;
     let (hkv, d) = (spec.num_kv_heads, spec.head_dim);
     let s = &cx.gpu.stream;
+    let k = &cx.k.attention;
     cx.gpu.launch(
-        &cx.k.attention.qk_norm_rope_kv_write,
+        if f32_cache {
+            &k.qk_norm_rope_kv_write_f32
+        } else {
+            &k.qk_norm_rope_kv_write
+        },
         (
             proj.rows as u32,
             (hq + 2 * hkv).div_ceil(QKN_WARPS) as u32,
@@ -229,7 +237,8 @@ pub fn append(
     let l = keys.layout(cx, kv.rows, first_position, 0);
     let s = &cx.gpu.stream;
     let k_norm = ptr(k_norm.f32("k_norm"), s);
-    norm_rope_write(cx, kv, 0, keys.caches(cx), (k_norm, k_norm), &l, spec, 0, 0);
+    let caches = keys.caches(cx);
+    norm_rope_write(cx, kv, 0, caches, (k_norm, k_norm), &l, spec, (0, 0), false);
     keys.hi += kv.rows;
 }
 
@@ -279,7 +288,8 @@ pub fn attend(
     let caches = keys.caches(cx);
     let q = gpu.alloc::<f32>(t * q_width);
     let norms = (ptr(q_norm.f32("q_norm"), s), ptr(k_norm.f32("k_norm"), s));
-    norm_rope_write(cx, qkv, ptr(&q, s), caches, norms, &l, spec, hq, q_width);
+    let heads = (hq, q_width);
+    norm_rope_write(cx, qkv, ptr(&q, s), caches, norms, &l, spec, heads, false);
     Attend {
         cx,
         spec,

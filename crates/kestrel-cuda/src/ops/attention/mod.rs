@@ -29,12 +29,11 @@ use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch};
 use crate::cache::CudaCache;
 use crate::context::Cx;
 use crate::device::ptr;
-use crate::launch::Arg;
 use crate::plan::{AttnDecode, FAST_HEAD_DIMS};
 use crate::precision::Precision;
 use crate::tensor::{CudaTensor, CudaWeight};
 use attend::{Attend, NewTokenArgs};
-use kernels::{DECODE_MAX_ROWS, MAX_HEAD_DIM, QKN_WARPS};
+use kernels::{DECODE_MAX_ROWS, MAX_HEAD_DIM};
 
 pub fn attention(
     cx: &Cx,
@@ -107,34 +106,19 @@ pub fn attention(
     let q = (!fused).then(|| gpu.alloc::<f32>(t * q_width));
     let q_ptr = q.as_ref().map_or(0, |q| ptr(q, s));
     if !fused {
-        gpu.launch(
-            if f32_cache {
-                &cx.k.attention.qk_norm_rope_kv_write_f32
-            } else {
-                &cx.k.attention.qk_norm_rope_kv_write
-            },
-            (t as u32, (hq + 2 * hkv).div_ceil(QKN_WARPS) as u32, 1),
-            32 * QKN_WARPS as u32,
-            ((spec.rope.rotary_dim + QKN_WARPS * d) * 4) as u32,
-            &[
-                Arg::Ptr(ptr(&proj.buf, s)),
-                Arg::I32(proj.cols as i32),
-                Arg::Ptr(q_ptr),
-                Arg::Ptr(k_cache),
-                Arg::Ptr(v_cache),
-                Arg::Ptr(ptr(w.q_norm.f32("q_norm"), s)),
-                Arg::Ptr(ptr(w.k_norm.f32("k_norm"), s)),
-                Arg::Ptr(l.positions()),
-                Arg::Ptr(l.slot_mapping()),
-                Arg::I32(hq as i32),
-                Arg::I32(hkv as i32),
-                Arg::I32(d as i32),
-                Arg::I32(spec.rope.rotary_dim as i32),
-                Arg::F32(spec.rope.theta),
-                Arg::F32(spec.norm_eps),
-                Arg::I32(k_offset as i32),
-                Arg::I32(v_offset as i32),
-            ],
+        block::norm_rope_write(
+            cx,
+            proj,
+            q_ptr,
+            (k_cache, v_cache),
+            (
+                ptr(w.q_norm.f32("q_norm"), s),
+                ptr(w.k_norm.f32("k_norm"), s),
+            ),
+            &l,
+            spec,
+            (hq, k_offset),
+            f32_cache,
         );
     }
 
