@@ -421,6 +421,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
         top_candidates_host(&self.to_host(logits), row_len, rows)
     }
 
+    /// Set every id a row's mask does not allow to `-inf`, in place (see
+    /// [`crate::token_mask`]), so that a constrained row can be chosen like
+    /// any other. The default copies the logits to the host and back.
+    fn mask_rows(&self, logits: &mut Self::Tensor, masks: &[crate::token_mask::RowMask<'_>]) {
+        if masks.is_empty() {
+            return;
+        }
+        let (rows, row_len) = self.dims(logits);
+        let mut values = self.to_host(logits);
+        crate::token_mask::mask_rows_host(&mut values, row_len, masks);
+        *logits = self.from_host(rows, row_len, &values);
+    }
+
     // ---- operations ----------------------------------------------------
     fn embedding(&self, table: &Self::Weight, ids: &[u32]) -> Self::Tensor;
     /// `x @ w^T` for `w` stored `[out, in]`.

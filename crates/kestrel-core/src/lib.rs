@@ -12,6 +12,7 @@ pub mod dummy;
 pub mod flash_next;
 pub mod fp8;
 pub mod host;
+pub mod token_mask;
 
 pub use backend::{
     AttentionSpec, AttentionWeights, Backend, CacheSpec, GdnGate, GdnSpec, GdnWeights, MoeSpec,
@@ -22,6 +23,7 @@ pub use candidates::{CandidateRequest, RowCandidates, TokenPenalty, top_candidat
 pub use flash_next::FlashNextOps;
 pub use fp8::{BlockFp8, HostWeight};
 pub use host::{DType, HostTensor};
+pub use token_mask::RowMask;
 
 /// Errors a backend can report. Kernels assume validated inputs; these cover
 /// resource and platform failures (no GPU, out of memory, bad upload).

@@ -117,6 +117,10 @@ impl Backend for CpuBackend {
         (t.rows, t.cols)
     }
 
+    fn mask_rows(&self, logits: &mut CpuTensor, masks: &[kestrel_core::RowMask<'_>]) {
+        kestrel_core::token_mask::mask_rows_host(&mut logits.data, logits.cols, masks)
+    }
+
     fn supports_state_checkpoints(&self) -> bool {
         true
     }

@@ -410,6 +410,10 @@ impl Backend for CudaBackend {
         ops::sample::top_candidates(&self.cx(), logits, rows)
     }
 
+    fn mask_rows(&self, logits: &mut CudaTensor, masks: &[kestrel_core::RowMask<'_>]) {
+        ops::sample::mask_rows(&self.cx(), logits, masks)
+    }
+
     fn embedding(&self, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
         ops::elementwise::embedding(&self.cx(), table, ids)
     }

@@ -5,10 +5,15 @@
 //!
 //! The rules, which make constrained output the same with speculation on or
 //! off and greedy or sampled:
-//! - a constrained row is always copied whole to the host and masked there
-//!   (disallowed ids at `-inf`) before the sampler's penalties, temperature,
-//!   top-k, top-p and min-p; it never takes the device argmax or device
-//!   candidates (a device-side mask is a later step);
+//! - a constrained row is masked (disallowed ids at `-inf`) before the
+//!   sampler's penalties, temperature, top-k, top-p and min-p: by the backend
+//!   where the logits are ([`kestrel_core::Backend::mask_rows`]), after which
+//!   it takes the device argmax or candidates like any row, or on the host
+//!   when the row comes there whole anyway (logprobs, which are taken before
+//!   the mask, or a logits observer);
+//! - the masks of a step are computed after its forward is queued and before
+//!   its logits are read, so on an asynchronous backend the grammar runs
+//!   while the device computes;
 //! - every emitted token is fed to the constraint, in order, before the next
 //!   row is masked, so each verify row of a speculative step is masked with
 //!   the state after the tokens before it;
@@ -24,10 +29,38 @@
 /// What a grammar matcher offers the engine. Calls come from the engine
 /// thread only, one sequence at a time.
 pub trait TokenConstraint: Send {
+    /// The ids that may come next among the first `ids`, a bit per id (see
+    /// [`kestrel_core::token_mask`]; `ids.div_ceil(32)` words). The EOS ids
+    /// must be allowed when the grammar may end here.
+    fn allowed(&mut self, ids: usize) -> Result<Vec<u32>, String>;
+
     /// Set the logits of every id that may not come next to `-inf`. The row
-    /// may be longer than the grammar's vocabulary (padded ids), and its
-    /// EOS ids must stay allowed when the grammar may end here.
-    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    /// may be longer than the grammar's vocabulary (padded ids).
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let allowed = self.allowed(logits.len())?;
+        for (id, logit) in logits.iter_mut().enumerate() {
+            if !kestrel_core::token_mask::is_allowed(&allowed, id) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    /// The masks of a verify step's rows: at the current state, then after
+    /// each of `drafts` (which the constraint allows, see
+    /// [`Self::valid_prefix`]), without advancing.
+    fn allowed_along(&mut self, drafts: &[u32], ids: usize) -> Result<Vec<Vec<u32>>, String> {
+        let mut masks = vec![self.allowed(ids)?];
+        if drafts.is_empty() {
+            return Ok(masks);
+        }
+        let mut ahead = self.boxed_clone();
+        for &draft in drafts {
+            ahead.accept(draft)?;
+            masks.push(ahead.allowed(ids)?);
+        }
+        Ok(masks)
+    }
 
     /// Advance past `token`, which `mask` allowed.
     fn accept(&mut self, token: u32) -> Result<(), String>;

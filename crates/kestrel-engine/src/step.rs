@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use kestrel_core::{Backend, CandidateRequest, ForwardBatch, SeqChunk, StateSnapshot};
+use kestrel_core::{Backend, CandidateRequest, ForwardBatch, RowMask, SeqChunk, StateSnapshot};
 use kestrel_models::Model;
 use kestrel_sampling::{DEFAULT_MAX_CANDIDATES, Finish, FinishReason};
 
@@ -103,7 +103,7 @@ pub(crate) fn execute<B: Backend>(
     // decode and verify rows apart from prefill chunks); ending in logits
     // lets decode steps be replayed. A drafter that reads the target's
     // states gets them too.
-    let (out, captured, split) = capture::forward_step(
+    let (mut out, captured, split) = capture::forward_step(
         backend,
         model,
         &ids,
@@ -115,6 +115,11 @@ pub(crate) fn execute<B: Backend>(
     if split {
         sched.record_split_step();
     }
+    // The forward is queued: the grammars compute their masks meanwhile.
+    let masking = match out.as_mut() {
+        Some(out) => mask_on_backend(backend, out, sched, &plan, &chunk_rows, observer.is_none())?,
+        None => vec![Masking::None; plan.chunks.len()],
+    };
     let step_logits = out
         .as_ref()
         .map(|out| StepLogits::new(backend, out, sched.config().sampled_vocab));
@@ -142,7 +147,7 @@ pub(crate) fn execute<B: Backend>(
 
     let mut outcomes = Vec::new();
     let mut committed_ends = Vec::with_capacity(plan.chunks.len());
-    for (chunk, rows) in plan.chunks.iter().zip(&chunk_rows) {
+    for ((chunk, rows), masking) in plan.chunks.iter().zip(&chunk_rows).zip(masking) {
         if let Some((at, Some(slot))) = chunk.snapshot {
             sched.cache_snapshot(chunk.id, at, slot)?;
         }
@@ -176,11 +181,12 @@ pub(crate) fn execute<B: Backend>(
                 }
                 row_logprobs.observe(row);
             };
-            let chosen = match seq.constraint.as_deref_mut() {
-                None => logits
+            let chosen = match (&masking, seq.constraint.as_deref_mut()) {
+                (Masking::Failed(message), _) => Err(message.clone()),
+                (Masking::Backend, _) | (_, None) => logits
                     .choose(source, &mut seq.sampler, &seq.tokens, &mut observe)?
                     .map_err(|e| format!("sampling failed: {e}")),
-                Some(constraint) => logits.choose_constrained(
+                (Masking::None, Some(constraint)) => logits.choose_constrained(
                     source,
                     &mut seq.sampler,
                     &seq.tokens,
@@ -311,10 +317,70 @@ fn advance_constraint(seq: &mut Sequence, id: SeqId, token: u32) -> Option<Outco
     ))
 }
 
-/// Whether a sequence's rows must come to the host whole: a constraint masks
-/// them there, and logprobs are computed from them there.
+/// Whether a sequence's rows must come to the host whole: logprobs are
+/// computed from them there (and its constraint then masks them there too).
 fn needs_host_row(seq: &Sequence) -> bool {
-    seq.constraint.is_some() || seq.sampler.params().logprobs.is_some()
+    seq.sampler.params().logprobs.is_some()
+}
+
+/// How a chunk's rows were masked by its sequence's constraint.
+#[derive(Clone)]
+enum Masking {
+    /// Not by the backend: no constraint, or one the host applies to the
+    /// whole rows (see [`crate::constraint`]).
+    None,
+    /// By the backend, before any row was read.
+    Backend,
+    /// The constraint could not say what may come next.
+    Failed(String),
+}
+
+/// Compute the masks of every constrained row whose sequence does not need
+/// its rows on the host (`rows_stay` is false when an observer takes every
+/// row whole) and apply them to `logits` on the backend, in one call.
+fn mask_on_backend<B: Backend>(
+    backend: &B,
+    logits: &mut B::Tensor,
+    sched: &mut Scheduler,
+    plan: &StepPlan,
+    chunk_rows: &[Option<ChunkRows>],
+    rows_stay: bool,
+) -> Result<Vec<Masking>> {
+    let row_len = backend.dims(logits).1;
+    let mut masking = Vec::with_capacity(plan.chunks.len());
+    let mut masks: Vec<(usize, Vec<u32>)> = Vec::new();
+    for (chunk, rows) in plan.chunks.iter().zip(chunk_rows) {
+        let seq = sched
+            .running_seq_mut(chunk.id)
+            .context("sequence vanished")?;
+        let on_backend = rows_stay && !needs_host_row(seq);
+        let (Some(rows), Some(constraint), true) =
+            (rows, seq.constraint.as_deref_mut(), on_backend)
+        else {
+            masking.push(Masking::None);
+            continue;
+        };
+        match constraint.allowed_along(&seq.drafts[..chunk.drafts], row_len) {
+            Ok(found) => {
+                masks.extend(
+                    found
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, m)| (rows.first + i, m)),
+                );
+                masking.push(Masking::Backend);
+            }
+            Err(e) => masking.push(Masking::Failed(format!(
+                "the output constraint failed: {e}"
+            ))),
+        }
+    }
+    let masks: Vec<RowMask<'_>> = masks
+        .iter()
+        .map(|(row, allowed)| RowMask { row: *row, allowed })
+        .collect();
+    backend.mask_rows(logits, &masks);
+    Ok(masking)
 }
 
 /// The device-candidate request of every logits row, in order: one for the

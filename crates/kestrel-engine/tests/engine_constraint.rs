@@ -22,13 +22,12 @@ struct Multiples {
 }
 
 impl TokenConstraint for Multiples {
-    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        for (id, l) in logits.iter_mut().enumerate() {
-            if !(id as u32).is_multiple_of(self.step) {
-                *l = f32::NEG_INFINITY;
-            }
+    fn allowed(&mut self, ids: usize) -> Result<Vec<u32>, String> {
+        let mut words = vec![0u32; ids.div_ceil(32)];
+        for id in (0..ids).step_by(self.step as usize) {
+            words[id / 32] |= 1 << (id % 32);
         }
-        Ok(())
+        Ok(words)
     }
 
     fn accept(&mut self, token: u32) -> Result<(), String> {
@@ -150,4 +149,33 @@ fn speculation_keeps_constrained_output_and_cuts_rejected_drafts() {
             stats.spec_decode_num_drafts_total
         );
     }
+}
+
+/// A request with logprobs has its rows masked on the host (the values come
+/// from the raw row); one without, by the backend before the row is chosen.
+/// Both give the same tokens, greedy and sampled, alone and batched.
+#[test]
+fn rows_masked_by_the_backend_choose_what_rows_masked_on_the_host_choose() {
+    let engine = spawn(TestModel::Bundled, config());
+    for params in [greedy(40), sampled()] {
+        let on_backend = run_one(&engine, constrained("b", 5, params.clone()));
+        let with_logprobs = SamplingParams {
+            logprobs: Some(0),
+            ..params.clone()
+        };
+        let on_host = run_one(&engine, constrained("h", 5, with_logprobs.clone()));
+        assert_eq!(on_backend.tokens, on_host.tokens);
+        assert_eq!(on_backend.tokens.len(), LEN);
+        let together = run_together(
+            &engine,
+            &[
+                constrained("b", 5, params),
+                constrained("h", 5, with_logprobs),
+                named("p", &prompt(2, 40, 4096), greedy(20)),
+            ],
+        );
+        assert_eq!(together[0].tokens, on_backend.tokens);
+        assert_eq!(together[1].tokens, on_backend.tokens);
+    }
+    wait_idle(&engine);
 }

@@ -556,3 +556,19 @@ KESTREL_EXTERN void __launch_bounds__(TOPC_THREADS) top_candidates(unsigned* out
         }
     }
 }
+
+// Structured outputs: logits[rows[m] * stride + c] = -inf for every column c
+// whose bit (bit c % 32 of allowed[m * words + c / 32]) is clear, the mask of
+// m a bit per id over `words` words (ids past them are disallowed). Grid
+// (column blocks, masks); each thread one column, so the result does not
+// depend on the launch shape.
+KESTREL_EXTERN void mask_logits(float* __restrict__ logits, const int* __restrict__ rows,
+                                const unsigned* __restrict__ allowed, int words, int stride) {
+    pdl_begin();
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= stride) return;
+    const int m = blockIdx.y;
+    const int w = c >> 5;
+    const bool ok = w < words && ((allowed[(size_t)m * words + w] >> (c & 31)) & 1u);
+    if (!ok) logits[(size_t)rows[m] * stride + c] = -INFINITY;
+}

@@ -21,21 +21,26 @@ impl GrammarConstraint {
 }
 
 impl TokenConstraint for GrammarConstraint {
-    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+    fn allowed(&mut self, ids: usize) -> Result<Vec<u32>, String> {
         let allowed = self
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| e.to_string())?;
+        let mut words = vec![0u32; ids.div_ceil(32)];
+        // Ids past the grammar's vocabulary or past the row are never allowed.
+        let limit = allowed.len().min(ids);
+        let n = limit.div_ceil(32);
+        words[..n].copy_from_slice(&allowed.as_slice()[..n]);
+        if limit % 32 != 0 {
+            words[n - 1] &= (1u32 << (limit % 32)) - 1;
+        }
         let may_end = self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false);
-        let known = allowed.len();
-        for (id, logit) in logits.iter_mut().enumerate() {
-            let ok = (id < known && allowed.is_allowed(id as u32))
-                || (may_end && self.eos.contains(&(id as u32)));
-            if !ok {
-                *logit = f32::NEG_INFINITY;
+        if may_end {
+            for &eos in self.eos.iter().filter(|&&e| (e as usize) < ids) {
+                words[eos as usize / 32] |= 1 << (eos % 32);
             }
         }
-        Ok(())
+        Ok(words)
     }
 
     fn accept(&mut self, token: u32) -> Result<(), String> {

@@ -55,6 +55,7 @@ group_tests!(
     argmax_rows,
     top_candidates,
     top_candidates_draw,
+    mask_rows,
     precision_f32,
     fp8,
 );

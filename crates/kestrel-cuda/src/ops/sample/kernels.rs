@@ -10,6 +10,7 @@ pub struct SampleKernels {
     pub argmax_parts: CudaFunction,
     pub argmax_merge: CudaFunction,
     pub top_candidates: CudaFunction,
+    pub mask_logits: CudaFunction,
 }
 
 impl SampleKernels {
@@ -19,6 +20,7 @@ impl SampleKernels {
             argmax_parts: function(&m, "argmax_parts")?,
             argmax_merge: function(&m, "argmax_merge")?,
             top_candidates: function(&m, "top_candidates")?,
+            mask_logits: function(&m, "mask_logits")?,
         })
     }
 }

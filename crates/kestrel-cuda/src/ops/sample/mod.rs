@@ -14,6 +14,9 @@ use crate::launch::Arg;
 use crate::tensor::CudaTensor;
 
 pub mod kernels;
+mod mask;
+
+pub use mask::mask_rows;
 
 /// Threads per `top_candidates` row: a 250k vocabulary is 62k float4 loads,
 /// ~60 per thread.

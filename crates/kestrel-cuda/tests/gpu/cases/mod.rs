@@ -13,6 +13,7 @@ mod fp8;
 mod gdn;
 mod gdn_snapshot;
 mod gdn_verify;
+mod mask;
 mod matmul;
 mod moe;
 mod norm_fused;
@@ -31,6 +32,7 @@ pub use block_attention::block_attention;
 pub use elementwise::{elementwise, embedding, norms};
 pub use fp8::fp8;
 pub use gdn::gated_delta_net;
+pub use mask::mask_rows;
 pub use matmul::matmul;
 pub use moe::moe;
 pub use norm_fused::{norm_matmul, norm_moe};
@@ -43,7 +45,7 @@ type Outputs = Vec<(String, Vec<f32>)>;
 pub type Group = fn(&mut Ctx);
 
 /// Every group, in the order the example runs them.
-pub const GROUPS: [(&str, Group); 15] = [
+pub const GROUPS: [(&str, Group); 16] = [
     ("embedding", embedding),
     ("elementwise", elementwise),
     ("norms", norms),
@@ -57,6 +59,7 @@ pub const GROUPS: [(&str, Group); 15] = [
     ("argmax_rows", argmax_rows),
     ("top_candidates", top_candidates),
     ("top_candidates_draw", top_candidates_draw),
+    ("mask_rows", mask_rows),
     ("precision_f32", precision_f32),
     ("fp8", fp8),
 ];
