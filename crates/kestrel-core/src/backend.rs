@@ -536,6 +536,34 @@ pub trait Backend: Send + Sync + Sized + 'static {
         first_position: usize,
     ) -> Self::Tensor;
 
+    /// [`Backend::block_attention`] of several sequences' blocks of `block`
+    /// rows each, in one call: rows `s * block..(s + 1) * block` of `qkv`
+    /// are sequence `s`'s block, over `keys[s]` at positions
+    /// `first_positions[s]..`. Returns `[keys.len() * block, Hq*D]`. The
+    /// default attends one sequence at a time and joins the outputs.
+    #[allow(clippy::too_many_arguments)]
+    fn block_attention_batch(
+        &self,
+        qkv: &Self::Tensor,
+        q_norm: &Self::Weight,
+        k_norm: &Self::Weight,
+        keys: &mut [&mut Self::BlockKeys],
+        spec: &AttentionSpec,
+        first_positions: &[usize],
+        block: usize,
+    ) -> Self::Tensor {
+        crate::block_attention::attend_each(
+            self,
+            qkv,
+            q_norm,
+            k_norm,
+            keys,
+            spec,
+            first_positions,
+            block,
+        )
+    }
+
     /// The rows of `a` followed by the rows of `b` (same width; either may
     /// have no rows). The default copies through the host (correct but slow
     /// on a device).

@@ -230,3 +230,46 @@ pub fn concat_rows_on_host<B: Backend>(b: &B, a: &B::Tensor, c: &B::Tensor) -> B
     values.extend(b.to_host(c));
     b.from_host(ra + rc, if ra == 0 { cc } else { ca }, &values)
 }
+
+/// [`Backend::block_attention_batch`] one sequence at a time: each block's
+/// rows gathered, attended over its own keys, and the outputs joined in
+/// order (the trait's default, and a device backend's fallback for stores
+/// its kernels do not take).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_each<B: Backend>(
+    b: &B,
+    qkv: &B::Tensor,
+    q_norm: &B::Weight,
+    k_norm: &B::Weight,
+    keys: &mut [&mut B::BlockKeys],
+    spec: &AttentionSpec,
+    first_positions: &[usize],
+    block: usize,
+) -> B::Tensor {
+    check_batch(b.dims(qkv).0, keys.len(), first_positions.len(), block);
+    if keys.len() == 1 {
+        return b.block_attention(qkv, q_norm, k_norm, keys[0], spec, first_positions[0]);
+    }
+    let mut joined: Option<B::Tensor> = None;
+    for (s, (keys, &first)) in keys.iter_mut().zip(first_positions).enumerate() {
+        let rows: Vec<usize> = (s * block..(s + 1) * block).collect();
+        let own = b.gather_rows(qkv, &rows);
+        let out = b.block_attention(&own, q_norm, k_norm, keys, spec, first);
+        joined = Some(match joined {
+            None => out,
+            Some(j) => b.concat_rows(&j, &out),
+        });
+    }
+    joined.expect("at least one sequence")
+}
+
+/// The shape rules of [`Backend::block_attention_batch`].
+pub fn check_batch(rows: usize, sequences: usize, positions: usize, block: usize) {
+    assert!(sequences > 0, "a batch of no blocks");
+    assert_eq!(sequences, positions, "one first position per sequence");
+    assert_eq!(
+        rows,
+        sequences * block,
+        "{sequences} blocks of {block} rows are not {rows} rows"
+    );
+}

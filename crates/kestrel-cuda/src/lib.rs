@@ -448,6 +448,50 @@ impl Backend for CudaBackend {
         ops::elementwise::gather_rows(&self.cx(), x, rows)
     }
 
+    fn block_attention_batch(
+        &self,
+        qkv: &CudaTensor,
+        q_norm: &CudaWeight,
+        k_norm: &CudaWeight,
+        keys: &mut [&mut CudaBlockKeys],
+        spec: &AttentionSpec,
+        first_positions: &[usize],
+        block: usize,
+    ) -> CudaTensor {
+        let on_device = keys.iter().all(|k| matches!(**k, CudaBlockKeys::Device(_)));
+        match keys {
+            keys if on_device && keys.len() > 1 => {
+                let mut device: Vec<_> = keys
+                    .iter_mut()
+                    .filter_map(|k| match &mut **k {
+                        CudaBlockKeys::Device(d) => Some(d),
+                        CudaBlockKeys::Host(_) => None,
+                    })
+                    .collect();
+                ops::attention::block::attend_batch(
+                    &self.cx(),
+                    &mut device,
+                    qkv,
+                    q_norm,
+                    k_norm,
+                    spec,
+                    first_positions,
+                    block,
+                )
+            }
+            _ => kestrel_core::block_attention::attend_each(
+                self,
+                qkv,
+                q_norm,
+                k_norm,
+                keys,
+                spec,
+                first_positions,
+                block,
+            ),
+        }
+    }
+
     fn concat_rows(&self, a: &CudaTensor, b: &CudaTensor) -> CudaTensor {
         ops::elementwise::concat_rows(&self.cx(), a, b)
     }

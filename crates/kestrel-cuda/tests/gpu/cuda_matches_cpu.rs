@@ -50,6 +50,7 @@ group_tests!(
     matmul,
     attention,
     block_attention,
+    block_attention_batch,
     moe,
     gated_delta_net,
     argmax_rows,

@@ -251,24 +251,18 @@ impl<B: Backend> DflashDrafter<B> {
                 eps,
             });
             let qkv = b.matmul(&x, &layer.qkv_proj);
-            let attn = if seqs.len() == 1 {
-                let (context, _) = &mut seqs[0];
-                let start = context.end();
-                self.attend(b, layer, &qkv, context.layer_mut(i), start)
-            } else {
-                let mut joined: Option<B::Tensor> = None;
-                for (s, (context, _)) in seqs.iter_mut().enumerate() {
-                    let rows: Vec<usize> = (s * block..(s + 1) * block).collect();
-                    let start = context.end();
-                    let own = b.gather_rows(&qkv, &rows);
-                    let o = self.attend(b, layer, &own, context.layer_mut(i), start);
-                    joined = Some(match joined {
-                        None => o,
-                        Some(j) => b.concat_rows(&j, &o),
-                    });
-                }
-                joined.expect("at least one sequence")
-            };
+            let first_positions: Vec<usize> = seqs.iter().map(|(c, _)| c.end()).collect();
+            let mut keys: Vec<&mut B::BlockKeys> =
+                seqs.iter_mut().map(|(c, _)| c.layer_mut(i)).collect();
+            let attn = b.block_attention_batch(
+                &qkv,
+                &layer.q_norm,
+                &layer.k_norm,
+                &mut keys,
+                &self.spec,
+                &first_positions,
+                block,
+            );
             let mixed = b.matmul(&attn, &layer.o_proj);
             out = Some(layer.mlp.forward(
                 b,
@@ -284,17 +278,6 @@ impl<B: Backend> DflashDrafter<B> {
             Some(o) => b.add_rms_norm(&mut residual, &o, &self.norm, eps),
             None => b.rms_norm(&residual, &self.norm, eps),
         }
-    }
-
-    fn attend(
-        &self,
-        b: &B,
-        layer: &DraftLayer<B>,
-        qkv: &B::Tensor,
-        keys: &mut B::BlockKeys,
-        start: usize,
-    ) -> B::Tensor {
-        b.block_attention(qkv, &layer.q_norm, &layer.k_norm, keys, &self.spec, start)
     }
 
     /// Draft logits of a block (`[block - 1, vocab]`, the target's lm_head

@@ -163,7 +163,7 @@ impl DeviceBlockKeys {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn norm_rope_write(
     cx: &Cx,
-    proj: &CudaTensor,
+    proj: RowsAt,
     q_out: u64,
     caches: (u64, u64),
     norms: (u64, u64),
@@ -174,7 +174,6 @@ pub(super) fn norm_rope_write(
 ) {
     let (hq, k_offset) = heads;
     let (hkv, d) = (spec.num_kv_heads, spec.head_dim);
-    let s = &cx.gpu.stream;
     let k = &cx.k.attention;
     cx.gpu.launch(
         if f32_cache {
@@ -190,7 +189,7 @@ pub(super) fn norm_rope_write(
         32 * QKN_WARPS as u32,
         ((spec.rope.rotary_dim + QKN_WARPS * d) * 4) as u32,
         &[
-            Arg::Ptr(ptr(&proj.buf, s)),
+            Arg::Ptr(proj.ptr),
             Arg::I32(proj.cols as i32),
             Arg::Ptr(q_out),
             Arg::Ptr(caches.0),
@@ -238,6 +237,7 @@ pub fn append(
     let s = &cx.gpu.stream;
     let k_norm = ptr(k_norm.f32("k_norm"), s);
     let caches = keys.caches(cx);
+    let kv = RowsAt::all(kv, s);
     norm_rope_write(cx, kv, 0, caches, (k_norm, k_norm), &l, spec, (0, 0), false);
     keys.hi += kv.rows;
 }
@@ -252,6 +252,67 @@ pub fn attend(
     spec: &AttentionSpec,
     first_position: usize,
 ) -> CudaTensor {
+    let out = cx.gpu.alloc::<f32>(qkv.rows * spec.q_width());
+    let s = &cx.gpu.stream;
+    let norms = (q_norm, k_norm);
+    attend_rows(
+        cx,
+        keys,
+        RowsAt::all(qkv, s),
+        norms,
+        spec,
+        first_position,
+        ptr(&out, s),
+    );
+    CudaTensor {
+        bf16: None,
+        rows: qkv.rows,
+        cols: spec.q_width(),
+        buf: out,
+    }
+}
+
+/// See `Backend::block_attention_batch`: each sequence's block read in
+/// place from `qkv` and its output written in place into one tensor (no
+/// gathers, no concatenation).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_batch(
+    cx: &Cx,
+    keys: &mut [&mut DeviceBlockKeys],
+    qkv: &CudaTensor,
+    q_norm: &CudaWeight,
+    k_norm: &CudaWeight,
+    spec: &AttentionSpec,
+    first_positions: &[usize],
+    block: usize,
+) -> CudaTensor {
+    kestrel_core::block_attention::check_batch(qkv.rows, keys.len(), first_positions.len(), block);
+    let q_width = spec.q_width();
+    let out = cx.gpu.alloc::<f32>(qkv.rows * q_width);
+    let s = &cx.gpu.stream;
+    for (i, (keys, &first)) in keys.iter_mut().zip(first_positions).enumerate() {
+        let rows = RowsAt::all(qkv, s).range(i * block, block);
+        let out_at = ptr(&out, s) + (i * block * q_width * 4) as u64;
+        attend_rows(cx, keys, rows, (q_norm, k_norm), spec, first, out_at);
+    }
+    CudaTensor {
+        bf16: None,
+        rows: qkv.rows,
+        cols: q_width,
+        buf: out,
+    }
+}
+
+/// The block attention of the rows `qkv` into `out` (`[rows, Hq*D]` f32).
+fn attend_rows(
+    cx: &Cx,
+    keys: &mut DeviceBlockKeys,
+    qkv: RowsAt,
+    (q_norm, k_norm): (&CudaWeight, &CudaWeight),
+    spec: &AttentionSpec,
+    first_position: usize,
+    out: u64,
+) {
     let (hq, d) = (spec.num_q_heads, spec.head_dim);
     let q_width = spec.q_width();
     assert_eq!(
@@ -273,14 +334,8 @@ pub fn attend(
     let gpu = cx.gpu;
     let s = &gpu.stream;
     let t = qkv.rows;
-    let out = gpu.alloc::<f32>(t * q_width);
     if t == 0 {
-        return CudaTensor {
-            bf16: None,
-            rows: 0,
-            cols: q_width,
-            buf: out,
-        };
+        return;
     }
     keys.reserve(cx, t);
     let keys_seen = keys.hi - keys.lo + t;
@@ -294,22 +349,50 @@ pub fn attend(
         cx,
         spec,
         l: &l,
-        out: ptr(&out, s),
+        out,
         q: ptr(&q, s),
         k_cache: caches.0,
         v_cache: caches.1,
         block_size: 1,
-        proj: ptr(&qkv.buf, s),
+        proj: qkv.ptr,
         proj_stride: qkv.cols,
         gate_offset: -1,
         f32_cache: false,
         new_token: None,
     }
     .decode(dim_index);
-    CudaTensor {
-        bf16: None,
-        rows: t,
-        cols: q_width,
-        buf: out,
+}
+
+/// Rows of a device matrix of f32 in place: `rows` rows of `cols` values
+/// from the address `ptr`.
+#[derive(Clone, Copy)]
+pub(super) struct RowsAt {
+    pub ptr: u64,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl RowsAt {
+    pub fn all(t: &CudaTensor, s: &cudarc::driver::CudaStream) -> Self {
+        RowsAt {
+            ptr: ptr(&t.buf, s),
+            rows: t.rows,
+            cols: t.cols,
+        }
+    }
+
+    /// `rows` of these rows from row `first`.
+    pub fn range(self, first: usize, rows: usize) -> Self {
+        assert!(
+            first + rows <= self.rows,
+            "rows {first}..{} of {}",
+            first + rows,
+            self.rows
+        );
+        RowsAt {
+            ptr: self.ptr + (first * self.cols * 4) as u64,
+            rows,
+            cols: self.cols,
+        }
     }
 }

@@ -108,7 +108,7 @@ pub fn attention(
     if !fused {
         block::norm_rope_write(
             cx,
-            proj,
+            block::RowsAt::all(proj, s),
             q_ptr,
             (k_cache, v_cache),
             (

@@ -105,3 +105,78 @@ pub fn block_attention(c: &mut Ctx) {
         c.record(&format!("block_attention {label}"), TOL_ATTENTION, cpu, gpu);
     }
 }
+
+/// Context rows of the stores of a batched pass: one that outgrew its first
+/// store, a short one and one of a single row.
+const BATCH_CONTEXTS: [usize; 3] = [150, 37, 1];
+
+/// [`Backend::block_attention_batch`]: the blocks of several sequences, each
+/// over its own store at its own positions, in one call; twice, so that the
+/// second pass finds the stores after the first staged its keys.
+pub fn block_attention_batch(c: &mut Ctx) {
+    for (label, hq, hkv, d, rotary_dim, theta) in SHAPES {
+        let spec = AttentionSpec {
+            num_q_heads: hq,
+            num_kv_heads: hkv,
+            head_dim: d,
+            rope: RopeSpec { theta, rotary_dim },
+            norm_eps: 1e-6,
+            output_gate: false,
+            scale: (d as f32).powf(-0.5),
+        };
+        let (q_norm, k_norm) = (c.data.vector(d, 1.0, 0.2), c.data.vector(d, 1.0, 0.2));
+        let kv_cols = 2 * spec.kv_width();
+        let contexts: Vec<Vec<f32>> = BATCH_CONTEXTS
+            .iter()
+            .map(|&n| c.data.randn(n * kv_cols, 1.0))
+            .collect();
+        let blocks: Vec<(usize, Vec<f32>)> = [16usize, 8]
+            .iter()
+            .map(|&block| {
+                let rows = block * BATCH_CONTEXTS.len();
+                (block, c.data.randn(rows * (spec.q_width() + kv_cols), 1.0))
+            })
+            .collect();
+        fn run<B: Backend>(
+            b: &B,
+            spec: &AttentionSpec,
+            norms: (&HostTensor, &HostTensor),
+            contexts: &[Vec<f32>],
+            blocks: &[(usize, Vec<f32>)],
+        ) -> Result<Outputs> {
+            let (q_norm, k_norm) = (b.upload(norms.0)?, b.upload(norms.1)?);
+            let kv_cols = 2 * spec.kv_width();
+            let mut stores: Vec<B::BlockKeys> = Vec::new();
+            let mut firsts = Vec::new();
+            for (i, (x, &n)) in contexts.iter().zip(&BATCH_CONTEXTS).enumerate() {
+                let mut keys = b.new_block_keys(spec);
+                let first = 5 + 100 * i;
+                b.append_block_keys(&mut keys, &b.from_host(n, kv_cols, x), &k_norm, spec, first);
+                stores.push(keys);
+                firsts.push(first + n);
+            }
+            let mut outputs = Vec::new();
+            for (block, x) in blocks {
+                let rows = block * stores.len();
+                let qkv = b.from_host(rows, spec.q_width() + kv_cols, x);
+                let mut keys: Vec<&mut B::BlockKeys> = stores.iter_mut().collect();
+                let o = b.block_attention_batch(
+                    &qkv, &q_norm, &k_norm, &mut keys, spec, &firsts, *block,
+                );
+                outputs.push(out(b, &format!("{} blocks of {block}", stores.len()), &o));
+            }
+            Ok(outputs)
+        }
+        let norms = (&q_norm, &k_norm);
+        let (cpu, gpu) = (
+            run(&c.cpu, &spec, norms, &contexts, &blocks),
+            run(&c.gpu, &spec, norms, &contexts, &blocks),
+        );
+        c.record(
+            &format!("block_attention_batch {label}"),
+            TOL_ATTENTION,
+            cpu,
+            gpu,
+        );
+    }
+}

@@ -28,7 +28,7 @@ use crate::compare::{Outcome, compare};
 use crate::data::Data;
 
 pub use attention::attention;
-pub use block_attention::block_attention;
+pub use block_attention::{block_attention, block_attention_batch};
 pub use elementwise::{elementwise, embedding, norms};
 pub use fp8::fp8;
 pub use gdn::gated_delta_net;
@@ -45,7 +45,7 @@ type Outputs = Vec<(String, Vec<f32>)>;
 pub type Group = fn(&mut Ctx);
 
 /// Every group, in the order the example runs them.
-pub const GROUPS: [(&str, Group); 16] = [
+pub const GROUPS: [(&str, Group); 17] = [
     ("embedding", embedding),
     ("elementwise", elementwise),
     ("norms", norms),
@@ -54,6 +54,7 @@ pub const GROUPS: [(&str, Group); 16] = [
     ("matmul", matmul),
     ("attention", attention),
     ("block_attention", block_attention),
+    ("block_attention_batch", block_attention_batch),
     ("moe", moe),
     ("gated_delta_net", gated_delta_net),
     ("argmax_rows", argmax_rows),
