@@ -298,6 +298,33 @@ impl<B: Backend> Backend for Timed<B> {
         })
     }
 
+    fn block_attention_batch(
+        &self,
+        qkv: &B::Tensor,
+        q_norm: &B::Weight,
+        k_norm: &B::Weight,
+        keys: &mut [&mut B::BlockKeys],
+        spec: &AttentionSpec,
+        first_positions: &[usize],
+        block: usize,
+    ) -> B::Tensor {
+        self.time(fixed("block_attention_batch"), || {
+            self.inner.block_attention_batch(
+                qkv,
+                q_norm,
+                k_norm,
+                keys,
+                spec,
+                first_positions,
+                block,
+            )
+        })
+    }
+
+    fn mask_rows(&self, logits: &mut B::Tensor, masks: &[kestrel_core::RowMask<'_>]) {
+        self.time(fixed("mask_rows"), || self.inner.mask_rows(logits, masks))
+    }
+
     fn attention(
         &self,
         proj: &B::Tensor,
