@@ -13,6 +13,19 @@ const SHAPES: [(&str, usize, usize, usize, usize, f32); 3] = [
     ("Hq8 Hkv1 D256 rot64", 8, 1, 256, 64, 1e7),
 ];
 
+/// The attention of one of [`SHAPES`] (no output gate, scale `D^-0.5`).
+fn spec_of(hq: usize, hkv: usize, d: usize, rotary_dim: usize, theta: f32) -> AttentionSpec {
+    AttentionSpec {
+        num_q_heads: hq,
+        num_kv_heads: hkv,
+        head_dim: d,
+        rope: RopeSpec { theta, rotary_dim },
+        norm_eps: 1e-6,
+        output_gate: false,
+        scale: (d as f32).powf(-0.5),
+    }
+}
+
 /// What happens to a store between block passes.
 #[derive(Clone, Copy)]
 enum Op {
@@ -44,15 +57,7 @@ const OPS: [Op; 10] = [
 
 pub fn block_attention(c: &mut Ctx) {
     for (label, hq, hkv, d, rotary_dim, theta) in SHAPES {
-        let spec = AttentionSpec {
-            num_q_heads: hq,
-            num_kv_heads: hkv,
-            head_dim: d,
-            rope: RopeSpec { theta, rotary_dim },
-            norm_eps: 1e-6,
-            output_gate: false,
-            scale: (d as f32).powf(-0.5),
-        };
+        let spec = spec_of(hq, hkv, d, rotary_dim, theta);
         let (q_norm, k_norm) = (c.data.vector(d, 1.0, 0.2), c.data.vector(d, 1.0, 0.2));
         let kv_cols = 2 * spec.kv_width();
         let inputs: Vec<Vec<f32>> = OPS
@@ -115,15 +120,7 @@ const BATCH_CONTEXTS: [usize; 3] = [150, 37, 1];
 /// second pass finds the stores after the first staged its keys.
 pub fn block_attention_batch(c: &mut Ctx) {
     for (label, hq, hkv, d, rotary_dim, theta) in SHAPES {
-        let spec = AttentionSpec {
-            num_q_heads: hq,
-            num_kv_heads: hkv,
-            head_dim: d,
-            rope: RopeSpec { theta, rotary_dim },
-            norm_eps: 1e-6,
-            output_gate: false,
-            scale: (d as f32).powf(-0.5),
-        };
+        let spec = spec_of(hq, hkv, d, rotary_dim, theta);
         let (q_norm, k_norm) = (c.data.vector(d, 1.0, 0.2), c.data.vector(d, 1.0, 0.2));
         let kv_cols = 2 * spec.kv_width();
         let contexts: Vec<Vec<f32>> = BATCH_CONTEXTS
