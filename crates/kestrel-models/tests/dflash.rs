@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use kestrel_core::Backend;
 use kestrel_cpu::CpuBackend;
 use kestrel_models::runner::SequenceRunner;
-use kestrel_models::{DflashDrafter, DraftContext, Model};
+use kestrel_models::{DflashDrafter, DraftContext, DraftHead, Model};
 use serde_json::Value;
 
 const LOGIT_TOL: f32 = 2e-3;
@@ -95,7 +95,9 @@ impl Fixture {
             .map(|(x, y)| (x - y).abs())
             .fold(0.0, f32::max);
         assert!(diff < LOGIT_TOL, "{logits_name}: max |diff| {diff}");
-        let drafts = self.drafter.drafts(b, d, ctx, anchor, block, 512);
+        let drafts = self
+            .drafter
+            .drafts(b, d, ctx, anchor, block, &DraftHead::full(512));
         let want: Vec<u32> = step["drafts"]
             .as_array()
             .unwrap()
@@ -156,7 +158,7 @@ fn truncating_the_context_forgets_the_newest_rows() {
 fn one_pass_for_several_sequences_drafts_what_each_pass_drafts_alone() {
     let f = load();
     let steps = f.meta["steps"].as_array().unwrap();
-    let (d, vocab) = (&f.target.decoder, 512);
+    let (d, head) = (&f.target.decoder, DraftHead::full(512));
     // Three sequences' contexts: the reference's at two lengths, a window,
     // and an empty one (which gets no drafts).
     let len = |i: usize| steps[i]["context_len"].as_u64().unwrap() as usize;
@@ -174,7 +176,7 @@ fn one_pass_for_several_sequences_drafts_what_each_pass_drafts_alone() {
     let alone: Vec<Vec<u32>> = [&mut a, &mut b, &mut w, &mut empty]
         .into_iter()
         .zip(anchors)
-        .map(|(c, x)| f.drafter.drafts(&f.b, d, c, x, block, vocab))
+        .map(|(c, x)| f.drafter.drafts(&f.b, d, c, x, block, &head))
         .collect();
     let mut seqs = vec![
         (&mut a, anchors[0]),
@@ -182,7 +184,7 @@ fn one_pass_for_several_sequences_drafts_what_each_pass_drafts_alone() {
         (&mut w, anchors[2]),
     ];
     seqs.insert(1, (&mut empty, anchors[3]));
-    let together = f.drafter.drafts_batch(&f.b, d, &mut seqs, block, vocab);
+    let together = f.drafter.drafts_batch(&f.b, d, &mut seqs, block, &head);
     let expected = vec![
         alone[0].clone(),
         Vec::new(),
@@ -279,4 +281,53 @@ fn the_target_records_the_tapped_hidden_states_without_changing_its_logits() {
         worst < 1e-3,
         "tapped states differ from transformers' by {worst}"
     );
+}
+
+#[test]
+fn a_reduced_draft_vocabulary_drafts_the_best_of_its_own_ids() {
+    let f = load();
+    let steps = f.meta["steps"].as_array().unwrap();
+    let (b, d) = (&f.b, &f.target.decoder);
+    let c = steps[2]["context_len"].as_u64().unwrap() as usize;
+    let anchor = steps[2]["anchor"].as_u64().unwrap() as u32;
+    let block = f.drafter.config.block_size;
+    let mut ctx = DraftContext::new(8192);
+    ctx.append(b, &f.drafter, &f.taps(0, c));
+    let full = f
+        .drafter
+        .drafts(b, d, &mut ctx, anchor, block, &DraftHead::full(512));
+    // The reference's logits: each draft of a reduced head is the best
+    // scoring of its ids, ties to the lower id.
+    let logits = b.to_host(&f.drafter.block_logits(b, d, &mut ctx, anchor, block));
+    let vocab = logits.len() / (block - 1);
+    let best_of = |ids: &[u32]| -> Vec<u32> {
+        logits
+            .chunks(vocab)
+            .map(|row| {
+                *ids.iter()
+                    .reduce(|a, x| {
+                        if row[*x as usize] > row[*a as usize] {
+                            x
+                        } else {
+                            a
+                        }
+                    })
+                    .unwrap()
+            })
+            .collect()
+    };
+    // Every odd id, and the full drafts' ids with every id above 300.
+    let odd: Vec<u32> = (1..512).step_by(2).collect();
+    let mut kept: Vec<u32> = full.iter().copied().chain(300..512).collect();
+    kept.sort_unstable();
+    kept.dedup();
+    for ids in [odd, kept.clone()] {
+        let head = DraftHead::reduced(b, d, &ids).unwrap();
+        let drafts = f.drafter.drafts(b, d, &mut ctx, anchor, block, &head);
+        assert!(drafts.iter().all(|t| ids.contains(t)), "{drafts:?}");
+        assert_eq!(drafts, best_of(&ids));
+    }
+    // A vocabulary holding the whole head's choices drafts what it drafts.
+    let head = DraftHead::reduced(b, d, &kept).unwrap();
+    assert_eq!(f.drafter.drafts(b, d, &mut ctx, anchor, block, &head), full);
 }

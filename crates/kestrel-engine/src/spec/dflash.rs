@@ -19,11 +19,13 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use kestrel_core::Backend;
-use kestrel_models::{DflashDrafter, DraftContext, Model};
+use kestrel_models::{DflashDrafter, DraftContext, DraftHead, Model};
 
+use super::DraftVocab;
 use super::mtp::CommittedRows;
 use crate::client::SeqId;
 
@@ -39,6 +41,9 @@ pub struct DflashOptions {
     pub draft_model: PathBuf,
     /// Most context tokens a sequence's drafter keeps.
     pub window: usize,
+    /// Draft only these ids, scoring only their rows of the lm_head (the
+    /// larger half of a pass's bytes on Qwen3.6); `None`: every id.
+    pub draft_vocab: Option<Arc<DraftVocab>>,
 }
 
 impl DflashOptions {
@@ -46,6 +51,7 @@ impl DflashOptions {
         DflashOptions {
             draft_model: draft_model.into(),
             window: DEFAULT_DRAFT_WINDOW,
+            draft_vocab: None,
         }
     }
 }
@@ -53,10 +59,13 @@ impl DflashOptions {
 pub(crate) struct DflashProposer<B: Backend> {
     drafter: DflashDrafter<B>,
     window: usize,
-    /// Tokens per drafted block: the anchor and the drafts.
+    /// Most tokens per drafted block: the anchor and the drafts.
     block: usize,
-    /// Drafts are chosen among the ids below this.
-    vocab: usize,
+    /// The step's row budget (`DraftRows`): a pass drafts only what the
+    /// next step can verify, and none when it verifies none.
+    rows: Option<usize>,
+    /// The lm_head rows drafts are chosen among.
+    head: DraftHead<B>,
     contexts: HashMap<SeqId, DraftContext<B>>,
     drafts: HashMap<SeqId, Vec<u32>>,
 }
@@ -67,17 +76,24 @@ impl<B: Backend> DflashProposer<B> {
         model: &Model<B>,
         options: &DflashOptions,
         max_drafts: usize,
+        rows: Option<usize>,
         vocab: usize,
     ) -> Result<Self> {
         let drafter = DflashDrafter::load(&options.draft_model, backend, &model.decoder)?;
         if options.window == 0 {
             anyhow::bail!("the DFlash draft window must hold at least one token");
         }
+        let head = match &options.draft_vocab {
+            None => DraftHead::full(vocab),
+            Some(v) => DraftHead::reduced(backend, &model.decoder, v.ids())
+                .context("cannot build the reduced draft head")?,
+        };
         Ok(Self {
             drafter,
             window: options.window,
             block: max_drafts + 1,
-            vocab,
+            rows,
+            head,
             contexts: HashMap::new(),
             drafts: HashMap::new(),
         })
@@ -135,6 +151,13 @@ impl<B: Backend> DflashProposer<B> {
                 drafting.push((s.id, anchor));
             }
         }
+        // The next step verifies at most this many drafts a sequence: a
+        // longer block would be drafted for nothing.
+        let decoding = seqs.iter().filter(|s| s.decodes_next).count();
+        let verifiable = super::drafts_per_sequence(self.rows, decoding, self.block - 1);
+        if verifiable == 0 {
+            return Ok(());
+        }
         // One pass for every sequence that drafts: the drafter's weights
         // and the lm_head are read once per step, not once per sequence.
         let mut taken: Vec<(SeqId, DraftContext<B>, u32)> = drafting
@@ -145,7 +168,7 @@ impl<B: Backend> DflashProposer<B> {
             taken.iter_mut().map(|(_, c, a)| (c, *a)).collect();
         let drafts =
             self.drafter
-                .drafts_batch(b, &model.decoder, &mut seqs, self.block, self.vocab);
+                .drafts_batch(b, &model.decoder, &mut seqs, verifiable + 1, &self.head);
         for ((id, ctx, _), drafts) in taken.into_iter().zip(drafts) {
             self.contexts.insert(id, ctx);
             self.drafts.insert(id, drafts);

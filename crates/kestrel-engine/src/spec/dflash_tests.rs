@@ -20,8 +20,12 @@ fn testdata() -> PathBuf {
 /// Sequence 1's rows `start..committed` at the start of the step; its
 /// known tokens run one past `committed`.
 fn rows(start: usize, committed: usize, tokens: &[u32]) -> CommittedRows<'_> {
+    seq_rows(1, start, committed, tokens)
+}
+
+fn seq_rows(id: u64, start: usize, committed: usize, tokens: &[u32]) -> CommittedRows<'_> {
     CommittedRows {
-        id: 1,
+        id,
         first_row: 0,
         start,
         committed,
@@ -50,7 +54,7 @@ fn drafts_follow_the_reference_through_prefill_and_a_rejected_verify() {
     let seq = ids(&meta["sequence"]);
     let steps = meta["steps"].as_array().unwrap();
     let options = DflashOptions::new(testdata().join("dflash/drafter"));
-    let mut proposer = DflashProposer::new(&b, &model, &options, 7, 512).unwrap();
+    let mut proposer = DflashProposer::new(&b, &model, &options, 7, None, 512).unwrap();
     let d = &model.decoder;
     let mut cache = b.new_cache(&d.cache_spec(4, 16, 1)).unwrap();
     b.zero_state(&mut cache, 0);
@@ -92,4 +96,70 @@ fn drafts_follow_the_reference_through_prefill_and_a_rejected_verify() {
     // Released once the sequence is gone.
     proposer.retain(|id| id != 1);
     assert!(proposer.contexts.is_empty());
+}
+
+#[test]
+fn a_pass_drafts_only_what_the_next_step_can_verify() {
+    let b = CpuBackend::new();
+    let model = Model::load(&testdata().join("golden/qwen3_5_moe/model"), &b).unwrap();
+    let meta: Value = serde_json::from_str(
+        &std::fs::read_to_string(testdata().join("dflash/reference.json")).unwrap(),
+    )
+    .unwrap();
+    let seq = ids(&meta["sequence"]);
+    let prompt = meta["steps"][0]["context_len"].as_u64().unwrap() as usize;
+    let options = DflashOptions::new(testdata().join("dflash/drafter"));
+    let d = &model.decoder;
+    // Two sequences with the same prompt, prefilled in one step.
+    let taps = |proposer: &DflashProposer<CpuBackend>| {
+        let mut cache = b.new_cache(&d.cache_spec(4, 16, 2)).unwrap();
+        b.zero_state(&mut cache, 0);
+        b.zero_state(&mut cache, 1);
+        let mut ids = seq[..prompt].to_vec();
+        ids.extend_from_slice(&seq[..prompt]);
+        let batch = ForwardBatch {
+            seqs: vec![
+                SeqChunk::new(prompt, 0, vec![0], 0),
+                SeqChunk::new(prompt, 0, vec![1], 1),
+            ],
+        };
+        d.step_with_taps(
+            &b,
+            &ids,
+            &batch,
+            &mut cache,
+            &[prompt - 1, 2 * prompt - 1],
+            proposer.taps(),
+        )
+        .taps
+    };
+    let known = &seq[..=prompt];
+    let both = |p: &mut DflashProposer<CpuBackend>| {
+        let t = taps(p);
+        let mut second = seq_rows(2, 0, prompt, known);
+        second.first_row = prompt;
+        p.after_step(&b, &model, &t, &[seq_rows(1, 0, prompt, known), second])
+            .unwrap();
+    };
+    // Unbudgeted: the whole block (7 drafts) for each.
+    let mut unlimited = DflashProposer::new(&b, &model, &options, 7, None, 512).unwrap();
+    both(&mut unlimited);
+    assert_eq!(unlimited.drafts(1).len(), 7);
+    assert_eq!(unlimited.drafts(1), unlimited.drafts(2));
+    // 8 rows for 2 sequences: 3 drafts each, from a block of 4.
+    let mut budget = DflashProposer::new(&b, &model, &options, 7, Some(8), 512).unwrap();
+    both(&mut budget);
+    assert_eq!((budget.drafts(1).len(), budget.drafts(2).len()), (3, 3));
+    let mut ctx = budget.contexts.remove(&1).unwrap();
+    let alone = budget
+        .drafter
+        .drafts(&b, d, &mut ctx, seq[prompt], 4, &budget.head);
+    assert_eq!(budget.drafts(1), alone.as_slice());
+    // 3 rows for 2 sequences: nothing to verify, so no pass, but the
+    // contexts still follow the committed rows.
+    let mut none = DflashProposer::new(&b, &model, &options, 7, Some(3), 512).unwrap();
+    both(&mut none);
+    assert!(none.drafts(1).is_empty() && none.drafts(2).is_empty());
+    assert_eq!(none.contexts[&1].end(), prompt);
+    assert_eq!(none.contexts[&2].end(), prompt);
 }

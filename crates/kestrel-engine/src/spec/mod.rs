@@ -233,6 +233,11 @@ pub(crate) fn check(
             v.check(vocab)?;
         }
     }
+    if let SpeculativeMethod::Dflash(options) = &config.method
+        && let Some(v) = &options.draft_vocab
+    {
+        v.check(vocab)?;
+    }
     Ok(())
 }
 
@@ -265,6 +270,7 @@ impl<B: Backend> Proposer<B> {
                 model,
                 options,
                 config.num_speculative_tokens,
+                rows,
                 vocab,
             )?),
             _ => None,

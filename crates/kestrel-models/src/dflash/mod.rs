@@ -30,6 +30,7 @@ pub use context::DraftContext;
 
 use crate::blocks::FeedForward;
 use crate::decoder::Decoder;
+use crate::draft_head::DraftHead;
 use crate::loader::Loader;
 use crate::weights::WeightFiles;
 
@@ -296,15 +297,16 @@ impl<B: Backend> DflashDrafter<B> {
     }
 
     /// Greedy drafts of several sequences' blocks in one pass
-    /// ([`DflashDrafter::blocks_hidden`]): `block - 1` ids below `vocab`
-    /// each, none for a sequence whose context is empty.
+    /// ([`DflashDrafter::blocks_hidden`]): `block - 1` ids that `head`
+    /// scores (the whole lm_head or a reduced draft vocabulary's rows) each,
+    /// none for a sequence whose context is empty.
     pub fn drafts_batch(
         &self,
         b: &B,
         target: &Decoder<B>,
         seqs: &mut [(&mut DraftContext<B>, u32)],
         block: usize,
-        vocab: usize,
+        head: &DraftHead<B>,
     ) -> Vec<Vec<u32>> {
         let mut drafts = vec![Vec::new(); seqs.len()];
         if block < 2 {
@@ -323,15 +325,14 @@ impl<B: Backend> DflashDrafter<B> {
         let rows: Vec<usize> = (0..ready.len())
             .flat_map(|s| s * block + 1..(s + 1) * block)
             .collect();
-        let logits = b.matmul(&b.gather_rows(&hidden, &rows), target.lm_head());
-        let ids = b.argmax_rows(&logits, vocab.min(b.dims(&logits).1));
+        let ids = head.argmax(b, target, &b.gather_rows(&hidden, &rows));
         for (chunk, &i) in ids.chunks(block - 1).zip(&ready) {
             drafts[i] = chunk.to_vec();
         }
         drafts
     }
 
-    /// Greedy drafts of a block (`block - 1` ids below `vocab`).
+    /// Greedy drafts of a block (`block - 1` ids that `head` scores).
     pub fn drafts(
         &self,
         b: &B,
@@ -339,9 +340,9 @@ impl<B: Backend> DflashDrafter<B> {
         context: &mut DraftContext<B>,
         anchor: u32,
         block: usize,
-        vocab: usize,
+        head: &DraftHead<B>,
     ) -> Vec<u32> {
-        self.drafts_batch(b, target, &mut [(context, anchor)], block, vocab)
+        self.drafts_batch(b, target, &mut [(context, anchor)], block, head)
             .pop()
             .unwrap_or_default()
     }

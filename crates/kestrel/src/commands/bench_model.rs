@@ -128,11 +128,11 @@ pub struct Args {
     /// Numbers of sequences in the MTP draft phases.
     #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "1,2,4,8")]
     mtp_draft_batches: Vec<usize>,
-    /// Also time the draft phases over this reduced draft vocabulary (one
-    /// token id per line, or a JSON array).
+    /// Also time the MTP draft phases and DFlash passes over this reduced draft
+    /// vocabulary (one token id per line, or a JSON array).
     #[arg(long, value_name = "FILE", conflicts_with = "draft_vocab_size")]
     draft_vocab: Option<PathBuf>,
-    /// Also time the draft phases over the ids 0..N (for dummy weights).
+    /// Also time the MTP draft phases and DFlash passes over the ids 0..N (for dummy weights).
     #[arg(long, value_name = "N")]
     draft_vocab_size: Option<usize>,
     /// Time DFlash drafter passes with this drafter: a folder, or with

@@ -3,7 +3,7 @@
 //! `--draft-model DIR` and `--draft-window N` for DFlash) and vLLM's
 //! `--speculative-config '{"method": ..., "num_speculative_tokens": ...}'`,
 //! accepted as vLLM users write it, plus `--draft-vocab FILE` (in the JSON:
-//! `"draft_vocab"`) for MTP drafting over a reduced vocabulary.
+//! `"draft_vocab"`) for MTP or DFlash drafting over a reduced vocabulary.
 //! `--speculative replay --acceptance 0.87,0.74,0.61` is the replay proposer,
 //! a benchmark proposer for dummy weights (kestrel-engine's
 //! `spec::prompt_replay`).
@@ -40,8 +40,9 @@ pub struct SpeculativeArgs {
     /// Longest n-gram prompt lookup matches (vLLM `prompt_lookup_max`).
     #[arg(long)]
     prompt_lookup_max: Option<usize>,
-    /// MTP drafts only these token ids (a file: one id per line, or a JSON
-    /// array), scoring only their rows of the lm_head. Output is unchanged.
+    /// MTP or DFlash drafts only these token ids (a file: one id per line,
+    /// or a JSON array), scoring only their rows of the lm_head. Output is
+    /// unchanged.
     #[arg(long, value_name = "FILE")]
     draft_vocab: Option<PathBuf>,
     /// The drafter folder of `--speculative dflash` (z-lab form; in the
@@ -156,7 +157,7 @@ impl SpeculativeArgs {
                 bail!("--num-speculative-tokens needs --speculative (ngram or mtp)");
             }
             if draft_vocab.is_some() {
-                bail!("--draft-vocab needs --speculative mtp");
+                bail!("--draft-vocab needs --speculative mtp or dflash");
             }
             if acceptance.is_some() {
                 bail!("--acceptance needs --speculative replay");
@@ -168,7 +169,7 @@ impl SpeculativeArgs {
         };
         if method == "replay" {
             if draft_vocab.is_some() {
-                bail!("a draft vocabulary is for MTP drafting (--speculative mtp)");
+                bail!(NOT_DRAFTED);
             }
             return replay(acceptance, k).map(Some);
         }
@@ -180,7 +181,7 @@ impl SpeculativeArgs {
                 Some(dir) => Some(dir),
                 None => default_drafter()?,
             };
-            return dflash(dir, draft_window, k, draft_vocab.is_some()).map(Some);
+            return dflash(dir, draft_window, k, draft_vocab.as_deref()).map(Some);
         }
         if draft_model.is_some() || draft_window.is_some() {
             bail!("--draft-model and --draft-window are for --speculative dflash");
@@ -189,15 +190,21 @@ impl SpeculativeArgs {
         if k == 0 {
             bail!("--num-speculative-tokens must be at least 1");
         }
+        let drafts_with_a_head =
+            matches!(method.as_str(), "mtp" | "qwen3_next_mtp" | "qwen3_5_mtp");
+        if draft_vocab.is_some() && !drafts_with_a_head {
+            bail!(NOT_DRAFTED);
+        }
+        let draft_vocab = match &draft_vocab {
+            Some(path) => Some(Arc::new(DraftVocab::from_file(path)?)),
+            None => None,
+        };
         let method = match method.as_str() {
             "ngram" | "prompt_lookup" => {
                 SpeculativeMethod::Ngram(NgramConfig::from_vllm(min, max, k)?)
             }
             "mtp" | "qwen3_next_mtp" | "qwen3_5_mtp" => SpeculativeMethod::Mtp(MtpOptions {
-                draft_vocab: match &draft_vocab {
-                    Some(path) => Some(Arc::new(DraftVocab::from_file(path)?)),
-                    None => None,
-                },
+                draft_vocab: draft_vocab.clone(),
             }),
             other => {
                 bail!(
@@ -206,9 +213,6 @@ impl SpeculativeArgs {
                 )
             }
         };
-        if draft_vocab.is_some() && !matches!(method, SpeculativeMethod::Mtp(_)) {
-            bail!("a draft vocabulary is for MTP drafting (--speculative mtp)");
-        }
         Ok(Some(SpeculativeConfig {
             method,
             num_speculative_tokens: k,
@@ -216,13 +220,17 @@ impl SpeculativeArgs {
     }
 }
 
+/// What a draft vocabulary given to a method without a drafting head says.
+const NOT_DRAFTED: &str =
+    "a draft vocabulary is for MTP or DFlash drafting (--speculative mtp or dflash)";
+
 /// DFlash drafting with the drafter in `dir`; k defaults to the drafter's
 /// block size minus one.
 fn dflash(
     dir: Option<PathBuf>,
     window: Option<usize>,
     k: Option<usize>,
-    has_draft_vocab: bool,
+    draft_vocab: Option<&std::path::Path>,
 ) -> Result<SpeculativeConfig> {
     let Some(dir) = dir else {
         bail!(
@@ -230,9 +238,6 @@ fn dflash(
              bundled model has a default one)"
         );
     };
-    if has_draft_vocab {
-        bail!("a draft vocabulary is for MTP drafting (--speculative mtp)");
-    }
     let k = match k {
         Some(k) => k,
         None => kestrel_models::DflashConfig::from_file(&dir.join("config.json"))?.block_size - 1,
@@ -243,6 +248,9 @@ fn dflash(
     let mut options = DflashOptions::new(dir);
     if let Some(w) = window {
         options.window = w;
+    }
+    if let Some(path) = draft_vocab {
+        options.draft_vocab = Some(Arc::new(DraftVocab::from_file(path)?));
     }
     Ok(SpeculativeConfig {
         method: SpeculativeMethod::Dflash(options),
@@ -433,11 +441,27 @@ mod tests {
         })
         .config()
         .unwrap_err();
-        assert!(err.to_string().contains("MTP"), "{err}");
+        assert!(err.to_string().contains("MTP or DFlash"), "{err}");
         let err = args(|a| a.draft_vocab = Some(file.clone()))
             .config()
             .unwrap_err();
         assert!(err.to_string().contains("--speculative mtp"), "{err}");
+        // DFlash drafts over it too.
+        std::fs::write(&file, "[4, 9]").unwrap();
+        let drafter =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/dflash/drafter");
+        let c = args(|a| {
+            a.speculative = Some("dflash".into());
+            a.draft_model = Some(drafter.clone());
+            a.draft_vocab = Some(file.clone());
+        })
+        .config()
+        .unwrap()
+        .unwrap();
+        match c.method {
+            SpeculativeMethod::Dflash(o) => assert_eq!(o.draft_vocab.unwrap().ids(), &[4, 9]),
+            other => panic!("{other:?}"),
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -11,16 +11,18 @@
 //! states; each pass leaves the context as it was. Several sequences share
 //! one pass, as the proposer runs them: their blocks are row groups of every
 //! product and only the attention runs per sequence.
-//! Its floor: the drafter's layer weights and the whole lm_head, read once
-//! per step, and every sequence's context keys and values, over the
+//! With `--draft-vocab` / `--draft-vocab-size` every pass is also timed
+//! scoring only that vocabulary's rows of the lm_head.
+//! Its floor: the drafter's layer weights and the lm_head rows scored, read
+//! once per step, and every sequence's context keys and values, over the
 //! bandwidth.
 
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use kestrel_core::Backend;
-use kestrel_models::{DflashDrafter, DraftContext, Model};
+use kestrel_models::{DflashDrafter, DraftContext, DraftHead, Model};
 use serde_json::{Value, json};
 
 use super::Args;
@@ -67,6 +69,9 @@ pub struct PassResult {
     pub batch: usize,
     pub block: usize,
     pub context: usize,
+    /// The reduced draft vocabulary scored (`None`: the whole lm_head).
+    pub draft_vocab: Option<String>,
+    pub head_rows: usize,
     /// Time of the step's pass (all `batch` sequences).
     pub stats: Stats,
     pub bytes: PassBytes,
@@ -88,6 +93,8 @@ impl PassResult {
             "block": self.block,
             "drafts": self.block - 1,
             "context": self.context,
+            "draft_vocab": self.draft_vocab,
+            "head_rows": self.head_rows,
             "median_ms": self.stats.median * 1e3,
             "per_sequence_ms": self.stats.median * 1e3 / self.batch as f64,
             "times_ms": self.stats.all.iter().map(|t| t * 1e3).collect::<Vec<f64>>(),
@@ -133,6 +140,12 @@ pub fn run_all<B: Backend>(
     };
     let drafter = load(b, model, path, dummy, args.seed)?;
     let vocab = model.config().vocab_size;
+    let mut heads = vec![(None, DraftHead::full(vocab))];
+    if let Some((v, label)) = super::mtp_draft::draft_vocab(args, vocab)? {
+        let head = DraftHead::reduced(b, &model.decoder, v.ids())
+            .context("cannot build the reduced draft head")?;
+        heads.push((Some(label), head));
+    }
     let h = model.config().hidden_size;
     let max_batch = args.dflash_batches.iter().copied().max().unwrap_or(1);
     eprintln!(
@@ -167,11 +180,18 @@ pub fn run_all<B: Backend>(
         anchors.push(((s * 7919 + 13) % vocab) as u32);
     }
     for &batch in &args.dflash_batches {
-        for &block in &args.dflash_blocks {
+        for (&block, (label, head)) in args
+            .dflash_blocks
+            .iter()
+            .flat_map(|b| heads.iter().map(move |h| (b, h)))
+        {
             if block < 2 {
                 bail!("--dflash-blocks values must be at least 2 (an anchor and a draft)");
             }
-            eprintln!("DFlash pass batch {batch} block {block} ...");
+            eprintln!(
+                "DFlash pass batch {batch} block {block}, {} lm_head rows ...",
+                head.rows()
+            );
             let (times, breakdown) = time_steps(b, args, || {
                 b.synchronize()?;
                 let start = Instant::now();
@@ -180,7 +200,7 @@ pub fn run_all<B: Backend>(
                     .zip(anchors.iter().copied())
                     .take(batch)
                     .collect();
-                let drafts = drafter.drafts_batch(b, &model.decoder, &mut seqs, block, vocab);
+                let drafts = drafter.drafts_batch(b, &model.decoder, &mut seqs, block, head);
                 if drafts.iter().any(|d| d.len() != block - 1) {
                     bail!("a sequence got fewer than {} drafts", block - 1);
                 }
@@ -190,8 +210,10 @@ pub fn run_all<B: Backend>(
                 batch,
                 block,
                 context: args.context,
+                draft_vocab: label.clone(),
+                head_rows: head.rows(),
                 stats: Stats::of(&times),
-                bytes: pass_bytes(&drafter, vocab, args.context, storage),
+                bytes: pass_bytes(&drafter, head.rows(), args.context, storage),
                 bandwidth_gbs,
             };
             eprintln!("  {}", r.to_json(&breakdown));
@@ -211,14 +233,15 @@ pub fn print(results: &[(PassResult, Option<Breakdown>)]) {
         first.stats.all.len()
     );
     println!(
-        "  {:>5} {:>5} {:>10} {:>10} {:>9} {:>9} {:>8}",
-        "batch", "block", "ms/step", "ms/seq", "MB/pass", "floor ms", "% floor"
+        "  {:>5} {:>5} {:>9} {:>10} {:>10} {:>9} {:>9} {:>8}",
+        "batch", "block", "head rows", "ms/step", "ms/seq", "MB/pass", "floor ms", "% floor"
     );
     for (r, _) in results {
         println!(
-            "  {:>5} {:>5} {:>10.3} {:>10.3} {:>9.1} {:>9.3} {:>7.1}%",
+            "  {:>5} {:>5} {:>9} {:>10.3} {:>10.3} {:>9.1} {:>9.3} {:>7.1}%",
             r.batch,
             r.block,
+            r.head_rows,
             r.stats.median * 1e3,
             r.stats.median * 1e3 / r.batch as f64,
             r.bytes.total / 1e6,

@@ -141,7 +141,7 @@ impl DraftResult {
 }
 
 /// The draft vocabulary asked for, checked against the ids the model drafts.
-fn draft_vocab(args: &Args, vocab: usize) -> Result<Option<(DraftVocab, String)>> {
+pub fn draft_vocab(args: &Args, vocab: usize) -> Result<Option<(DraftVocab, String)>> {
     let v = match (&args.draft_vocab, args.draft_vocab_size) {
         (Some(_), Some(_)) => bail!("give --draft-vocab or --draft-vocab-size, not both"),
         (Some(path), None) => (DraftVocab::from_file(path)?, path.display().to_string()),
