@@ -14,7 +14,7 @@ use crate::client::{Command, EngineHandle, Shared};
 use crate::handle::{EngineConfig, EngineEvent};
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
-use crate::spec::{self, DraftRows, Proposer, SpeculativeConfig, SpeculativeMethod};
+use crate::spec::{self, DraftLength, DraftRows, Proposer, SpeculativeConfig, SpeculativeMethod};
 use crate::step;
 
 /// Starts engines; see [`Engine::spawn`].
@@ -37,6 +37,10 @@ pub struct EngineOptions {
     pub use_candidates: bool,
     /// The decode and verify rows a speculative step may bring.
     pub draft_rows: DraftRows,
+    /// Adapt each request's draft length to its acceptance
+    /// ([`spec::DraftLength`]); off: every request drafts the configured
+    /// length, as the row budget allows.
+    pub adaptive_drafts: bool,
 }
 
 impl Default for EngineOptions {
@@ -46,6 +50,7 @@ impl Default for EngineOptions {
             observer: None,
             use_candidates: true,
             draft_rows: DraftRows::default(),
+            adaptive_drafts: false,
         }
     }
 }
@@ -104,6 +109,7 @@ impl Engine {
             observer,
             use_candidates,
             draft_rows,
+            adaptive_drafts,
         } = options;
         let model_config = model.config();
         let hybrid = model_config.arch.is_hybrid();
@@ -194,6 +200,7 @@ impl Engine {
                     observer,
                     use_candidates,
                     proposer,
+                    adaptive_drafts,
                     vocab_size,
                 };
                 engine.run();
@@ -253,6 +260,8 @@ struct EngineLoop<B: Backend> {
     /// (see `choose`); off only in tests.
     use_candidates: bool,
     proposer: Option<Proposer<B>>,
+    /// See [`EngineOptions::adaptive_drafts`].
+    adaptive_drafts: bool,
     /// Drafts at or beyond this id are dropped (they could not be embedded).
     vocab_size: usize,
 }
@@ -323,7 +332,12 @@ impl<B: Backend> EngineLoop<B> {
                     &self.shared.eos_token_ids,
                 );
                 match built {
-                    Ok(seq) => self.scheduler.enqueue(seq),
+                    Ok(mut seq) => {
+                        if let (true, Some(proposer)) = (self.adaptive_drafts, &self.proposer) {
+                            seq.draft_length = DraftLength::adaptive(proposer.max_drafts());
+                        }
+                        self.scheduler.enqueue(seq)
+                    }
                     Err(message) => {
                         self.shared.dequeued();
                         self.scheduler.record_rejected();
@@ -403,7 +417,11 @@ impl<B: Backend> EngineLoop<B> {
                 continue;
             }
             // k drafts emit up to k + 1 tokens.
-            let limit = seq.tokens_left().saturating_sub(1).min(allowed);
+            let limit = seq
+                .tokens_left()
+                .saturating_sub(1)
+                .min(allowed)
+                .min(seq.draft_length.limit());
             let mut drafts = proposer.propose(seq, limit);
             if let Some(bad) = drafts.iter().position(|&t| t as usize >= vocab) {
                 drafts.truncate(bad);

@@ -8,6 +8,7 @@ use crate::cache::SequenceCache;
 use crate::client::SeqId;
 use crate::constraint::TokenConstraint;
 use crate::handle::{EngineConfig, EngineEvent, GenerateRequest, SubmitError, Usage};
+use crate::spec::DraftLength;
 use crate::timing::FirstTokenTiming;
 
 pub(crate) struct Sequence {
@@ -34,6 +35,8 @@ pub(crate) struct Sequence {
     pub timing: FirstTokenTiming,
     /// Which tokens may come next (structured outputs), see [`crate::constraint`].
     pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// How many drafts it may carry, adapted to its acceptance or not.
+    pub draft_length: DraftLength,
 }
 
 impl Sequence {
@@ -63,6 +66,7 @@ impl Sequence {
             drafts: Vec::new(),
             timing: FirstTokenTiming::new(),
             constraint: request.constraint.map(|c| c.0),
+            draft_length: DraftLength::Configured,
         })
     }
 

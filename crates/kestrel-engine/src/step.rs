@@ -243,6 +243,7 @@ pub(crate) fn execute<B: Backend>(
         }
         seq.drafts.clear();
         if chunk.drafts > 0 {
+            seq.draft_length.record(chunk.drafts, accepted);
             sched.end_speculation(chunk.id, chunk.drafts, accepted)?;
         }
         if !emitted.is_empty() {
@@ -283,6 +284,7 @@ pub(crate) fn execute<B: Backend>(
                 tokens: &seq.tokens,
                 block_table: seq.cache.block_table(),
                 decodes_next: committed + 1 == seq.tokens.len(),
+                draft_limit: seq.draft_length.limit(),
             });
         }
         drafter.after_step(backend, model, captured, &rows)?;

@@ -110,27 +110,28 @@ struct Run {
 }
 
 fn run(model: TestModel, s: &Scenario, method: Option<SpeculativeMethod>, k: usize) -> Run {
-    run_on(CpuBackend::new(), DraftRows::default(), model, s, method, k)
+    run_on(CpuBackend::new(), |_| {}, model, s, method, k)
 }
 
+/// `tune` sets the options besides the proposer and the observer.
 fn run_on(
     backend: CpuBackend,
-    draft_rows: DraftRows,
+    tune: impl FnOnce(&mut EngineOptions),
     model: TestModel,
     s: &Scenario,
     method: Option<SpeculativeMethod>,
     k: usize,
 ) -> Run {
     let recorder = Recorder::default();
-    let options = EngineOptions {
+    let mut options = EngineOptions {
         speculative: method.map(|method| SpeculativeConfig {
             method,
             num_speculative_tokens: k,
         }),
         observer: Some(recorder.observer()),
-        draft_rows,
         ..EngineOptions::default()
     };
+    tune(&mut options);
     let engine = Engine::spawn_with_options(backend, model.load(), s.config.clone(), options)
         .expect("engine starts");
     let outputs = match s.arrival {
@@ -427,7 +428,7 @@ fn steps_cut_in_two_passes_give_the_same_output() {
                 let one = run(model, s, method.clone(), *k);
                 let cut = run_on(
                     CpuBackend::cutting_mixed_steps(),
-                    DraftRows::default(),
+                    |_| {},
                     model,
                     s,
                     method.clone(),
@@ -474,7 +475,7 @@ fn a_row_budget_shortens_drafts_and_leaves_the_output() {
         let free = run(model, &s, Some(method.clone()), 4);
         let capped = run_on(
             CpuBackend::new(),
-            DraftRows::AtMost(8),
+            |o| o.draft_rows = DraftRows::AtMost(8),
             model,
             &s,
             Some(method),
@@ -493,6 +494,86 @@ fn a_row_budget_shortens_drafts_and_leaves_the_output() {
             f.spec_decode_num_draft_tokens_total,
             f.spec_decode_num_drafts_total
         );
+    }
+}
+
+/// Adapted draft lengths: wrong drafts shrink to one a step, right ones stay
+/// at the configured length, and no proposer's output changes.
+#[test]
+fn adapted_draft_lengths_shrink_on_rejections_and_leave_the_output() {
+    let model = TestModel::HybridGolden;
+    let s = scenarios(model)
+        .into_iter()
+        .find(|s| s.name == "forced preemption")
+        .expect("scenario");
+    let off = run(model, &s, None, 0);
+    let reference: Reference = Arc::new(
+        s.requests
+            .iter()
+            .zip(&off.outputs)
+            .map(|(r, o)| (r.request_id.clone(), o.tokens.clone()))
+            .collect(),
+    );
+    let drafter = model
+        .dflash_drafter()
+        .expect("the golden model has a drafter");
+    let vocab = model.vocab();
+    let methods = [
+        (
+            "AllRight",
+            adversary(Drafts::AllRight, &reference, vocab),
+            4,
+        ),
+        (
+            "AllWrong",
+            adversary(Drafts::AllWrong, &reference, vocab),
+            4,
+        ),
+        ("Random", adversary(Drafts::Random, &reference, vocab), 4),
+        ("mtp", SpeculativeMethod::mtp(), 3),
+        (
+            "dflash",
+            SpeculativeMethod::Dflash(DflashOptions::new(&drafter)),
+            7,
+        ),
+    ];
+    for (name, method, k) in methods {
+        let fixed = run(model, &s, Some(method.clone()), k);
+        let adapted = run_on(
+            CpuBackend::new(),
+            |o| o.adaptive_drafts = true,
+            model,
+            &s,
+            Some(method),
+            k,
+        );
+        assert_eq!(adapted.outputs, off.outputs, "{name}: outputs");
+        assert_same_logits(&adapted.logits, &off.logits, name);
+        let (f, a) = (&fixed.stats, &adapted.stats);
+        assert!(a.spec_decode_num_draft_tokens_total > 0, "{name}: drafted");
+        match name {
+            "AllRight" => assert_eq!(
+                (
+                    a.spec_decode_num_drafts_total,
+                    a.spec_decode_num_draft_tokens_total
+                ),
+                (
+                    f.spec_decode_num_drafts_total,
+                    f.spec_decode_num_draft_tokens_total
+                ),
+                "{name}: runs accepted whole keep their length"
+            ),
+            "AllWrong" => assert!(
+                a.spec_decode_num_draft_tokens_total * f.spec_decode_num_drafts_total
+                    < f.spec_decode_num_draft_tokens_total * a.spec_decode_num_drafts_total,
+                "{name}: rejected runs shrink ({} in {} steps against {} in {})",
+                a.spec_decode_num_draft_tokens_total,
+                a.spec_decode_num_drafts_total,
+                f.spec_decode_num_draft_tokens_total,
+                f.spec_decode_num_drafts_total
+            ),
+            _ => {}
+        }
     }
 }
 

@@ -46,6 +46,8 @@ pub struct ServerConfig {
     pub speculative: Option<kestrel_engine::spec::SpeculativeConfig>,
     /// The decode and verify rows a speculative step may bring.
     pub draft_rows: kestrel_engine::spec::DraftRows,
+    /// Adapt each request's draft length to its acceptance.
+    pub adaptive_drafts: bool,
     /// `/v1/messages`: drop Claude Code's per-request
     /// `x-anthropic-billing-header:` system line so the prompt prefix, and
     /// with it the prefix cache, stays the same across requests.
@@ -74,6 +76,7 @@ impl ServerConfig {
             quantization: kestrel_models::Quantization::AsStored,
             speculative: None,
             draft_rows: Default::default(),
+            adaptive_drafts: false,
             max_model_len: None,
             allow_long_max_model_len: false,
             strip_billing_header: true,

@@ -115,6 +115,7 @@ fn load<B: Backend>(
     let options = EngineOptions {
         speculative: config.speculative.clone(),
         draft_rows: config.draft_rows,
+        adaptive_drafts: config.adaptive_drafts,
         ..EngineOptions::default()
     };
     let engine = Engine::spawn_with_options(backend, model, engine_config, options)

@@ -127,6 +127,9 @@ impl<B: Backend> DflashProposer<B> {
         self.drafts.clear();
         let window = self.window;
         let mut drafting = Vec::new();
+        // The longest run a drafting sequence will take: one block serves
+        // them all, so it is as long as the longest.
+        let mut longest = 0;
         for s in seqs {
             let ctx = self
                 .contexts
@@ -149,12 +152,14 @@ impl<B: Backend> DflashProposer<B> {
                     .get(s.committed)
                     .context("a decoding sequence has its newest token")?;
                 drafting.push((s.id, anchor));
+                longest = longest.max(s.draft_limit);
             }
         }
         // The next step verifies at most this many drafts a sequence: a
         // longer block would be drafted for nothing.
         let decoding = seqs.iter().filter(|s| s.decodes_next).count();
-        let verifiable = super::drafts_per_sequence(self.rows, decoding, self.block - 1);
+        let verifiable =
+            super::drafts_per_sequence(self.rows, decoding, self.block - 1).min(longest);
         if verifiable == 0 {
             return Ok(());
         }

@@ -32,6 +32,7 @@ fn seq_rows(id: u64, start: usize, committed: usize, tokens: &[u32]) -> Committe
         tokens,
         block_table: &[],
         decodes_next: true,
+        draft_limit: usize::MAX,
     }
 }
 
@@ -162,4 +163,16 @@ fn a_pass_drafts_only_what_the_next_step_can_verify() {
     assert!(none.drafts(1).is_empty() && none.drafts(2).is_empty());
     assert_eq!(none.contexts[&1].end(), prompt);
     assert_eq!(none.contexts[&2].end(), prompt);
+    // Adapted lengths of 2 and 4: one block of 5 serves both.
+    let mut adapted = DflashProposer::new(&b, &model, &options, 7, None, 512).unwrap();
+    let t = taps(&adapted);
+    let mut first = seq_rows(1, 0, prompt, known);
+    first.draft_limit = 2;
+    let mut second = seq_rows(2, 0, prompt, known);
+    second.first_row = prompt;
+    second.draft_limit = 4;
+    adapted
+        .after_step(&b, &model, &t, &[first, second])
+        .unwrap();
+    assert_eq!((adapted.drafts(1).len(), adapted.drafts(2).len()), (4, 4));
 }

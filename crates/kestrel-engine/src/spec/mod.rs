@@ -25,6 +25,7 @@
 
 pub(crate) mod capture;
 pub mod dflash;
+pub(crate) mod draft_length;
 pub mod draft_vocab;
 pub(crate) mod mtp;
 pub mod ngram;
@@ -37,6 +38,7 @@ use kestrel_core::Backend;
 use kestrel_models::Model;
 
 pub use dflash::{DEFAULT_DRAFT_WINDOW, DflashOptions};
+pub(crate) use draft_length::DraftLength;
 pub use draft_vocab::DraftVocab;
 pub use ngram::NgramConfig;
 
@@ -282,6 +284,11 @@ impl<B: Backend> Proposer<B> {
             mtp,
             dflash,
         })
+    }
+
+    /// The configured length: the most drafts a sequence ever carries.
+    pub fn max_drafts(&self) -> usize {
+        self.max_drafts
     }
 
     /// The most drafts each sequence carries into a step where `decoding`

@@ -42,6 +42,8 @@ pub(crate) struct CommittedRows<'a> {
     pub block_table: &'a [u32],
     /// Whether the sequence decodes next (its newest token follows `committed`).
     pub decodes_next: bool,
+    /// The most drafts its next step takes ([`super::DraftLength::limit`]).
+    pub draft_limit: usize,
 }
 
 pub(crate) struct MtpDrafter<B: Backend> {
@@ -144,7 +146,9 @@ impl<B: Backend> MtpDrafter<B> {
             .iter()
             .map(|s| {
                 let capacity = s.block_table.len() * bs;
-                depth.min((capacity + 1).saturating_sub(s.committed))
+                depth
+                    .min(s.draft_limit)
+                    .min((capacity + 1).saturating_sub(s.committed))
             })
             .collect();
         let mut state = b.gather_rows(&out, &last_rows);

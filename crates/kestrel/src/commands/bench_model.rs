@@ -165,6 +165,10 @@ pub struct Args {
     /// backend's one pass, `all`, or a number); see `serve --draft-rows`.
     #[arg(long, value_name = "ROWS", default_value = "auto")]
     draft_rows: kestrel_engine::spec::DraftRows,
+    /// Adapt each replay request's draft length to its acceptance; see
+    /// `serve --adaptive-drafts`.
+    #[arg(long)]
+    adaptive_drafts: bool,
     /// Run every CUDA step eagerly instead of replaying recorded decode steps
     /// (CUDA graphs).
     #[arg(long)]
@@ -190,6 +194,7 @@ impl Args {
             sampled_vocab,
             seed: self.seed,
             draft_rows: self.draft_rows,
+            adaptive_drafts: self.adaptive_drafts,
         }))
     }
 }

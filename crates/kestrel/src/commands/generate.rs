@@ -164,6 +164,7 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
     let options = EngineOptions {
         speculative,
         draft_rows: args.speculative.draft_rows,
+        adaptive_drafts: args.speculative.adaptive_drafts,
         ..EngineOptions::default()
     };
     let engine = Engine::spawn_with_options(backend, model, config, options)?;

@@ -134,6 +134,7 @@ pub fn run(args: Args) -> Result<()> {
         .speculative
         .config_with(|| crate::model_dir::default_drafter(args.model.as_deref()))?;
     config.draft_rows = args.speculative.draft_rows;
+    config.adaptive_drafts = args.speculative.adaptive_drafts;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

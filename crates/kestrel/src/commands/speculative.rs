@@ -65,6 +65,11 @@ pub struct SpeculativeArgs {
     /// 16 rows on CUDA, no limit on the CPU), `all` (no limit) or a number.
     #[arg(long, value_name = "ROWS", default_value = "auto")]
     pub draft_rows: DraftRows,
+    /// Adapt each request's draft length to what it accepts: two more after
+    /// a step that accepts a whole run, one fewer after a rejection, between
+    /// 1 and K. Output is unchanged.
+    #[arg(long)]
+    pub adaptive_drafts: bool,
 }
 
 /// Drafts a step when no count is given: what both peers' Qwen3.6 recipes use for MTP (2-3).

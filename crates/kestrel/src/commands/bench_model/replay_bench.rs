@@ -40,6 +40,8 @@ pub struct ReplaySettings {
     pub seed: u64,
     /// The decode and verify rows a step may bring.
     pub draft_rows: DraftRows,
+    /// Adapt each request's draft length to its acceptance.
+    pub adaptive_drafts: bool,
 }
 
 /// One round's requests: their tokens and the decode rate.
@@ -103,6 +105,7 @@ pub fn run<B: Backend>(
             num_speculative_tokens: k,
         }),
         draft_rows: settings.draft_rows,
+        adaptive_drafts: settings.adaptive_drafts,
         ..EngineOptions::default()
     };
     let engine = Engine::spawn_with_options(backend, model, config, options)?;
@@ -347,6 +350,7 @@ mod tests {
             sampled_vocab: None,
             seed: 3,
             draft_rows: DraftRows::default(),
+            adaptive_drafts: false,
         };
         let mut results = run(b, model, &settings).unwrap();
         assert_eq!(results.len(), 1);

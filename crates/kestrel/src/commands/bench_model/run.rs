@@ -217,6 +217,8 @@ pub fn bench<B: Backend>(
             "context": settings.context,
             "max_tokens": settings.max_tokens,
             "seed": settings.seed,
+            "draft_rows": format!("{:?}", settings.draft_rows),
+            "adaptive_drafts": settings.adaptive_drafts,
             "runs": results.iter().map(|r| r.to_json(&settings.profile)).collect::<Vec<Value>>(),
         })),
         "skipped": skipped,
