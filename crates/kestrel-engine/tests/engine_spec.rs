@@ -151,15 +151,20 @@ fn run_on(
     }
 }
 
-fn check_all_proposers(model: TestModel, s: &Scenario) {
-    let off = run(model, s, None, 0);
-    let reference: Reference = Arc::new(
+/// Each request's continuation in `off`, by request id.
+fn reference_of(s: &Scenario, off: &Run) -> Reference {
+    Arc::new(
         s.requests
             .iter()
             .zip(&off.outputs)
             .map(|(r, o)| (r.request_id.clone(), o.tokens.clone()))
             .collect(),
-    );
+    )
+}
+
+fn check_all_proposers(model: TestModel, s: &Scenario) {
+    let off = run(model, s, None, 0);
+    let reference = reference_of(s, &off);
     let vocab = model.vocab();
     let mut methods: Vec<(String, SpeculativeMethod, usize)> = [
         Drafts::AllRight,
@@ -457,13 +462,7 @@ fn a_row_budget_shortens_drafts_and_leaves_the_output() {
         .find(|s| s.name == "forced preemption")
         .expect("scenario");
     let off = run(model, &s, None, 0);
-    let reference: Reference = Arc::new(
-        s.requests
-            .iter()
-            .zip(&off.outputs)
-            .map(|(r, o)| (r.request_id.clone(), o.tokens.clone()))
-            .collect(),
-    );
+    let reference = reference_of(&s, &off);
     let methods = [
         (
             "AllRight",
@@ -507,13 +506,7 @@ fn adapted_draft_lengths_shrink_on_rejections_and_leave_the_output() {
         .find(|s| s.name == "forced preemption")
         .expect("scenario");
     let off = run(model, &s, None, 0);
-    let reference: Reference = Arc::new(
-        s.requests
-            .iter()
-            .zip(&off.outputs)
-            .map(|(r, o)| (r.request_id.clone(), o.tokens.clone()))
-            .collect(),
-    );
+    let reference = reference_of(&s, &off);
     let drafter = model
         .dflash_drafter()
         .expect("the golden model has a drafter");

@@ -44,14 +44,20 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-#[test]
-fn drafts_follow_the_reference_through_prefill_and_a_rejected_verify() {
+/// The hybrid golden target and the DFlash fixture's reference drafts.
+fn golden_with_reference() -> (CpuBackend, Model<CpuBackend>, Value) {
     let b = CpuBackend::new();
     let model = Model::load(&testdata().join("golden/qwen3_5_moe/model"), &b).unwrap();
-    let meta: Value = serde_json::from_str(
+    let meta = serde_json::from_str(
         &std::fs::read_to_string(testdata().join("dflash/reference.json")).unwrap(),
     )
     .unwrap();
+    (b, model, meta)
+}
+
+#[test]
+fn drafts_follow_the_reference_through_prefill_and_a_rejected_verify() {
+    let (b, model, meta) = golden_with_reference();
     let seq = ids(&meta["sequence"]);
     let steps = meta["steps"].as_array().unwrap();
     let options = DflashOptions::new(testdata().join("dflash/drafter"));
@@ -101,12 +107,7 @@ fn drafts_follow_the_reference_through_prefill_and_a_rejected_verify() {
 
 #[test]
 fn a_pass_drafts_only_what_the_next_step_can_verify() {
-    let b = CpuBackend::new();
-    let model = Model::load(&testdata().join("golden/qwen3_5_moe/model"), &b).unwrap();
-    let meta: Value = serde_json::from_str(
-        &std::fs::read_to_string(testdata().join("dflash/reference.json")).unwrap(),
-    )
-    .unwrap();
+    let (b, model, meta) = golden_with_reference();
     let seq = ids(&meta["sequence"]);
     let prompt = meta["steps"][0]["context_len"].as_u64().unwrap() as usize;
     let options = DflashOptions::new(testdata().join("dflash/drafter"));
