@@ -162,6 +162,18 @@ fn reference_of(s: &Scenario, off: &Run) -> Reference {
     )
 }
 
+/// The scenario called `name`, its run without speculation and the
+/// continuations of that run.
+fn scenario_with_reference(model: TestModel, name: &str) -> (Scenario, Run, Reference) {
+    let s = scenarios(model)
+        .into_iter()
+        .find(|s| s.name == name)
+        .expect("scenario");
+    let off = run(model, &s, None, 0);
+    let reference = reference_of(&s, &off);
+    (s, off, reference)
+}
+
 fn check_all_proposers(model: TestModel, s: &Scenario) {
     let off = run(model, s, None, 0);
     let reference = reference_of(s, &off);
@@ -457,12 +469,7 @@ fn steps_cut_in_two_passes_give_the_same_output() {
 #[test]
 fn a_row_budget_shortens_drafts_and_leaves_the_output() {
     let model = TestModel::HybridGolden;
-    let s = scenarios(model)
-        .into_iter()
-        .find(|s| s.name == "forced preemption")
-        .expect("scenario");
-    let off = run(model, &s, None, 0);
-    let reference = reference_of(&s, &off);
+    let (s, off, reference) = scenario_with_reference(model, "forced preemption");
     let methods = [
         (
             "AllRight",
@@ -501,12 +508,7 @@ fn a_row_budget_shortens_drafts_and_leaves_the_output() {
 #[test]
 fn adapted_draft_lengths_shrink_on_rejections_and_leave_the_output() {
     let model = TestModel::HybridGolden;
-    let s = scenarios(model)
-        .into_iter()
-        .find(|s| s.name == "forced preemption")
-        .expect("scenario");
-    let off = run(model, &s, None, 0);
-    let reference = reference_of(&s, &off);
+    let (s, off, reference) = scenario_with_reference(model, "forced preemption");
     let drafter = model
         .dflash_drafter()
         .expect("the golden model has a drafter");
