@@ -163,16 +163,16 @@ impl SamplingParams {
         }
         // `max_tokens: 0` computes the prompt (and its logprobs) and
         // generates nothing.
-        if let Some(max_tokens) = self.max_tokens {
-            if self.min_tokens > max_tokens {
-                return Err(InvalidParam::new(
-                    "min_tokens",
-                    format!(
-                        "must be less than or equal to max_tokens={max_tokens}, got {}",
-                        self.min_tokens
-                    ),
-                ));
-            }
+        if let Some(max_tokens) = self.max_tokens
+            && self.min_tokens > max_tokens
+        {
+            return Err(InvalidParam::new(
+                "min_tokens",
+                format!(
+                    "must be less than or equal to max_tokens={max_tokens}, got {}",
+                    self.min_tokens
+                ),
+            ));
         }
         Ok(())
     }
