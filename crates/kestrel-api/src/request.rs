@@ -32,6 +32,8 @@ pub struct SamplingRequest {
     /// (only when [`crate::ValidationOptions::logprobs_supported`]): chat's
     /// `top_logprobs` (0 when not given), completions' `logprobs`.
     pub logprobs: Option<u32>,
+    /// vLLM's `prompt_logprobs`: alternatives per prompt position.
+    pub prompt_logprobs: Option<u32>,
 }
 
 /// Defaults for fields the client left out (model generation config or
@@ -82,6 +84,7 @@ pub struct GenerationParams {
     pub skip_special_tokens: bool,
     pub spaces_between_special_tokens: bool,
     pub logprobs: Option<u32>,
+    pub prompt_logprobs: Option<u32>,
 }
 
 impl SamplingRequest {
@@ -104,6 +107,7 @@ impl SamplingRequest {
             skip_special_tokens: self.skip_special_tokens,
             spaces_between_special_tokens: self.spaces_between_special_tokens,
             logprobs: self.logprobs,
+            prompt_logprobs: self.prompt_logprobs,
         }
     }
 }
@@ -236,6 +240,9 @@ pub enum Prompt {
 pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: Prompt,
+    /// Return the prompt before the completion (and, with `logprobs`, the
+    /// prompt tokens' logprobs first).
+    pub echo: bool,
     pub response_format: ResponseFormat,
     pub structured_output: Option<StructuredOutput>,
     pub stream: bool,

@@ -105,6 +105,7 @@ fn non_streaming_shapes() {
             finish_reason: Some(FinishReason::ToolCalls),
         }],
         usage: Usage::new(3, 4, None),
+        prompt_logprobs: None,
     };
     let v = to_value(&resp);
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");

@@ -493,7 +493,8 @@ fn completion_requests() {
         (r#"{"prompt":"x","logprobs":2}"#, "logprobs"),
         (r#"{"prompt":"x","logprobs":30}"#, "logprobs"),
         (r#"{"prompt":"x","suffix":"y"}"#, "suffix"),
-        (r#"{"prompt":"x","echo":true}"#, "echo"),
+        (r#"{"prompt":"x","max_tokens":-1}"#, "max_tokens"),
+        (r#"{"prompt":"x","prompt_logprobs":1}"#, "prompt_logprobs"),
         (r#"{"prompt":"x","temperature":3}"#, "temperature"),
         (r#"{"prompt":"x","n":3}"#, "n"),
     ];
@@ -640,7 +641,26 @@ fn logprobs_and_n_where_the_server_supports_them() {
     let r =
         parse_completion_request(&json!({"prompt": "x", "logprobs": 0, "n": 3}), &opts).unwrap();
     assert_eq!((r.sampling.logprobs, r.n), (Some(0), 3));
-    let err = parse_completion_request(&json!({"prompt": "x", "logprobs": 2, "echo": true}), &opts)
-        .expect_err("echo");
-    assert_eq!(err.param.as_deref(), Some("echo"));
+    let r = parse_completion_request(
+        &json!({"prompt": "x", "logprobs": 2, "echo": true, "max_tokens": 0}),
+        &opts,
+    )
+    .unwrap();
+    assert!(r.echo);
+    assert_eq!(r.sampling.max_tokens, Some(0));
+    for (extra, param) in [
+        (json!({"prompt_logprobs": 21}), "prompt_logprobs"),
+        (json!({"prompt_logprobs": -1}), "prompt_logprobs"),
+        (json!({"prompt_logprobs": 1.5}), "prompt_logprobs"),
+    ] {
+        let mut body = extra.clone();
+        body["prompt"] = json!("x");
+        let err = parse_completion_request(&body, &opts).expect_err(&extra.to_string());
+        assert_eq!(err.param.as_deref(), Some(param), "{extra}");
+        let err = chat(extra.clone()).expect_err(&extra.to_string());
+        assert_eq!(err.param.as_deref(), Some(param), "{extra}");
+    }
+    let r =
+        parse_completion_request(&json!({"prompt": "x", "prompt_logprobs": 20}), &opts).unwrap();
+    assert_eq!(r.sampling.prompt_logprobs, Some(20));
 }

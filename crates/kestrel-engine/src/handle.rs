@@ -7,8 +7,9 @@
 //!   waiting (the server maps it to 429 with Retry-After), `Invalid` for a
 //!   request the engine can never run (prompt + max_tokens over
 //!   `max_model_len`, token ids outside the vocabulary, bad sampling params).
-//! - Events arrive in order: zero or more `Tokens` (each after its
-//!   `Logprobs` when the request asked for them), then exactly one
+//! - Events arrive in order: the `PromptLogprobs` when asked for, zero or
+//!   more `Tokens` (each after its `Logprobs` when the request asked for
+//!   them), then exactly one
 //!   `Finished` or `Error`, then the channel closes.
 //! - Dropping the `RequestStream` before `Finished` aborts the request: the
 //!   engine frees its pages and state slot at its next step, exactly once,
@@ -18,6 +19,8 @@
 //!   works too, but counts as an abort in the statistics).
 
 use kestrel_sampling::{FinishReason, SamplingParams, TokenLogprobs};
+
+pub use crate::prompt_logprobs::PromptTokenLogprobs;
 
 /// Engine limits, set once at start.
 #[derive(Clone, Debug)]
@@ -79,6 +82,11 @@ pub enum EngineEvent {
     /// The logprobs of the tokens of the `Tokens` event that follows, one
     /// per token; sent only for requests with `params.logprobs` set.
     Logprobs(Vec<TokenLogprobs>),
+    /// Prompt logprobs of consecutive prompt tokens, the first event's
+    /// starting at prompt position 1 (position 0 has none); sent only for
+    /// requests with `params.prompt_logprobs` set, all of them before the
+    /// first `Tokens` (or `Finished`).
+    PromptLogprobs(Vec<PromptTokenLogprobs>),
     Finished {
         reason: FinishReason,
         /// The request's stop token id that ended it, if any.

@@ -16,6 +16,7 @@ mod engine;
 pub mod handle;
 mod logprobs;
 pub mod prefill;
+pub mod prompt_logprobs;
 mod scheduler;
 mod sequence;
 pub mod spec;
@@ -26,4 +27,7 @@ pub use choose::{RowSource, StepLogits};
 pub use client::{EngineHandle, RequestStream};
 pub use constraint::{Constraint, TokenConstraint};
 pub use engine::{Engine, EngineOptions, LogitsObserver};
-pub use handle::{EngineConfig, EngineEvent, EngineStats, GenerateRequest, SubmitError, Usage};
+pub use handle::{
+    EngineConfig, EngineEvent, EngineStats, GenerateRequest, PromptTokenLogprobs, SubmitError,
+    Usage,
+};

@@ -37,6 +37,9 @@ pub(crate) struct Sequence {
     pub constraint: Option<Box<dyn TokenConstraint>>,
     /// How many drafts it may carry, adapted to its acceptance or not.
     pub draft_length: DraftLength,
+    /// The next prompt position whose prompt logprobs are to be sent (see
+    /// [`crate::prompt_logprobs`]); position 0 has none.
+    pub prompt_logprobs_sent: usize,
 }
 
 impl Sequence {
@@ -67,6 +70,7 @@ impl Sequence {
             timing: FirstTokenTiming::new(),
             constraint: request.constraint.map(|c| c.0),
             draft_length: DraftLength::Configured,
+            prompt_logprobs_sent: 1,
         })
     }
 
@@ -82,6 +86,13 @@ impl Sequence {
     /// Whether the next chunk is a single decode token.
     pub fn is_decoding(&self) -> bool {
         self.num_generated() > 0 && self.num_computed() + 1 == self.tokens.len()
+    }
+
+    /// Whether prompt logprobs were asked for and some are not sent yet: a
+    /// prefix-cache hit would skip them.
+    pub fn owes_prompt_logprobs(&self) -> bool {
+        self.sampler.params().prompt_logprobs.is_some()
+            && self.prompt_logprobs_sent < self.prompt_len
     }
 
     /// Tokens the sequence may still generate before a length finish.

@@ -16,6 +16,7 @@ use crate::client::SeqId;
 use crate::engine::LogitsObserver;
 use crate::handle::EngineEvent;
 use crate::logprobs::RowRecorder;
+use crate::prompt_logprobs;
 use crate::scheduler::{Scheduler, StateOp, StepPlan};
 use crate::sequence::Sequence;
 use crate::spec::capture::{self, StepReader};
@@ -103,7 +104,13 @@ pub(crate) fn execute<B: Backend>(
     // decode and verify rows apart from prefill chunks); ending in logits
     // lets decode steps be replayed. A drafter that reads the target's
     // states gets them too.
-    let (mut out, captured, split) = capture::forward_step(
+    let keep_hidden = prompt_logprobs::step_needs_hidden(sched, &plan);
+    let capture::StepOutput {
+        logits: mut out,
+        captured,
+        hidden,
+        split,
+    } = capture::forward_step(
         backend,
         model,
         &ids,
@@ -111,7 +118,11 @@ pub(crate) fn execute<B: Backend>(
         cache,
         &logit_rows,
         drafter.as_ref(),
+        keep_hidden,
     );
+    if let Some(hidden) = hidden {
+        prompt_logprobs::send_step(backend, model, &hidden, sched, &plan)?;
+    }
     if split {
         sched.record_split_step();
     }
@@ -165,6 +176,22 @@ pub(crate) fn execute<B: Backend>(
             continue;
         };
         let logits = step_logits.as_ref().context("logits vanished")?;
+        if seq.tokens_left() == 0 {
+            // `max_tokens: 0`: the prompt is computed, nothing is generated.
+            outcomes.push(Outcome::Finished(
+                chunk.id,
+                Finish {
+                    reason: FinishReason::Length,
+                    stop_token: None,
+                },
+            ));
+            seq.cache.set_num_tokens(known_end, block_size)?;
+            committed_ends.push(known_end);
+            sched.cache_progress(chunk.id, chunk.start, known_end, |own, snap| {
+                backend.copy_state(cache, own, snap)
+            })?;
+            continue;
+        }
         // Sample row by row; a draft is kept while the token sampled for
         // its position equals it.
         let mut emitted = Vec::with_capacity(rows.count);

@@ -121,7 +121,9 @@ fn stops_on_eos_and_stop_tokens() {
                 break;
             }
             EngineEvent::Error(e) => panic!("{e}"),
-            EngineEvent::Logprobs(_) => panic!("logprobs nobody asked for"),
+            EngineEvent::Logprobs(_) | EngineEvent::PromptLogprobs(_) => {
+                panic!("logprobs nobody asked for")
+            }
         }
     }
     assert_eq!(tokens, free[..=first_at]);

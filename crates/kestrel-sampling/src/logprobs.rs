@@ -63,6 +63,15 @@ impl RowLogprobs {
         }
     }
 
+    /// `token`'s rank in the row: 1 + the number of ids more likely than
+    /// it (vLLM's `rank`); ids at NaN are not counted.
+    pub fn rank(&self, token: u32) -> usize {
+        let Some(&v) = self.values.get(token as usize) else {
+            return self.values.len() + 1;
+        };
+        1 + self.values.iter().filter(|&&x| x > v).count()
+    }
+
     /// The `n` most likely ids, best first, lower id first among equals;
     /// ids at `-inf` never appear.
     fn top(&self, n: usize) -> Vec<(u32, f32)> {
@@ -112,5 +121,9 @@ mod tests {
         let all: Vec<u32> = lp.token(0, 10).top.iter().map(|&(id, _)| id).collect();
         assert_eq!(all, [5, 1, 2, 0, 3], "padding (-inf) never appears");
         assert!(lp.token(0, 0).top.is_empty());
+        assert_eq!(lp.rank(5), 1);
+        assert_eq!(lp.rank(1), 2);
+        assert_eq!(lp.rank(2), 2, "ties share a rank");
+        assert_eq!(lp.rank(3), 5);
     }
 }

@@ -35,6 +35,10 @@ pub struct SamplingParams {
     /// row's most likely ids (at most [`crate::MAX_TOP_LOGPROBS`]); `None`
     /// reports nothing.
     pub logprobs: Option<usize>,
+    /// Report, for every prompt token after the first, its log-probability
+    /// given the tokens before it and this many of that row's most likely
+    /// ids (at most [`crate::MAX_TOP_LOGPROBS`]); `None` reports nothing.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -53,6 +57,7 @@ impl Default for SamplingParams {
             max_tokens: None,
             min_tokens: 0,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -148,19 +153,26 @@ impl SamplingParams {
                 format!("must be at most {}, got {top}", crate::MAX_TOP_LOGPROBS),
             ));
         }
-        if let Some(max_tokens) = self.max_tokens {
-            if max_tokens == 0 {
-                return Err(InvalidParam::new("max_tokens", "must be at least 1, got 0"));
-            }
-            if self.min_tokens > max_tokens {
-                return Err(InvalidParam::new(
-                    "min_tokens",
-                    format!(
-                        "must be less than or equal to max_tokens={max_tokens}, got {}",
-                        self.min_tokens
-                    ),
-                ));
-            }
+        if let Some(top) = self.prompt_logprobs
+            && top > crate::MAX_TOP_LOGPROBS
+        {
+            return Err(InvalidParam::new(
+                "prompt_logprobs",
+                format!("must be at most {}, got {top}", crate::MAX_TOP_LOGPROBS),
+            ));
+        }
+        // `max_tokens: 0` computes the prompt (and its logprobs) and
+        // generates nothing.
+        if let Some(max_tokens) = self.max_tokens
+            && self.min_tokens > max_tokens
+        {
+            return Err(InvalidParam::new(
+                "min_tokens",
+                format!(
+                    "must be less than or equal to max_tokens={max_tokens}, got {}",
+                    self.min_tokens
+                ),
+            ));
         }
         Ok(())
     }

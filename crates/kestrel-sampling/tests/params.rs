@@ -106,10 +106,20 @@ fn out_of_range_values_name_their_parameter() {
     );
     assert_eq!(
         rejected(SamplingParams {
-            max_tokens: Some(0),
+            prompt_logprobs: Some(21),
             ..d()
         }),
-        "max_tokens"
+        "prompt_logprobs"
+    );
+    assert!(
+        SamplingParams {
+            max_tokens: Some(0),
+            prompt_logprobs: Some(20),
+            ..d()
+        }
+        .validate()
+        .is_ok(),
+        "max_tokens 0 computes the prompt alone"
     );
     assert_eq!(
         rejected(SamplingParams {

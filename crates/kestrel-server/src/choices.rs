@@ -32,6 +32,10 @@ pub async fn submit_choices(
     let submit = |i: u32, prompt_ids: Vec<u32>, constraint: Option<Constraint>| {
         let mut params = params.clone();
         params.seed = params.seed.map(|s| s.wrapping_add(u64::from(i)));
+        if i > 0 {
+            // The choices share one prompt: its logprobs come from the first.
+            params.prompt_logprobs = None;
+        }
         let id = if n == 1 {
             request_id.to_string()
         } else {

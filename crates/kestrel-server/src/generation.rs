@@ -10,7 +10,9 @@ use std::time::Instant;
 use kestrel_api::stop::StopMatcher;
 use kestrel_api::types::{FinishReason, GeneratedLogprob, Usage};
 use kestrel_api::{ApiError, GenerationParams};
-use kestrel_engine::{Constraint, EngineEvent, GenerateRequest, RequestStream};
+use kestrel_engine::{
+    Constraint, EngineEvent, GenerateRequest, PromptTokenLogprobs, RequestStream,
+};
 use kestrel_sampling::{SamplingParams, TokenLogprobs};
 use kestrel_text::{Detokenizer, Tokenizer};
 
@@ -49,6 +51,7 @@ pub fn sampling_params(p: &GenerationParams, max_tokens: u32) -> ServerResult<Sa
         max_tokens: Some(max_tokens as usize),
         min_tokens: p.min_tokens as usize,
         logprobs: p.logprobs.map(|n| n as usize),
+        prompt_logprobs: p.prompt_logprobs.map(|n| n as usize),
     };
     params
         .validate()
@@ -78,6 +81,8 @@ pub struct TextGeneration {
     pending_logprobs: VecDeque<TokenLogprobs>,
     /// Characters of text decoded so far (the next token's `text_offset`).
     decoded_chars: usize,
+    /// The prompt logprobs received so far (see [`Self::take_prompt_logprobs`]).
+    prompt_logprobs: Vec<PromptTokenLogprobs>,
 }
 
 /// Everything a generation produced (non-streaming responses).
@@ -149,6 +154,7 @@ impl TextGeneration {
             logprobs_tokenizer,
             pending_logprobs: VecDeque::new(),
             decoded_chars: 0,
+            prompt_logprobs: Vec::new(),
         })
     }
 
@@ -207,6 +213,13 @@ impl TextGeneration {
         }
     }
 
+    /// The prompt logprobs (prompt positions 1 onwards), once
+    /// [`Self::prefilled`] returned: the engine sends them all before the
+    /// first token.
+    pub fn take_prompt_logprobs(&mut self) -> Vec<PromptTokenLogprobs> {
+        std::mem::take(&mut self.prompt_logprobs)
+    }
+
     pub async fn next(&mut self) -> Option<Step> {
         loop {
             if let Some(step) = self.queue.pop_front() {
@@ -225,6 +238,7 @@ impl TextGeneration {
         let event = stream.recv().await;
         match event {
             Some(EngineEvent::Logprobs(l)) => self.pending_logprobs.extend(l),
+            Some(EngineEvent::PromptLogprobs(l)) => self.prompt_logprobs.extend(l),
             Some(EngineEvent::Tokens(ids)) => self.on_tokens(&ids),
             Some(EngineEvent::Finished { reason, usage, .. }) => {
                 let tail = self.detok.finish();

@@ -91,6 +91,15 @@ impl ChatSse {
         }
     }
 
+    /// vLLM's `prompt_logprobs`, sent on the stream's first chunk.
+    pub fn with_prompt_logprobs(
+        mut self,
+        prompt_logprobs: Option<kestrel_api::types::PromptLogprobs>,
+    ) -> Self {
+        self.stream = self.stream.with_prompt_logprobs(prompt_logprobs);
+        self
+    }
+
     pub fn with_reply_prefix(mut self, prefix: &str) -> Self {
         self.reply_prefix = prefix.to_string();
         self
@@ -162,11 +171,28 @@ impl CompletionSse {
             include_usage,
         }
     }
+
+    /// The choice opens with what `report` says about the prompt (its echo,
+    /// its logprobs).
+    pub(crate) fn with_prompt_report(mut self, report: &crate::echo::PromptReport) -> Self {
+        let mut stream = self
+            .stream
+            .with_prompt_logprobs(report.prompt_logprobs.clone());
+        if let Some((text, logprobs)) = &report.echo {
+            stream = stream.with_echo(text.clone(), logprobs.clone());
+        }
+        self.stream = stream;
+        self
+    }
 }
 
 impl SseAssembler for CompletionSse {
     fn start(&mut self) -> Vec<String> {
-        Vec::new()
+        self.stream
+            .start()
+            .map(|c| sse_event(&c))
+            .into_iter()
+            .collect()
     }
 
     fn text(&mut self, text: &str) -> Vec<String> {

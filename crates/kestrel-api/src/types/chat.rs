@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ChatLogprobs, FinishReason, Usage};
+use super::{ChatLogprobs, FinishReason, PromptLogprobs, Usage};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatCompletionResponse {
@@ -13,6 +13,9 @@ pub struct ChatCompletionResponse {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// vLLM's `prompt_logprobs`, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,6 +74,9 @@ pub struct ChatCompletionChunk {
     /// `null` on every chunk except the single usage chunk (whose
     /// `choices` is empty) when `stream_options.include_usage` is set.
     pub usage: Option<Usage>,
+    /// vLLM's `prompt_logprobs`, on the first chunk only, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{CompletionLogprobs, FinishReason, Usage};
+use super::{CompletionLogprobs, FinishReason, PromptLogprobs, Usage};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompletionResponse {
@@ -21,6 +21,10 @@ pub struct CompletionChoice {
     pub text: String,
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<FinishReason>,
+    /// vLLM's `prompt_logprobs`, when asked for (on a stream: the choice's
+    /// first chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// Stream chunks have the same shape with `text` as the delta.

@@ -116,4 +116,30 @@ impl CompletionLogprobs {
         }
         out
     }
+
+    /// A token reported without a log-probability (the first of an echoed
+    /// prompt: nothing precedes it).
+    pub fn push_unscored(&mut self, token: &LogprobToken, text_offset: u32) {
+        self.text_offset.push(text_offset);
+        self.token_logprobs.push(None);
+        self.tokens.push(token.text());
+        self.top_logprobs.push(None);
+    }
+
+    /// These entries with `chars` added to every `text_offset` (text that
+    /// precedes them, an echoed prompt).
+    pub fn shifted(mut self, chars: u32) -> Self {
+        for o in &mut self.text_offset {
+            *o = o.saturating_add(chars);
+        }
+        self
+    }
+
+    /// `other`'s entries after these.
+    pub fn append(&mut self, other: CompletionLogprobs) {
+        self.text_offset.extend(other.text_offset);
+        self.token_logprobs.extend(other.token_logprobs);
+        self.tokens.extend(other.tokens);
+        self.top_logprobs.extend(other.top_logprobs);
+    }
 }

@@ -5,6 +5,7 @@ pub mod chat;
 pub mod completion;
 pub mod logprobs;
 pub mod models;
+pub mod prompt_logprobs;
 pub mod sse;
 pub mod tokenize;
 pub mod usage;
@@ -13,6 +14,7 @@ pub use chat::*;
 pub use completion::*;
 pub use logprobs::*;
 pub use models::*;
+pub use prompt_logprobs::*;
 pub use tokenize::*;
 pub use usage::*;
 

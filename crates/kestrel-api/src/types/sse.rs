@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use super::{
     ChatChunkChoice, ChatCompletionChunk, ChatDelta, ChatLogprobs, CompletionChoice,
-    CompletionChunk, CompletionLogprobs, FinishReason, GeneratedLogprob, Role, ToolCallDelta,
-    Usage,
+    CompletionChunk, CompletionLogprobs, FinishReason, GeneratedLogprob, PromptLogprobs, Role,
+    ToolCallDelta, Usage,
 };
 use crate::error::ApiError;
 
@@ -41,6 +41,8 @@ pub struct ChatStream {
     role_sent: bool,
     /// Logprobs of generated tokens not sent yet.
     logprobs: Vec<GeneratedLogprob>,
+    /// Sent on the first chunk.
+    prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// What one step of the parsers produced for the client.
@@ -60,6 +62,7 @@ impl ChatStream {
             index: 0,
             role_sent: false,
             logprobs: Vec::new(),
+            prompt_logprobs: None,
         }
     }
 
@@ -72,6 +75,12 @@ impl ChatStream {
     /// Logprobs of generated tokens, sent with the choice's next chunk.
     pub fn push_logprobs(&mut self, tokens: &[GeneratedLogprob]) {
         self.logprobs.extend_from_slice(tokens);
+    }
+
+    /// The prompt's logprobs, sent on the first chunk.
+    pub fn with_prompt_logprobs(mut self, prompt_logprobs: Option<PromptLogprobs>) -> Self {
+        self.prompt_logprobs = prompt_logprobs;
+        self
     }
 
     /// Whether logprobs wait to be sent.
@@ -87,6 +96,7 @@ impl ChatStream {
             model: self.model.clone(),
             choices,
             usage,
+            prompt_logprobs: None,
         }
     }
 
@@ -101,7 +111,7 @@ impl ChatStream {
         }
         let logprobs = (!self.logprobs.is_empty())
             .then(|| ChatLogprobs::from_tokens(&std::mem::take(&mut self.logprobs)));
-        self.chunk(
+        let mut chunk = self.chunk(
             vec![ChatChunkChoice {
                 index: self.index,
                 delta,
@@ -109,7 +119,9 @@ impl ChatStream {
                 finish_reason,
             }],
             None,
-        )
+        );
+        chunk.prompt_logprobs = self.prompt_logprobs.take();
+        chunk
     }
 
     /// The opening chunk: `role` and empty content.
@@ -164,6 +176,13 @@ pub struct CompletionStream {
     index: u32,
     /// Logprobs of generated tokens not sent yet.
     logprobs: Vec<GeneratedLogprob>,
+    /// Sent on the choice's first chunk.
+    prompt_logprobs: Option<PromptLogprobs>,
+    /// `echo`: the prompt's text and its logprobs, the first chunk's.
+    echo: Option<(String, Option<CompletionLogprobs>)>,
+    /// Characters before the generated text (the echoed prompt's): added
+    /// to the generated tokens' `text_offset`.
+    offset: u32,
 }
 
 impl CompletionStream {
@@ -174,6 +193,9 @@ impl CompletionStream {
             created,
             index: 0,
             logprobs: Vec::new(),
+            prompt_logprobs: None,
+            echo: None,
+            offset: 0,
         }
     }
 
@@ -183,19 +205,47 @@ impl CompletionStream {
         self
     }
 
+    /// The prompt's logprobs, sent on the choice's first chunk.
+    pub fn with_prompt_logprobs(mut self, prompt_logprobs: Option<PromptLogprobs>) -> Self {
+        self.prompt_logprobs = prompt_logprobs;
+        self
+    }
+
+    /// `echo`: the first chunk carries the prompt's text (and its
+    /// logprobs); the generated tokens' offsets count from its end.
+    pub fn with_echo(mut self, text: String, logprobs: Option<CompletionLogprobs>) -> Self {
+        self.offset = u32::try_from(text.chars().count()).unwrap_or(u32::MAX);
+        self.echo = Some((text, logprobs));
+        self
+    }
+
     /// Logprobs of generated tokens, sent with the choice's next chunk.
     pub fn push_logprobs(&mut self, tokens: &[GeneratedLogprob]) {
         self.logprobs.extend_from_slice(tokens);
     }
 
+    /// The opening chunk when there is an echo or prompt logprobs to send.
+    pub fn start(&mut self) -> Option<CompletionChunk> {
+        if self.echo.is_none() && self.prompt_logprobs.is_none() {
+            return None;
+        }
+        let (text, logprobs) = self.echo.take().unwrap_or_default();
+        let mut choice = self.choice(text, None);
+        choice.logprobs = logprobs;
+        Some(self.chunk(vec![choice], None))
+    }
+
     fn choice(&mut self, text: String, finish_reason: Option<FinishReason>) -> CompletionChoice {
-        let logprobs = (!self.logprobs.is_empty())
-            .then(|| CompletionLogprobs::from_tokens(&std::mem::take(&mut self.logprobs)));
+        let logprobs = (!self.logprobs.is_empty()).then(|| {
+            CompletionLogprobs::from_tokens(&std::mem::take(&mut self.logprobs))
+                .shifted(self.offset)
+        });
         CompletionChoice {
             index: self.index,
             text,
             logprobs,
             finish_reason,
+            prompt_logprobs: self.prompt_logprobs.take(),
         }
     }
 

@@ -4,7 +4,9 @@ use serde_json::Value;
 
 use super::fields::{Result, type_name};
 use super::messages::parse_messages;
-use super::sampling::{MAX_TOP_LOGPROBS, parse_n, parse_sampling, reject_unsupported};
+use super::sampling::{
+    MAX_TOP_LOGPROBS, parse_n, parse_prompt_logprobs, parse_sampling, reject_unsupported,
+};
 use super::structured::parse_structured_output;
 use super::tools::{parse_response_format, parse_tool_choice, parse_tools};
 use super::{ValidationOptions, parse_stream, root, truncate_prompt_tokens, unknown_keys};
@@ -32,7 +34,8 @@ pub fn parse_chat_request(body: &Value, opts: &ValidationOptions) -> Result<Chat
     }
     check_modalities(f.get("modalities"))?;
 
-    let mut sampling = parse_sampling(&mut f)?;
+    let mut sampling = parse_sampling(&mut f, 1)?;
+    sampling.prompt_logprobs = parse_prompt_logprobs(&mut f, opts)?;
     let n = parse_n(&mut f, opts)?;
     let logprobs = f.bool("logprobs")?.unwrap_or(false);
     let top_logprobs = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS)?;

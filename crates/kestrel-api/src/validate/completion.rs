@@ -3,7 +3,9 @@
 use serde_json::Value;
 
 use super::fields::{Result, type_name};
-use super::sampling::{MAX_TOP_LOGPROBS, parse_n, parse_sampling, reject_unsupported, token_id};
+use super::sampling::{
+    MAX_TOP_LOGPROBS, parse_n, parse_prompt_logprobs, parse_sampling, reject_unsupported, token_id,
+};
 use super::structured::parse_structured_output;
 use super::tools::parse_response_format;
 use super::{ValidationOptions, parse_stream, root, truncate_prompt_tokens, unknown_keys};
@@ -18,14 +20,13 @@ pub fn parse_completion_request(
     let model = f.string("model")?.map(str::to_string);
     let prompt = parse_prompt(f.get("prompt"))?;
     reject_unsupported(&mut f)?;
-    // (Echoing the prompt would also need the prompt's logprobs.)
-    if f.bool("echo")?.unwrap_or(false) {
-        return Err(ApiError::unsupported("echo"));
-    }
+    let echo = f.bool("echo")?.unwrap_or(false);
     if f.get("suffix").is_some() {
         return Err(ApiError::unsupported("suffix"));
     }
-    let mut sampling = parse_sampling(&mut f)?;
+    // `max_tokens: 0` computes the prompt alone (its echo and logprobs).
+    let mut sampling = parse_sampling(&mut f, 0)?;
+    sampling.prompt_logprobs = parse_prompt_logprobs(&mut f, opts)?;
     let n = parse_n(&mut f, opts)?;
     if let Some(n) = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS)? {
         if !opts.logprobs_supported {
@@ -42,6 +43,7 @@ pub fn parse_completion_request(
     Ok(CompletionRequest {
         model,
         prompt,
+        echo,
         response_format,
         structured_output,
         stream,

@@ -20,7 +20,9 @@ fn out_of_range(param: &str, rule: &str, got: f32) -> ApiError {
 }
 
 /// Reads every sampling field except logprobs, which differ by endpoint.
-pub(crate) fn parse_sampling(f: &mut Fields) -> Result<SamplingRequest> {
+/// `min_max_tokens`: the least `max_tokens` the endpoint takes (0 where
+/// the prompt alone may be computed: completions).
+pub(crate) fn parse_sampling(f: &mut Fields, min_max_tokens: i128) -> Result<SamplingRequest> {
     let mut s = SamplingRequest {
         skip_special_tokens: true,
         spaces_between_special_tokens: true,
@@ -72,8 +74,8 @@ pub(crate) fn parse_sampling(f: &mut Fields) -> Result<SamplingRequest> {
     }
     s.repetition_penalty = repetition_penalty(f)?;
 
-    let max_tokens = f.int_in("max_tokens", 1, u32::MAX as i128)?;
-    let max_completion = f.int_in("max_completion_tokens", 1, u32::MAX as i128)?;
+    let max_tokens = f.int_in("max_tokens", min_max_tokens, u32::MAX as i128)?;
+    let max_completion = f.int_in("max_completion_tokens", min_max_tokens, u32::MAX as i128)?;
     s.max_tokens = max_completion.or(max_tokens).map(|v| v as u32);
     s.min_tokens = f.int_in("min_tokens", 0, u32::MAX as i128)?.unwrap_or(0) as u32;
     if let Some(max) = s.max_tokens
@@ -231,9 +233,6 @@ pub(crate) fn reject_unsupported(f: &mut Fields) -> Result<()> {
     {
         return Err(ApiError::unsupported("use_beam_search"));
     }
-    if f.get("prompt_logprobs").is_some() {
-        return Err(ApiError::unsupported("prompt_logprobs"));
-    }
     // Never deserialize client-supplied tensors (CVE-2025-62164).
     for name in [
         "prompt_embeds",
@@ -248,4 +247,16 @@ pub(crate) fn reject_unsupported(f: &mut Fields) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// vLLM's `prompt_logprobs` (0..=20), where logprobs are served.
+pub(crate) fn parse_prompt_logprobs(
+    f: &mut Fields,
+    opts: &super::ValidationOptions,
+) -> Result<Option<u32>> {
+    let n = f.int_in("prompt_logprobs", 0, MAX_TOP_LOGPROBS)?;
+    if n.is_some() && !opts.logprobs_supported {
+        return Err(ApiError::unsupported("prompt_logprobs"));
+    }
+    Ok(n.map(|n| n as u32))
 }

@@ -178,7 +178,8 @@ impl Scheduler {
             }
         }
         let mut seq = self.waiting.pop_front().expect("checked non-empty");
-        let hit = if self.radix.is_enabled() {
+        // A hit would skip positions whose prompt logprobs are still owed.
+        let hit = if self.radix.is_enabled() && !seq.owes_prompt_logprobs() {
             let policy = self.policy;
             let prompt_len = seq.prompt_len;
             self.radix

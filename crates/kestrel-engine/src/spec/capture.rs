@@ -45,13 +45,21 @@ impl<B: Backend> StepReader<'_, B> {
     }
 }
 
-/// What [`forward_step`] returns: the logits, the capture, and whether the
-/// step ran as two passes.
-pub(crate) type StepOutput<T> = (Option<T>, Option<Captured<T>>, bool);
+/// What [`forward_step`] returns.
+pub(crate) struct StepOutput<T> {
+    pub logits: Option<T>,
+    pub captured: Option<Captured<T>>,
+    /// Hidden states of every row before the final norm, when asked for
+    /// (prompt logprobs, see [`crate::prompt_logprobs`]).
+    pub hidden: Option<T>,
+    /// Whether the step ran as two passes.
+    pub split: bool,
+}
 
 /// [`forward`] over `batch`, as one pass or, where the backend cuts the step,
 /// as two over its first `cut` sequences and the rest: the same logits rows
 /// and captured rows, in the same order.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_step<B: Backend>(
     b: &B,
     model: &Model<B>,
@@ -60,10 +68,17 @@ pub(crate) fn forward_step<B: Backend>(
     cache: &mut B::Cache,
     logit_rows: &[usize],
     reader: Option<&StepReader<'_, B>>,
+    keep_hidden: bool,
 ) -> StepOutput<B::Tensor> {
     let Some(cut) = b.step_cut(batch) else {
-        let (logits, captured) = forward(b, model, ids, batch, cache, logit_rows, reader);
-        return (logits, captured, false);
+        let (logits, captured, hidden) =
+            forward(b, model, ids, batch, cache, logit_rows, reader, keep_hidden);
+        return StepOutput {
+            logits,
+            captured,
+            hidden,
+            split: false,
+        };
     };
     let first = batch.part(0..cut);
     let second = batch.part(cut..batch.seqs.len());
@@ -71,8 +86,26 @@ pub(crate) fn forward_step<B: Backend>(
     // `logit_rows` ascend: the first part's rows, then the second's.
     let (rows_a, rows_b): (Vec<usize>, Vec<usize>) = logit_rows.iter().partition(|&&r| r < split);
     let rows_b: Vec<usize> = rows_b.iter().map(|r| r - split).collect();
-    let (logits_a, captured_a) = forward(b, model, &ids[..split], &first, cache, &rows_a, reader);
-    let (logits_b, captured_b) = forward(b, model, &ids[split..], &second, cache, &rows_b, reader);
+    let (logits_a, captured_a, hidden_a) = forward(
+        b,
+        model,
+        &ids[..split],
+        &first,
+        cache,
+        &rows_a,
+        reader,
+        keep_hidden,
+    );
+    let (logits_b, captured_b, hidden_b) = forward(
+        b,
+        model,
+        &ids[split..],
+        &second,
+        cache,
+        &rows_b,
+        reader,
+        keep_hidden,
+    );
     let logits = join(b, logits_a, logits_b);
     let captured = match (captured_a, captured_b) {
         (None, None) => None,
@@ -84,7 +117,12 @@ pub(crate) fn forward_step<B: Backend>(
         )),
         _ => unreachable!("both parts of a step are read by the same reader"),
     };
-    (logits, captured, true)
+    StepOutput {
+        logits,
+        captured,
+        hidden: join(b, hidden_a, hidden_b),
+        split: true,
+    }
 }
 
 /// The rows of `a`, then those of `c`, either of which may be absent.
@@ -95,8 +133,12 @@ fn join<B: Backend>(b: &B, a: Option<B::Tensor>, c: Option<B::Tensor>) -> Option
     }
 }
 
-/// One forward over `batch`: logits of `logit_rows` (none when empty) and
-/// what `reader` reads.
+/// What one [`forward`] returns: logits, capture, hidden states.
+type Forward<T> = (Option<T>, Option<Captured<T>>, Option<T>);
+
+/// One forward over `batch`: logits of `logit_rows` (none when empty), what
+/// `reader` reads and, with `keep_hidden`, the hidden states of every row.
+#[allow(clippy::too_many_arguments)]
 fn forward<B: Backend>(
     b: &B,
     model: &Model<B>,
@@ -105,25 +147,49 @@ fn forward<B: Backend>(
     cache: &mut B::Cache,
     logit_rows: &[usize],
     reader: Option<&StepReader<'_, B>>,
-) -> (Option<B::Tensor>, Option<Captured<B::Tensor>>) {
+    keep_hidden: bool,
+) -> Forward<B::Tensor> {
     let d = &model.decoder;
     match (reader, logit_rows.is_empty()) {
+        (None, true) if keep_hidden => (None, None, Some(d.forward(b, ids, batch, cache))),
+        (None, false) if keep_hidden => {
+            let (logits, hidden) = d.step_logits_and_hidden(b, ids, batch, cache, logit_rows);
+            (Some(logits), None, Some(hidden))
+        }
         (None, true) => {
             d.forward(b, ids, batch, cache);
-            (None, None)
+            (None, None, None)
         }
-        (None, false) => (Some(d.step_logits(b, ids, batch, cache, logit_rows)), None),
-        (Some(StepReader::Mtp(_)), true) => (
+        (None, false) => (
+            Some(d.step_logits(b, ids, batch, cache, logit_rows)),
             None,
-            Some(Captured::Hidden(d.forward(b, ids, batch, cache))),
+            None,
         ),
+        (Some(StepReader::Mtp(_)), true) => {
+            let hidden = d.forward(b, ids, batch, cache);
+            let kept = keep_hidden.then(|| copy_rows(b, &hidden));
+            (None, Some(Captured::Hidden(hidden)), kept)
+        }
         (Some(StepReader::Mtp(_)), false) => {
             let (logits, hidden) = d.step_logits_and_hidden(b, ids, batch, cache, logit_rows);
-            (Some(logits), Some(Captured::Hidden(hidden)))
+            let kept = keep_hidden.then(|| copy_rows(b, &hidden));
+            (Some(logits), Some(Captured::Hidden(hidden)), kept)
         }
         (Some(StepReader::Dflash(p)), _) => {
-            let step = d.step_with_taps(b, ids, batch, cache, logit_rows, p.taps());
-            (step.logits, Some(Captured::Taps(step.taps)))
+            // The last layer's tap is the hidden state itself.
+            let mut taps = p.taps().to_vec();
+            if keep_hidden {
+                taps.push(model.config().num_layers - 1);
+            }
+            let mut step = d.step_with_taps(b, ids, batch, cache, logit_rows, &taps);
+            let hidden = if keep_hidden { step.taps.pop() } else { None };
+            (step.logits, Some(Captured::Taps(step.taps)), hidden)
         }
     }
+}
+
+/// A copy of every row of `x`.
+fn copy_rows<B: Backend>(b: &B, x: &B::Tensor) -> B::Tensor {
+    let all: Vec<usize> = (0..b.dims(x).0).collect();
+    b.gather_rows(x, &all)
 }

@@ -216,7 +216,7 @@ pub fn collect_from(stream: &mut RequestStream, mut tokens: Vec<u32>) -> Output 
                 };
             }
             Some(EngineEvent::Error(e)) => panic!("request failed: {e}"),
-            Some(EngineEvent::Logprobs(_)) => {}
+            Some(EngineEvent::Logprobs(_) | EngineEvent::PromptLogprobs(_)) => {}
             None => panic!("stream closed without a terminal event"),
         }
     }

@@ -22,6 +22,7 @@ use crate::body::json_body;
 use crate::choices::{collect_choices, submit_choices};
 use crate::error::{ServerError, ServerResult};
 use crate::generation::{TextGeneration, sampling_params};
+use crate::prompt_logprobs::prompt_logprobs_field;
 use crate::request_id::RequestId;
 use crate::sse::ChatSse;
 use crate::sse_choices::stream_choices;
@@ -49,9 +50,22 @@ pub async fn chat_completions(
     let id = format!("chatcmpl-{}", request_id.0);
     let created = unix_now();
     let n = prepared.req.n;
-    let generations =
+    let mut generations =
         start_generations(&state, &model, &mut prepared, &request_id.0, received, n).await?;
     let req = &prepared.req;
+    let prompt_logprobs = match (req.sampling.prompt_logprobs, generations.first_mut()) {
+        (Some(top), Some(first)) => {
+            // The engine sends them before the first token.
+            first.prefilled().await;
+            let entries = first.take_prompt_logprobs();
+            Some(prompt_logprobs_field(
+                &model.tokenizer,
+                &entries,
+                top as usize,
+            ))
+        }
+        _ => None,
+    };
     let opts = prepared.output_options();
 
     if req.stream {
@@ -65,6 +79,12 @@ pub async fn chat_completions(
                 &opts,
                 req.include_usage,
             )
+            // The field is the chunk's, not the choice's: the first chunk.
+            .with_prompt_logprobs(if i == 0 {
+                prompt_logprobs.clone()
+            } else {
+                None
+            })
         };
         return Ok(stream_choices(generations, sse, ping));
     }
@@ -93,6 +113,7 @@ pub async fn chat_completions(
         model: model_name,
         choices,
         usage,
+        prompt_logprobs,
     };
     Ok(Json(response).into_response())
 }

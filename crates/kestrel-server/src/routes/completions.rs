@@ -17,6 +17,7 @@ use super::prompt::{encode, truncate_left};
 use super::validation_options;
 use crate::body::json_body;
 use crate::choices::{collect_choices, submit_choices};
+use crate::echo::{PromptReport, prompt_logprobs_to_compute};
 use crate::error::{ServerError, ServerResult};
 use crate::generation::sampling_params;
 use crate::request_id::RequestId;
@@ -51,7 +52,9 @@ pub async fn completions(
                 .map_err(|e| ServerError::internal(format!("tokenization failed: {e}")))??
         }
     };
+    let encoded_len = prompt_ids.len();
     truncate_left(&mut prompt_ids, req.truncate_prompt_tokens);
+    let truncated = prompt_ids.len() < encoded_len;
     if prompt_ids.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt encodes to no tokens").into());
     }
@@ -69,7 +72,8 @@ pub async fn completions(
             e
         }
     })?;
-    let params = sampling_params(&generation_params, max_tokens)?;
+    let mut params = sampling_params(&generation_params, max_tokens)?;
+    params.prompt_logprobs = prompt_logprobs_to_compute(&req);
     let constraint = match req.structured_output.clone() {
         Some(s) => {
             Some(structured::compile(&model, ConstraintRequest::Structured(s), false).await?)
@@ -78,11 +82,11 @@ pub async fn completions(
     };
     let id = format!("cmpl-{}", request_id.0);
     let created = unix_now();
-    let generations = submit_choices(
+    let mut generations = submit_choices(
         &state,
         &model,
         &request_id.0,
-        prompt_ids,
+        prompt_ids.clone(),
         params,
         &generation_params,
         received,
@@ -90,6 +94,10 @@ pub async fn completions(
         req.n,
     )
     .await?;
+    let first = generations
+        .first_mut()
+        .ok_or_else(|| ServerError::internal("no generation was submitted"))?;
+    let report = PromptReport::build(&model, &req, &prompt_ids, truncated, first).await?;
 
     if req.stream {
         let ping = state.config.sse_ping_interval;
@@ -101,6 +109,7 @@ pub async fn completions(
                 i,
                 req.include_usage,
             )
+            .with_prompt_report(&report)
         };
         return Ok(stream_choices(generations, sse, ping));
     }
@@ -109,11 +118,16 @@ pub async fn completions(
     let choices = collected
         .into_iter()
         .enumerate()
-        .map(|(i, c)| CompletionChoice {
-            index: i as u32,
-            text: c.text,
-            logprobs: want_logprobs.then(|| CompletionLogprobs::from_tokens(&c.logprobs)),
-            finish_reason: Some(c.reason),
+        .map(|(i, c)| {
+            let logprobs = want_logprobs.then(|| CompletionLogprobs::from_tokens(&c.logprobs));
+            let (text, logprobs) = report.prepend(c.text, logprobs);
+            CompletionChoice {
+                index: i as u32,
+                text,
+                logprobs,
+                finish_reason: Some(c.reason),
+                prompt_logprobs: report.prompt_logprobs.clone(),
+            }
         })
         .collect();
     let response = CompletionResponse {

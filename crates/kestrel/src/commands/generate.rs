@@ -183,7 +183,11 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         loop {
             match recording.blocking_recv() {
-                Some(EngineEvent::Tokens(_) | EngineEvent::Logprobs(_)) => {}
+                Some(
+                    EngineEvent::Tokens(_)
+                    | EngineEvent::Logprobs(_)
+                    | EngineEvent::PromptLogprobs(_),
+                ) => {}
                 Some(EngineEvent::Finished { .. }) => break,
                 Some(EngineEvent::Error(e)) => bail!("generation failed: {e}"),
                 None => bail!("the engine stopped without finishing the request"),
@@ -224,7 +228,7 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
                 }
                 out.flush()?;
             }
-            Some(EngineEvent::Logprobs(_)) => {}
+            Some(EngineEvent::Logprobs(_) | EngineEvent::PromptLogprobs(_)) => {}
             Some(EngineEvent::Finished { reason, .. }) => break reason,
             Some(EngineEvent::Error(e)) => bail!("generation failed: {e}"),
             None => bail!("the engine stopped without finishing the request"),

@@ -174,7 +174,7 @@ fn round(engine: &EngineHandle, requests: &[GenerateRequest]) -> Result<Round> {
                 loop {
                     match stream.blocking_recv() {
                         Some(EngineEvent::Tokens(t)) => events.push((start.elapsed(), t)),
-                        Some(EngineEvent::Logprobs(_)) => {}
+                        Some(EngineEvent::Logprobs(_) | EngineEvent::PromptLogprobs(_)) => {}
                         Some(EngineEvent::Finished { .. }) => return Ok(events),
                         Some(EngineEvent::Error(e)) => bail!("a request failed: {e}"),
                         None => bail!("the engine stopped"),
