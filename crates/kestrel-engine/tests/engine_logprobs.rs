@@ -31,6 +31,9 @@ fn collect_logprobs(stream: &mut RequestStream) -> (Vec<u32>, Vec<TokenLogprobs>
                 assert_eq!(tokens.len(), logprobs.len());
             }
             Some(EngineEvent::Tokens(t)) => panic!("tokens {t:?} came without logprobs"),
+            Some(EngineEvent::PromptLogprobs(p)) => {
+                panic!("prompt logprobs {p:?} were not asked for")
+            }
             Some(EngineEvent::Finished { .. }) => return (tokens, logprobs),
             Some(EngineEvent::Error(e)) => panic!("request failed: {e}"),
             None => panic!("stream closed without a terminal event"),
