@@ -72,7 +72,7 @@ impl GrammarCompiler {
             .factory()
             .map_err(|e| CompileError::Unavailable(e.clone()))?;
         let parser = factory
-            .create_parser(top_level(output, start))
+            .create_parser(top_level(output, start).map_err(CompileError::Invalid)?)
             .map_err(|e| CompileError::Invalid(e.to_string()))?;
         let mut matcher = Matcher::new(Ok(parser));
         // The first mask finds grammars that cannot produce anything.

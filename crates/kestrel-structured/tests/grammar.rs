@@ -4,7 +4,7 @@
 use kestrel_api::{StructuredOutput, Tool};
 use kestrel_engine::Constraint;
 use kestrel_structured::grammar::GrammarStart;
-use kestrel_structured::{CompileError, GrammarCompiler, OutputGrammar};
+use kestrel_structured::{CompileError, GrammarCompiler, OutputGrammar, ToolCallFormat};
 use kestrel_text::Tokenizer;
 use serde_json::{Value, json};
 
@@ -131,6 +131,7 @@ fn a_forced_tool_call_names_a_declared_tool_with_valid_arguments() {
             &OutputGrammar::ToolCall {
                 tools: &tools,
                 parallel: false,
+                format: ToolCallFormat::Json,
             },
             GrammarStart::default(),
         )
