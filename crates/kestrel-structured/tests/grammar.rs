@@ -156,3 +156,19 @@ fn drafts_are_valid_up_to_the_first_rejected_token() {
     // Validating does not advance the grammar.
     assert_eq!(constraint.0.valid_prefix(&ids), valid);
 }
+
+#[test]
+fn a_panic_inside_llguidance_is_a_reason_without_a_backtrace() {
+    let (_, c) = setup();
+    // llguidance 1.9 overflows negating this bound.
+    let schema = json!({"type": "integer", "minimum": i64::MIN, "maximum": 3});
+    match compile(&c, StructuredOutput::JsonSchema(schema)) {
+        Err(CompileError::Invalid(reason)) => {
+            assert!(!reason.contains("backtrace"), "{reason}");
+            assert!(!reason.is_empty());
+        }
+        // A later llguidance that compiles it is fine too.
+        Ok(_) => {}
+        Err(other) => panic!("{other}"),
+    }
+}
