@@ -335,10 +335,8 @@ fn mutate(rng: &mut Rng, v: &mut Value, depth: usize) {
                 .nth(rng.below(map.len()))
                 .cloned()
                 .unwrap_or_default();
-            if descend {
-                if let Some(child) = map.get_mut(&key) {
-                    return mutate(rng, child, depth + 1);
-                }
+            if descend && let Some(child) = map.get_mut(&key) {
+                return mutate(rng, child, depth + 1);
             }
             match rng.below(3) {
                 0 => {

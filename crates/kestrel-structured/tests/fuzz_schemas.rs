@@ -70,7 +70,7 @@ fn random_schema(rng: &mut Rng, depth: usize) -> Value {
             json!({"type": ["string", rng.pick(&["null", "integer", "boolean", "object", "array"])]})
         }
         8 => json!({"$ref": rng.pick(&["#/$defs/d", "#/definitions/d", "#/nowhere", "http://x"])}),
-        9 | 10 | 11 => {
+        9..=11 => {
             let mut props = Map::new();
             for _ in 0..rng.below(4) {
                 props.insert(rng.pick(NAMES).to_string(), random_schema(rng, depth + 1));
