@@ -97,7 +97,10 @@ def test_tool_round_trip(client):
     else:
         # The bundled model has never seen a tool call and may not close it
         # within max_tokens; the grammar still names the forced tool.
-        assert msg.content[0].text.startswith('<tool_call>\n{"name": "get_weather"')
+        # The bundled model's template writes XML calls; the text may be cut short.
+        head = '<tool_call>\n<function=get_weather>'
+        text = msg.content[0].text
+        assert text.startswith(head) or (len(text) > len('<tool_call>\n') and head.startswith(text))
         assert msg.stop_reason == "max_tokens"
         assert msg.stop_reason == "max_tokens"
 

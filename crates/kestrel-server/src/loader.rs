@@ -11,7 +11,7 @@ use kestrel_api::SamplingDefaults;
 use kestrel_core::Backend;
 use kestrel_engine::{Engine, EngineConfig, EngineOptions};
 use kestrel_models::Model;
-use kestrel_structured::GrammarCompiler;
+use kestrel_structured::{GrammarCompiler, ToolCallFormat};
 use kestrel_text::{ChatTemplate, Tokenizer};
 use serde_json::Value;
 
@@ -123,10 +123,15 @@ fn load<B: Backend>(
     // Read again on the first constrained request, not at start-up.
     let grammars =
         GrammarCompiler::from_tokenizer_file(dir.join("tokenizer.json"), engine.eos_token_ids());
+    // Forced tool calls are written the way the template renders calls.
+    let tool_call_format = template.as_ref().map_or(ToolCallFormat::Json, |t| {
+        ToolCallFormat::of_template(|s| t.source_contains(s))
+    });
     Ok(LoadedModel {
         engine,
         tokenizer,
         template,
+        tool_call_format,
         max_model_len,
         sampling_defaults: sampling_defaults(dir)?,
         grammars,

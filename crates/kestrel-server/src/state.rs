@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use kestrel_api::{ApiError, SamplingDefaults};
 use kestrel_engine::EngineHandle;
-use kestrel_structured::GrammarCompiler;
+use kestrel_structured::{GrammarCompiler, ToolCallFormat};
 use kestrel_text::{ChatTemplate, Tokenizer};
 
 use crate::auth::ApiKeys;
@@ -20,6 +20,9 @@ pub struct LoadedModel {
     pub engine: EngineHandle,
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
+    /// How the model writes tool calls (from its chat template); forced
+    /// calls are constrained to it.
+    pub tool_call_format: ToolCallFormat,
     pub max_model_len: usize,
     /// Sampling values for fields a request leaves out (generation_config.json).
     pub sampling_defaults: SamplingDefaults,

@@ -81,6 +81,7 @@ pub async fn compile(
             ConstraintRequest::ToolCall { tools, parallel } => OutputGrammar::ToolCall {
                 tools,
                 parallel: *parallel,
+                format: model.tool_call_format,
             },
         };
         model

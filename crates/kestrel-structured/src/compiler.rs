@@ -72,8 +72,8 @@ impl GrammarCompiler {
             .factory()
             .map_err(|e| CompileError::Unavailable(e.clone()))?;
         let parser = factory
-            .create_parser(top_level(output, start))
-            .map_err(|e| CompileError::Invalid(e.to_string()))?;
+            .create_parser(top_level(output, start).map_err(CompileError::Invalid)?)
+            .map_err(|e| CompileError::Invalid(without_backtrace(e.to_string())))?;
         let mut matcher = Matcher::new(Ok(parser));
         // The first mask finds grammars that cannot produce anything.
         if let Err(e) = matcher.compute_mask() {
@@ -103,4 +103,13 @@ impl GrammarCompiler {
         factory.limits_mut().verbose_errors = false;
         Ok(factory)
     }
+}
+
+/// llguidance reports a panic it caught inside a compile with the
+/// backtrace appended; the reason goes to the client, the backtrace not.
+fn without_backtrace(mut reason: String) -> String {
+    if let Some(at) = reason.find("\n<backtrace>") {
+        reason.truncate(at);
+    }
+    reason
 }

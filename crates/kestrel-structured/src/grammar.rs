@@ -5,10 +5,11 @@
 //! free whitespace, so a weak model cannot wander off into blank lines;
 //! a schema's own `x-guidance` options win), regexes and Lark grammars to
 //! its Lark compiler, a choice to a Lark alternation of literals, and a
-//! forced tool call to the Qwen3 JSON call format
-//! (`<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`, which
-//! the tool parser reads for every Qwen model) with the name one of the
-//! declared tools and the arguments that tool's parameter schema.
+//! forced tool call to the call format the model was trained on
+//! ([`ToolCallFormat`]): Qwen3's JSON
+//! (`<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`) with the
+//! name one of the declared tools and the arguments that tool's parameter
+//! schema, or Qwen3.5/3.6's XML ([`crate::xml_call`]).
 //!
 //! When generation starts inside reasoning (the prompt ends with an open
 //! `<think>`), the grammar is wrapped: any tokens but `</think>`, then
@@ -19,6 +20,8 @@ use kestrel_api::{StructuredOutput, Tool};
 use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use serde_json::{Map, Value, json};
 
+use crate::xml_call::xml_call_lark;
+
 /// What the output must be.
 #[derive(Clone, Copy, Debug)]
 pub enum OutputGrammar<'a> {
@@ -26,7 +29,34 @@ pub enum OutputGrammar<'a> {
     Structured(&'a StructuredOutput),
     /// A tool call to one of `tools` (`tool_choice` `required`, or the
     /// named tool alone); with `parallel`, one or more calls.
-    ToolCall { tools: &'a [Tool], parallel: bool },
+    ToolCall {
+        tools: &'a [Tool],
+        parallel: bool,
+        format: ToolCallFormat,
+    },
+}
+
+/// How a model writes tool calls (the tool parser reads both).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ToolCallFormat {
+    /// Qwen3: a JSON object inside `<tool_call>`.
+    #[default]
+    Json,
+    /// Qwen3.5/3.6 and Qwen3-Coder: `<function=NAME>` with one
+    /// `<parameter=P>` element per argument.
+    Xml,
+}
+
+impl ToolCallFormat {
+    /// The format a chat template writes: XML when it renders calls as
+    /// `<function=...>`. `template_contains` searches the template source.
+    pub fn of_template(template_contains: impl Fn(&str) -> bool) -> Self {
+        if template_contains("<function=") {
+            ToolCallFormat::Xml
+        } else {
+            ToolCallFormat::Json
+        }
+    }
 }
 
 /// Where the constraint starts.
@@ -39,10 +69,14 @@ pub struct GrammarStart {
 /// Name of the constraint's grammar when it is wrapped after reasoning.
 const BODY: &str = "body";
 
-/// The llguidance grammar of `output`.
-pub fn top_level(output: &OutputGrammar<'_>, start: GrammarStart) -> TopLevelGrammar {
-    let body = body_grammar(output);
-    match start.reasoning_end {
+/// The llguidance grammar of `output`; `Err` with the reason when the
+/// request's constraint cannot be expressed.
+pub fn top_level(
+    output: &OutputGrammar<'_>,
+    start: GrammarStart,
+) -> Result<TopLevelGrammar, String> {
+    let body = body_grammar(output)?;
+    Ok(match start.reasoning_end {
         None => TopLevelGrammar::from_grammar(body),
         Some(end) => {
             let wrapper = format!("start: <[^{end}]>* <[{end}]> /[ \\t\\r\\n]*/ @{BODY}\n");
@@ -55,11 +89,11 @@ pub fn top_level(output: &OutputGrammar<'_>, start: GrammarStart) -> TopLevelGra
                 max_tokens: None,
             }
         }
-    }
+    })
 }
 
-fn body_grammar(output: &OutputGrammar<'_>) -> GrammarWithLexer {
-    match output {
+fn body_grammar(output: &OutputGrammar<'_>) -> Result<GrammarWithLexer, String> {
+    Ok(match output {
         OutputGrammar::Structured(StructuredOutput::JsonSchema(schema)) => {
             GrammarWithLexer::from_json_schema(with_layout(schema.clone()))
         }
@@ -73,10 +107,17 @@ fn body_grammar(output: &OutputGrammar<'_>) -> GrammarWithLexer {
         OutputGrammar::Structured(StructuredOutput::Lark(lark)) => {
             GrammarWithLexer::from_lark(lark.clone())
         }
-        OutputGrammar::ToolCall { tools, parallel } => {
-            GrammarWithLexer::from_lark(tool_call_lark(tools, *parallel))
-        }
-    }
+        OutputGrammar::ToolCall {
+            tools,
+            parallel,
+            format: ToolCallFormat::Json,
+        } => GrammarWithLexer::from_lark(tool_call_lark(tools, *parallel)),
+        OutputGrammar::ToolCall {
+            tools,
+            parallel,
+            format: ToolCallFormat::Xml,
+        } => GrammarWithLexer::from_lark(xml_call_lark(tools, *parallel)?),
+    })
 }
 
 /// `"a" | "b" | ...`, each choice a JSON-quoted Lark literal.

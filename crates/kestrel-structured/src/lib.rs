@@ -7,6 +7,9 @@
 //! * [`grammar`]: a request's constraint as an llguidance grammar; for
 //!   generation that starts inside reasoning the grammar lets the reasoning
 //!   run free and applies only after `</think>`.
+//! * `xml_call`, `xml_value`, `xml_json`: forced tool calls in the XML
+//!   format, each parameter value constrained so that the XML tool parser
+//!   converts it back into a value its schema accepts.
 //! * [`compiler`]: builds the tokenizer-wide state once (lazily, on the
 //!   first constrained request) and compiles grammars; a grammar that does
 //!   not compile is the request's error, nothing else's.
@@ -19,6 +22,9 @@ pub mod compiler;
 pub mod grammar;
 pub mod matcher;
 pub mod vocabulary;
+mod xml_call;
+mod xml_json;
+mod xml_value;
 
 pub use compiler::{CompileError, GrammarCompiler};
-pub use grammar::OutputGrammar;
+pub use grammar::{OutputGrammar, ToolCallFormat};

@@ -4,7 +4,7 @@
 use kestrel_api::{StructuredOutput, Tool};
 use kestrel_engine::Constraint;
 use kestrel_structured::grammar::GrammarStart;
-use kestrel_structured::{CompileError, GrammarCompiler, OutputGrammar};
+use kestrel_structured::{CompileError, GrammarCompiler, OutputGrammar, ToolCallFormat};
 use kestrel_text::Tokenizer;
 use serde_json::{Value, json};
 
@@ -131,6 +131,7 @@ fn a_forced_tool_call_names_a_declared_tool_with_valid_arguments() {
             &OutputGrammar::ToolCall {
                 tools: &tools,
                 parallel: false,
+                format: ToolCallFormat::Json,
             },
             GrammarStart::default(),
         )
@@ -154,4 +155,20 @@ fn drafts_are_valid_up_to_the_first_rejected_token() {
     assert_eq!(constraint.0.valid_prefix(&ids), valid);
     // Validating does not advance the grammar.
     assert_eq!(constraint.0.valid_prefix(&ids), valid);
+}
+
+#[test]
+fn a_panic_inside_llguidance_is_a_reason_without_a_backtrace() {
+    let (_, c) = setup();
+    // llguidance 1.9 overflows negating this bound.
+    let schema = json!({"type": "integer", "minimum": i64::MIN, "maximum": 3});
+    match compile(&c, StructuredOutput::JsonSchema(schema)) {
+        Err(CompileError::Invalid(reason)) => {
+            assert!(!reason.contains("backtrace"), "{reason}");
+            assert!(!reason.is_empty());
+        }
+        // A later llguidance that compiles it is fine too.
+        Ok(_) => {}
+        Err(other) => panic!("{other}"),
+    }
 }

@@ -5,7 +5,9 @@ use serde_json::{Number, Value};
 
 /// JSON types a schema allows, from `type` (string or list) and the
 /// branches of `anyOf`/`oneOf`. Empty when the schema says nothing.
-fn allowed_types(schema: &Value) -> Vec<String> {
+/// [`coerce_value`] decides by these; a grammar that writes values for the
+/// XML format must decide the same way.
+pub fn allowed_types(schema: &Value) -> Vec<String> {
     let mut types = Vec::new();
     match schema.get("type") {
         Some(Value::String(t)) => types.push(t.clone()),
