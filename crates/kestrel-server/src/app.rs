@@ -1,4 +1,5 @@
-//! The router: routes, auth, request ids, body limit, panic safety net.
+//! The router: routes, auth, request ids, header and body limits, panic
+//! safety net.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::auth::require_api_key;
 use crate::error::ServerError;
+use crate::header_limit::limit_headers;
 use crate::request_id::assign_request_id;
 use crate::routes::{chat, completions, health, messages, metrics, models, responses, tokenize};
 use crate::state::AppState;
@@ -36,6 +38,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             require_api_key,
         ))
+        .layer(middleware::from_fn(limit_headers))
         .layer(middleware::from_fn(assign_request_id))
         .layer(CatchPanicLayer::custom(panic_response))
         .with_state(state)

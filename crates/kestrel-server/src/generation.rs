@@ -195,7 +195,7 @@ impl TextGeneration {
                         logprobs,
                     });
                 }
-                Step::Failed(msg) => return Err(ServerError::internal(msg)),
+                Step::Failed(msg) => return Err(failure(msg)),
             }
         }
         Err(ServerError::internal(
@@ -390,4 +390,16 @@ fn engine_reason(r: kestrel_sampling::FinishReason) -> FinishReason {
         kestrel_sampling::FinishReason::Length => FinishReason::Length,
         kestrel_sampling::FinishReason::Abort => FinishReason::Abort,
     }
+}
+
+/// The error a failed generation is answered with. A constraint that fails
+/// while generating (the engine's message starts with "the output
+/// constraint failed": typically a grammar past llguidance's parser limits,
+/// such as thousands of choices sharing a prefix) is the request's grammar
+/// at fault, a 400; anything else is the server's, a 500.
+fn failure(msg: String) -> ServerError {
+    if msg.starts_with("the output constraint failed") {
+        return ApiError::invalid("response_format", msg).into();
+    }
+    ServerError::internal(msg)
 }

@@ -25,6 +25,8 @@ mod context_len;
 mod echo;
 mod error;
 mod generation;
+mod header_limit;
+mod listener;
 mod loader;
 mod logprobs;
 mod metrics;
@@ -43,7 +45,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use axum::serve::ListenerExt;
 use kestrel_core::Backend;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -83,21 +84,9 @@ pub async fn start<B: Backend>(config: ServerConfig, backend: B) -> Result<Runni
 
     let (stop, stopped) = oneshot::channel::<()>();
     let app = app::router(state.clone());
-    let task = tokio::spawn(async move {
-        // Tokens are small writes a few milliseconds apart: without
-        // TCP_NODELAY, Nagle's algorithm holds them until the client's
-        // delayed ACK and streams arrive in bursts.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!("cannot set TCP_NODELAY: {e}");
-            }
-        });
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let task = tokio::spawn(listener::serve(listener, app, async {
+        let _ = stopped.await;
+    }));
     tracing::info!("listening on http://{addr}");
     Ok(RunningServer {
         addr,

@@ -61,7 +61,18 @@ impl ConstraintRequest {
     }
 }
 
-/// Compiles `request` for `model` on a blocking thread. `starts_in_reasoning`:
+/// llguidance's Lark compiler recurses once per rule a rule refers to, so a
+/// long chain of rules needs a deep stack (about 3000 rules overflow the
+/// 2 MiB of a blocking-pool thread and abort the process). Compiles run on
+/// a thread of their own with this much stack, reserved and touched only
+/// as used.
+const COMPILE_STACK_BYTES: usize = 256 << 20;
+
+/// The longest Lark grammar accepted: it bounds the rule chain, and so the
+/// stack the compile needs, well inside [`COMPILE_STACK_BYTES`].
+pub const MAX_GRAMMAR_BYTES: usize = 128 << 10;
+
+/// Compiles `request` for `model` on a thread of its own. `starts_in_reasoning`:
 /// the prompt leaves a `<think>` open, so the constraint starts after
 /// `</think>`.
 pub async fn compile(
@@ -69,35 +80,62 @@ pub async fn compile(
     request: ConstraintRequest,
     starts_in_reasoning: bool,
 ) -> ServerResult<Constraint> {
+    if let ConstraintRequest::Structured(StructuredOutput::Lark(grammar)) = &request
+        && grammar.len() > MAX_GRAMMAR_BYTES
+    {
+        return Err(ApiError::invalid(
+            request.param(),
+            format!(
+                "the grammar is {} bytes; at most {MAX_GRAMMAR_BYTES} are accepted",
+                grammar.len()
+            ),
+        )
+        .into());
+    }
     let start = GrammarStart {
         reasoning_end: starts_in_reasoning
             .then(|| model.tokenizer.token_id("</think>"))
             .flatten(),
     };
     let model = model.clone();
-    tokio::task::spawn_blocking(move || {
-        let grammar = match &request {
-            ConstraintRequest::Structured(s) => OutputGrammar::Structured(s),
-            ConstraintRequest::ToolCall { tools, parallel } => OutputGrammar::ToolCall {
-                tools,
-                parallel: *parallel,
-                format: model.tool_call_format,
-            },
-        };
-        model
-            .grammars
-            .compile(&grammar, start)
-            .map_err(|e| match e {
-                CompileError::Invalid(reason) => ServerError::from(ApiError::invalid(
-                    request.param(),
-                    format!("the output constraint does not compile: {reason}"),
-                )),
-                CompileError::Unavailable(_) => ServerError::from(
-                    ApiError::unsupported("structured outputs for this model")
-                        .with_param(request.param()),
-                ),
-            })
-    })
-    .await
-    .map_err(|e| ServerError::internal(format!("grammar compilation failed: {e}")))?
+    let (done, compiled) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("grammar-compile".into())
+        .stack_size(COMPILE_STACK_BYTES)
+        .spawn(move || {
+            // The receiver is gone only if the client left.
+            let _ = done.send(compile_now(&model, &request, start));
+        })
+        .map_err(|e| ServerError::internal(format!("cannot start the grammar compile: {e}")))?;
+    compiled
+        .await
+        .map_err(|_| ServerError::internal("grammar compilation failed"))?
+}
+
+fn compile_now(
+    model: &LoadedModel,
+    request: &ConstraintRequest,
+    start: GrammarStart,
+) -> ServerResult<Constraint> {
+    let grammar = match request {
+        ConstraintRequest::Structured(s) => OutputGrammar::Structured(s),
+        ConstraintRequest::ToolCall { tools, parallel } => OutputGrammar::ToolCall {
+            tools,
+            parallel: *parallel,
+            format: model.tool_call_format,
+        },
+    };
+    model
+        .grammars
+        .compile(&grammar, start)
+        .map_err(|e| match e {
+            CompileError::Invalid(reason) => ServerError::from(ApiError::invalid(
+                request.param(),
+                format!("the output constraint does not compile: {reason}"),
+            )),
+            CompileError::Unavailable(_) => ServerError::from(
+                ApiError::unsupported("structured outputs for this model")
+                    .with_param(request.param()),
+            ),
+        })
 }

@@ -17,14 +17,20 @@ impl MessagesRequest {
                 out.push(json!({"role": "system", "content": text}));
             }
         }
+        // The ids of the previous message's `tool_use` blocks: the only ones
+        // a `tool_result` may answer (as Anthropic's API requires).
+        let mut open_calls: Vec<&str> = Vec::new();
         for (i, m) in self.messages.iter().enumerate() {
             let param = format!("messages[{i}].content");
             match m.role {
                 Role::User => {
-                    user_messages(&m.content, &mut out).map_err(|e| e.with_param(param))?
+                    user_messages(&m.content, &open_calls, &mut out)
+                        .map_err(|e| e.with_param(param))?;
+                    open_calls.clear();
                 }
                 Role::Assistant => {
-                    out.push(assistant_message(&m.content).map_err(|e| e.with_param(param))?)
+                    out.push(assistant_message(&m.content).map_err(|e| e.with_param(param))?);
+                    open_calls = tool_use_ids(&m.content);
                 }
             }
         }
@@ -77,7 +83,11 @@ fn wrong_block(place: &str, block: &Block) -> ApiError {
 
 /// A user turn: its text, with each `tool_result` becoming a `tool` message
 /// in place (the chat templates group consecutive tool messages).
-fn user_messages(content: &Content, out: &mut Vec<Value>) -> Result<(), ApiError> {
+fn user_messages(
+    content: &Content,
+    open_calls: &[&str],
+    out: &mut Vec<Value>,
+) -> Result<(), ApiError> {
     let blocks = match content {
         Content::Text(t) => {
             out.push(json!({"role": "user", "content": t}));
@@ -99,6 +109,15 @@ fn user_messages(content: &Content, out: &mut Vec<Value>) -> Result<(), ApiError
                 content,
                 is_error,
             } => {
+                if !open_calls.contains(&tool_use_id.as_str()) {
+                    return Err(ApiError::new(
+                        crate::ErrorKind::InvalidRequest,
+                        format!(
+                            "tool_result for tool_use_id {tool_use_id:?}, which no tool_use \
+                             block of the previous (assistant) message has"
+                        ),
+                    ));
+                }
                 flush(&mut text, out);
                 let mut body = match content {
                     None => String::new(),
@@ -130,6 +149,19 @@ fn result_text(content: &Content) -> Result<String, ApiError> {
     }
 }
 
+fn tool_use_ids(content: &Content) -> Vec<&str> {
+    match content {
+        Content::Text(_) => Vec::new(),
+        Content::Blocks(blocks) => blocks
+            .iter()
+            .filter_map(|b| match b {
+                Block::ToolUse { id, .. } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect(),
+    }
+}
+
 /// An assistant turn: text, thinking as `reasoning_content`, `tool_use` as
 /// tool calls.
 fn assistant_message(content: &Content) -> Result<Value, ApiError> {
@@ -144,10 +176,18 @@ fn assistant_message(content: &Content) -> Result<Value, ApiError> {
             Block::Thinking { thinking: t, .. } => thinking.push(t.as_str()),
             Block::RedactedThinking {} => {}
             Block::ToolUse { id, name, input } => {
-                let input = if input.is_null() {
-                    json!({})
-                } else {
-                    input.clone()
+                let input = match input {
+                    Value::Null => json!({}),
+                    Value::Object(_) => input.clone(),
+                    other => {
+                        return Err(ApiError::new(
+                            crate::ErrorKind::InvalidRequest,
+                            format!(
+                                "tool_use {id:?}: input must be an object, got {}",
+                                crate::validate::type_name(other)
+                            ),
+                        ));
+                    }
                 };
                 calls.push(json!({
                     "id": id,

@@ -124,3 +124,39 @@ fn the_billing_header_line_is_dropped_unless_switched_off() {
             .starts_with("x-anthropic-billing-header: cc_version")
     );
 }
+
+#[test]
+fn a_tool_result_must_answer_a_tool_use_of_the_previous_message() {
+    let call = json!({"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}});
+    let result = |id: &str| json!([{"type": "tool_result", "tool_use_id": id, "content": "ok"}]);
+    let body = |messages: Value| json!({"max_tokens": 8, "messages": messages});
+    let answered = body(json!([
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": result("toolu_1")},
+    ]));
+    assert!(chat(answered).is_ok());
+    for messages in [
+        json!([{"role": "user", "content": result("toolu_1")}]),
+        json!([{"role": "user", "content": "go"}, {"role": "assistant", "content": [call]},
+               {"role": "user", "content": result("toolu_2")}]),
+        // Only the message right before counts.
+        json!([{"role": "user", "content": "go"}, {"role": "assistant", "content": [call]},
+               {"role": "user", "content": result("toolu_1")},
+               {"role": "assistant", "content": "done"},
+               {"role": "user", "content": result("toolu_1")}]),
+    ] {
+        let e = chat(body(messages.clone())).unwrap_err();
+        assert!(e.message.contains("tool_use_id"), "{messages}: {e:?}");
+        assert!(
+            e.param.as_deref().unwrap().starts_with("messages["),
+            "{e:?}"
+        );
+    }
+    let not_an_object = body(json!([
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": [1]}]},
+    ]));
+    let e = chat(not_an_object).unwrap_err();
+    assert!(e.message.contains("input must be an object"), "{e:?}");
+}

@@ -140,7 +140,15 @@ fn parse_item(raw: &Value, param: &str) -> Result<InputItem, ApiError> {
     if untyped_message {
         return typed(raw, param).map(InputItem::Message);
     }
-    typed(raw, param)
+    // The known types parsed as their own structs, so an error names the
+    // field at fault (a tagged enum's error does not).
+    match raw.get("type").and_then(Value::as_str) {
+        Some("message") => typed(raw, param).map(InputItem::Message),
+        Some("function_call") => typed(raw, param).map(InputItem::FunctionCall),
+        Some("function_call_output") => typed(raw, param).map(InputItem::FunctionCallOutput),
+        Some("reasoning") => typed(raw, param).map(InputItem::Reasoning),
+        _ => typed(raw, param),
+    }
 }
 
 fn prefixed(mut e: ApiError, param: &str) -> ApiError {
@@ -157,6 +165,9 @@ struct Conversation {
     reasoning: Option<String>,
     /// The last message is an assistant turn that tool calls may join.
     assistant_open: bool,
+    /// The `call_id`s of the function calls so far: a function call output
+    /// must answer one of them.
+    call_ids: Vec<String>,
 }
 
 impl Conversation {
@@ -183,6 +194,15 @@ impl Conversation {
             InputItem::Message(m) => self.message(m)?,
             InputItem::FunctionCall(call) => self.function_call(call)?,
             InputItem::FunctionCallOutput(out) => {
+                if !self.call_ids.contains(&out.call_id) {
+                    return Err(ApiError::new(
+                        ErrorKind::InvalidRequest,
+                        format!(
+                            "no function_call item before it has call_id {:?}",
+                            out.call_id
+                        ),
+                    ));
+                }
                 let text = content_text(&out.output)?;
                 self.push(json!({"role": "tool", "tool_call_id": out.call_id, "content": text}));
             }
@@ -252,6 +272,7 @@ impl Conversation {
                 "arguments must be a JSON object encoded as a string",
             ));
         }
+        self.call_ids.push(call.call_id.clone());
         let tool_call = json!({
             "id": call.call_id,
             "type": "function",

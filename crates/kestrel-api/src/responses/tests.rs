@@ -307,3 +307,21 @@ fn the_token_limit_makes_the_response_incomplete() {
     assert_eq!(r["output"][0]["status"], "incomplete");
     assert_eq!(r["output"][0]["content"][0]["text"], "\ndef");
 }
+
+#[test]
+fn a_function_call_output_must_answer_an_earlier_call() {
+    let call = json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"});
+    let output = |id: &str| json!({"type": "function_call_output", "call_id": id, "output": "ok"});
+    let body = |input: Value| json!({"input": input});
+    assert!(chat(body(json!([call, output("c1")]))).is_ok());
+    for input in [json!([output("c1")]), json!([call, output("c2")])] {
+        let e = chat(body(input.clone())).unwrap_err();
+        assert!(e.message.contains("call_id"), "{input}: {e:?}");
+    }
+    // A known item type's error names its field.
+    let e = chat(body(
+        json!([{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]),
+    ))
+    .unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("input[0].arguments"), "{e:?}");
+}
