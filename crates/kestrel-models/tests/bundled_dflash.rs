@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use kestrel_cpu::CpuBackend;
 use kestrel_models::runner::SequenceRunner;
-use kestrel_models::{DflashDrafter, DraftContext, Model};
+use kestrel_models::{DflashDrafter, DraftContext, DraftHead, Model};
 use serde_json::Value;
 
 const NEAR_TIE: f64 = 1e-2;
@@ -68,7 +68,7 @@ fn the_bundled_drafter_drafts_what_its_training_script_recorded() {
             &mut ctx,
             anchor,
             config.block_size,
-            vocab,
+            &DraftHead::full(vocab),
         );
         let want = ids(&step["drafts"]);
         let margins: Vec<f64> = step["margins"]
