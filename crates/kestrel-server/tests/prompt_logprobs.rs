@@ -5,45 +5,9 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use common::bodies::{chat, chunks, completion};
 use common::*;
 use serde_json::{Value, json};
-
-fn chat(extra: Value) -> Value {
-    let mut body = json!({
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "def parse_args(argv):"}],
-        "max_tokens": 12,
-        "ignore_eos": true,
-        "chat_template_kwargs": {"enable_thinking": false},
-    });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    body
-}
-
-fn completion(extra: Value) -> Value {
-    let mut body = json!({
-        "model": MODEL,
-        "prompt": "import sys\n\ndef main(argv):\n",
-        "max_tokens": 12,
-        "ignore_eos": true,
-    });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    body
-}
-
-/// The chunks of a stream, checking it ends with one `[DONE]`.
-fn chunks(events: &[String]) -> Vec<Value> {
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    assert_eq!(events.iter().filter(|e| *e == "[DONE]").count(), 1);
-    events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect()
-}
 
 /// A completion's `logprobs` arrays, as (tokens, values, text offsets).
 type Legacy = (Vec<String>, Vec<Option<f64>>, Vec<usize>);

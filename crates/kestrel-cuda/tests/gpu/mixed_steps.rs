@@ -143,7 +143,7 @@ fn decode(split: bool, speculative: Option<SpeculativeConfig>, arrivals: Arrival
                     others.push(engine.submit(request(&id, p, 1)).expect("submitted"));
                 }
             }
-            Some(EngineEvent::Logprobs(_)) => {}
+            Some(EngineEvent::Logprobs(_) | EngineEvent::PromptLogprobs(_)) => {}
             Some(EngineEvent::Finished { .. }) => break,
             Some(EngineEvent::Error(e)) => panic!("the decoding request failed: {e}"),
             None => panic!("the stream closed without a terminal event"),
@@ -154,7 +154,9 @@ fn decode(split: bool, speculative: Option<SpeculativeConfig>, arrivals: Arrival
             match event {
                 EngineEvent::Finished { .. } => break,
                 EngineEvent::Error(e) => panic!("an arriving request failed: {e}"),
-                EngineEvent::Tokens(_) | EngineEvent::Logprobs(_) => {}
+                EngineEvent::Tokens(_)
+                | EngineEvent::Logprobs(_)
+                | EngineEvent::PromptLogprobs(_) => {}
             }
         }
     }

@@ -219,7 +219,7 @@ pub(crate) fn run_from(
         loop {
             match stream.blocking_recv() {
                 Some(EngineEvent::Tokens(t)) => tokens.extend(t),
-                Some(EngineEvent::Logprobs(_)) => {}
+                Some(EngineEvent::Logprobs(_) | EngineEvent::PromptLogprobs(_)) => {}
                 Some(EngineEvent::Finished { .. }) => break,
                 Some(EngineEvent::Error(e)) => panic!("{id} failed: {e}"),
                 None => panic!("{id}: stream closed without a terminal event"),

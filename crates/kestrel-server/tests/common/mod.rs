@@ -2,6 +2,8 @@
 //! running on its own thread and runtime, and raw HTTP helpers.
 #![allow(dead_code)]
 
+pub mod bodies;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
