@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One device run: DFlash drafter passes (full and reduced vocabulary, blocks 2/8/16, batches
+# One run on the GPU: DFlash drafter passes (full and reduced vocabulary, blocks 2/8/16, batches
 # 1/8), verify steps, plain decode on dummy Qwen3.6; then the bundled model served on CUDA,
 # plain against DFlash, 8 concurrent greedy completions.
 set -u
-cd "$(dirname "$0")/.."
-python3 -c "import lzma,shutil; shutil.copyfileobj(lzma.open('.devrun/kestrel.xz'), open('/tmp/kestrel','wb'))"
-chmod +x /tmp/kestrel
-K=/tmp/kestrel
+# Run from the repository root: K is the kestrel binary, OUT the folder for the results.
+K=${K:-kestrel}
+OUT=${OUT:-bench-out}
+mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > $OUT/gpu.txt 2>&1
 git rev-parse HEAD > $OUT/commit.txt 2>/dev/null
 COMMON="--backend cuda --config configs/qwen3.6-35b-a3b/config.json --load-format dummy --prefill 512 --prefill-runs 1 --steps 20 --warmup 3"
@@ -27,7 +27,7 @@ serve_run() { # name, concurrency, extra args
 }
 serve_run plain_c8 8
 serve_run dflash_c8 8 --speculative dflash
-serve_run dflash_vocab_c8 8 --speculative dflash --draft-vocab bundled_vocab2048.txt
+serve_run dflash_vocab_c8 8 --speculative dflash --draft-vocab docs/benchmarks/2026-12-03-h200-dflash-budget-vocab-adaptive/raw/bundled_vocab2048.txt
 serve_run dflash_adaptive_c8 8 --speculative dflash --adaptive-drafts
 serve_run plain_c1 1
 serve_run dflash_c1 1 --speculative dflash
@@ -59,4 +59,3 @@ for p in dflash mtp; do
   done
 done
 cat $OUT/status.txt
-cd $OUT && tar cJf /tmp/all.tar.xz --exclude=all.tar.xz . && rm -f $OUT/*.json $OUT/*.txt $OUT/*.err $OUT/*.log && mv /tmp/all.tar.xz $OUT/
