@@ -63,6 +63,7 @@ pub fn echo_logprobs(req: &EchoRequest<'_>, top: usize) -> CompletionLogprobs {
         },
         0,
     );
+    let mut offsets = CharOffsets::default();
     let mut tokens = Vec::with_capacity(req.entries.len());
     for e in req.entries {
         let chosen = LogprobToken {
@@ -70,7 +71,7 @@ pub fn echo_logprobs(req: &EchoRequest<'_>, top: usize) -> CompletionLogprobs {
             logprob: e.logprob,
         };
         tokens.push(GeneratedLogprob {
-            text_offset: complete_chars(&spelled),
+            text_offset: offsets.complete_chars(&spelled),
             top: e
                 .top
                 .iter()
@@ -93,20 +94,39 @@ fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
     String::from_utf8_lossy(&tokenizer.token_bytes(id).unwrap_or_default()).into_owned()
 }
 
-/// Characters of the text `bytes` spell, not counting a character they
-/// only begin (its token's text starts where that character does).
-fn complete_chars(bytes: &[u8]) -> u32 {
-    let valid = match std::str::from_utf8(bytes) {
-        Ok(s) => s,
-        // Safe: `valid_up_to` ends on a character boundary.
-        Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
-    };
-    u32::try_from(valid.chars().count()).unwrap_or(u32::MAX)
+/// Characters of the text a growing byte string spells, not counting a
+/// character it only begins (its token's text starts where that character
+/// does). Counted from where the last call stopped, so offsets over a long
+/// prompt cost linear, not quadratic, time.
+#[derive(Default)]
+struct CharOffsets {
+    /// `bytes[..counted]` is valid UTF-8 and holds `chars` characters.
+    counted: usize,
+    chars: usize,
+}
+
+impl CharOffsets {
+    /// `bytes` must extend the bytes of the previous call.
+    fn complete_chars(&mut self, bytes: &[u8]) -> u32 {
+        let rest = &bytes[self.counted..];
+        let valid = match std::str::from_utf8(rest) {
+            Ok(s) => s,
+            // Safe: `valid_up_to` ends on a character boundary.
+            Err(e) => std::str::from_utf8(&rest[..e.valid_up_to()]).unwrap_or_default(),
+        };
+        self.counted += valid.len();
+        self.chars += valid.chars().count();
+        u32::try_from(self.chars).unwrap_or(u32::MAX)
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::complete_chars;
+    use super::CharOffsets;
+
+    fn complete_chars(bytes: &[u8]) -> u32 {
+        CharOffsets::default().complete_chars(bytes)
+    }
 
     #[test]
     fn offsets_count_only_whole_characters() {
@@ -115,5 +135,22 @@ mod tests {
         assert_eq!(complete_chars(&[b'a', e_acute[0]]), 1);
         assert_eq!(complete_chars(&[b'a', e_acute[0], e_acute[1]]), 2);
         assert_eq!(complete_chars(&[]), 0);
+    }
+
+    #[test]
+    fn counting_on_from_the_last_call_equals_counting_again() {
+        let text = "a\u{e9}\u{4e2d}b\u{1f600}c".as_bytes();
+        let mut bad = text.to_vec();
+        bad.insert(3, 0xff);
+        for bytes in [text, bad.as_slice()] {
+            let mut offsets = CharOffsets::default();
+            for end in 0..=bytes.len() {
+                assert_eq!(
+                    offsets.complete_chars(&bytes[..end]),
+                    complete_chars(&bytes[..end]),
+                    "{bytes:?} up to {end}"
+                );
+            }
+        }
     }
 }
