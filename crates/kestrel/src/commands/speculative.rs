@@ -195,21 +195,18 @@ impl SpeculativeArgs {
         if k == 0 {
             bail!("--num-speculative-tokens must be at least 1");
         }
-        let drafts_with_a_head =
-            matches!(method.as_str(), "mtp" | "qwen3_next_mtp" | "qwen3_5_mtp");
-        if draft_vocab.is_some() && !drafts_with_a_head {
-            bail!(NOT_DRAFTED);
-        }
-        let draft_vocab = match &draft_vocab {
-            Some(path) => Some(Arc::new(DraftVocab::from_file(path)?)),
-            None => None,
-        };
         let method = match method.as_str() {
             "ngram" | "prompt_lookup" => {
+                if draft_vocab.is_some() {
+                    bail!(NOT_DRAFTED);
+                }
                 SpeculativeMethod::Ngram(NgramConfig::from_vllm(min, max, k)?)
             }
             "mtp" | "qwen3_next_mtp" | "qwen3_5_mtp" => SpeculativeMethod::Mtp(MtpOptions {
-                draft_vocab: draft_vocab.clone(),
+                draft_vocab: match &draft_vocab {
+                    Some(path) => Some(Arc::new(DraftVocab::from_file(path)?)),
+                    None => None,
+                },
             }),
             other => {
                 bail!(
