@@ -28,6 +28,10 @@ pub enum CompileError {
     Unavailable(String),
 }
 
+/// Lexer work allowed for one token mask (llguidance's unit; its default
+/// is 200,000).
+const STEP_LEXER_FUEL: u64 = 1_000_000;
+
 /// Compiles grammars for one model.
 pub struct GrammarCompiler {
     source: VocabularySource,
@@ -101,6 +105,15 @@ impl GrammarCompiler {
         factory.quiet();
         // Errors go back to clients: no parser state or grammar dump in them.
         factory.limits_mut().verbose_errors = false;
+        // Five times llguidance's default lexer budget per mask: a forced
+        // XML call's raw string value with a length bound and the
+        // exclusion of its closing tags is a product of small automata
+        // whose first mask, walked over a whole vocabulary, needs several
+        // times the default (the request failed with "too many
+        // expressions constructed"); with this budget such a mask takes
+        // about 20 ms over Qwen3.6's 248K tokens on one CPU core, once
+        // (later masks reuse the lexer states).
+        factory.limits_mut().step_lexer_fuel = STEP_LEXER_FUEL;
         Ok(factory)
     }
 }

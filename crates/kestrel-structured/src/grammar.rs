@@ -131,7 +131,7 @@ fn alternatives(choices: &[String]) -> String {
 
 /// The schema with the JSON layout the Qwen tool parser and most clients
 /// expect, unless the schema sets its own.
-fn with_layout(schema: Value) -> Value {
+pub(crate) fn with_layout(schema: Value) -> Value {
     let mut schema = match schema {
         Value::Bool(true) => json!({}),
         Value::Bool(false) => json!({"not": {}}),

@@ -25,6 +25,7 @@ use std::collections::HashSet;
 use kestrel_api::Tool;
 use serde_json::{Map, Value};
 
+use crate::grammar::with_layout;
 use crate::xml_value::{ValueGrammar, value_grammar};
 
 /// Value terminals may not hold a second `</parameter>` or any
@@ -151,6 +152,10 @@ fn parameter_rule(rule: &str, name: &str, grammar: ValueGrammar) -> String {
             )
         }
         ValueGrammar::Json(schema) => {
+            // The fixed layout of response formats: free whitespace inside
+            // a JSON value lets a weak model write blank space until its
+            // token budget runs out.
+            let schema = with_layout(schema);
             format!("{rule}: {open_nl} %json {schema} \"\\n</parameter>\\n\"\n")
         }
     }

@@ -145,6 +145,21 @@ fn valid_xml_calls_are_allowed_and_complete() {
     assert!(!drive(&t, compile(&c, &tools, false), &two).0);
 }
 
+/// JSON values take the response formats' fixed layout: a weak model
+/// offered free whitespace inside one wrote blank space until its token
+/// budget ran out.
+#[test]
+fn json_values_have_one_layout() {
+    let (t, c) = setup();
+    let tools = tools();
+    let meta = |v: &str| call("note", &[("text", "x"), ("meta", v)]);
+    let allowed = |text: &str| drive(&t, compile(&c, &tools, false), text).0;
+    assert!(allowed(&meta("{\"k\": [1, null], \"j\": {}}")));
+    assert!(!allowed(&meta("{\"k\": [1,  null]}")));
+    assert!(!allowed(&meta("{\"k\":\n [1, null]}")));
+    assert!(!allowed(&meta("{ \"k\": 1}")));
+}
+
 #[test]
 fn wrong_names_parameters_and_values_are_rejected() {
     let (t, c) = setup();
@@ -323,4 +338,49 @@ fn string_patterns_hold_for_raw_values() {
         let (allowed, complete) = drive(&t, compile(&c, &tools, false), &bad);
         assert!(!(allowed && complete), "{bad:?} was allowed");
     }
+}
+
+/// A raw string value with a length bound is the product of the bound,
+/// the closing tag and the excluded `</tool_call>`: its first masks over
+/// a whole vocabulary took more than llguidance's default lexer budget,
+/// and the request failed ("too many expressions constructed") as soon as
+/// the value opened.
+#[test]
+fn a_length_bounded_raw_value_stays_within_the_lexer_budget() {
+    let (t, c) = setup();
+    let tools = [tool(
+        "read_file",
+        json!({"type": "object", "properties": {
+            "path": {"type": "string", "maxLength": 40},
+            "offset": {"type": "integer", "minimum": 0, "maximum": 10000}},
+            "required": ["path"], "additionalProperties": false}),
+    )];
+    let eos = t.eos_token_ids().to_vec();
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut completed = 0;
+    for _ in 0..8 {
+        let mut constraint = compile(&c, &tools, false);
+        let mut ids = Vec::new();
+        while ids.len() < 200 {
+            let words = constraint
+                .0
+                .allowed(t.vocab_size())
+                .unwrap_or_else(|e| panic!("after {:?}: {e}", t.decode(&ids, false)));
+            let allowed: Vec<u32> = (0..t.vocab_size() as u32)
+                .filter(|&i| words[i as usize / 32] >> (i % 32) & 1 == 1)
+                .collect();
+            let id = allowed[rng.below(allowed.len())];
+            if eos.contains(&id) {
+                completed += 1;
+                let text = t.decode(&ids, false).unwrap();
+                let parsed = parse_complete(&text, &tools, false);
+                assert_eq!(parsed.tool_calls.len(), 1, "{text:?}");
+                assert_valid(&parsed.tool_calls[0].function, &tools);
+                break;
+            }
+            constraint.0.accept(id).unwrap();
+            ids.push(id);
+        }
+    }
+    assert!(completed >= 4, "only {completed} of 8 samples completed");
 }
