@@ -56,12 +56,15 @@ fn fuzz(name: &str, mut target: impl FnMut(&mut Rng)) {
         let mut rng = Rng::new(seed, i);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target(&mut rng)));
         if let Err(e) = result {
-            std::panic::resume_unwind(Box::new(format!(
-                "{name}: iteration {i} of seed {seed} failed: {:?}",
-                e.downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| e.downcast_ref::<&str>().copied())
-            )));
+            // A fresh panic, not resume_unwind: that skips the panic hook,
+            // and the test harness prints no payload, so the iteration would
+            // go unreported.
+            let message = e
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| e.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic");
+            panic!("{name}: iteration {i} of seed {seed} failed: {message}");
         }
     }
     eprintln!("{name}: {n} iterations, seed {seed}");
