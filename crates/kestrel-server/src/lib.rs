@@ -52,6 +52,10 @@ use tokio::task::JoinHandle;
 
 pub use config::ServerConfig;
 pub use generation::Step;
+/// The Anthropic Messages and Responses stream assemblers, reachable for
+/// tests that drive them with scripted text (no model); not a stable API.
+#[doc(hidden)]
+pub use routes::{messages::MessagesSse, responses::ResponseOutput};
 use state::{AppState, Phase};
 
 /// How long in-flight connections get to finish after shutdown begins.

@@ -18,12 +18,12 @@ use kestrel_api::anthropic::{
     MessageResponse, MessageStream, MessageUsage, Normalization, content_blocks, error_body,
     parse_messages_body, stop_reason,
 };
-use kestrel_api::output::{ChatOutputParser, parse_chat_output};
+use kestrel_api::output::{ChatOutputParser, OutputOptions, parse_chat_output};
 use kestrel_api::types::{FinishReason, Usage};
 use kestrel_api::{ChatRequest, parse_chat_request};
 use serde_json::json;
 
-use super::chat::{PreparedChat, prepare_chat, start_generation};
+use super::chat::{prepare_chat, start_generation};
 use super::validation_options;
 use crate::body::json_body;
 use crate::error::{ServerError, ServerResult};
@@ -114,7 +114,7 @@ async fn create_message(
     let id = format!("msg_{}", request_id.0);
 
     if prepared.req.stream {
-        let sse = MessagesSse::new(id, model_name, prompt_tokens, &prepared);
+        let sse = MessagesSse::new(id, model_name, prompt_tokens, &prepared.output_options());
         let mut response = sse_response(generation, sse, state.config.sse_ping_interval);
         response.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -138,17 +138,18 @@ async fn create_message(
     Ok(Json(response).into_response())
 }
 
-/// Chat output parsing -> Anthropic stream events.
-struct MessagesSse {
+/// Chat output parsing -> Anthropic stream events. Public (hidden) so that
+/// tests can drive it with scripted text, without a model.
+pub struct MessagesSse {
     stream: MessageStream,
     parser: ChatOutputParser,
 }
 
 impl MessagesSse {
-    fn new(id: String, model: String, prompt_tokens: u32, prepared: &PreparedChat) -> Self {
+    pub fn new(id: String, model: String, prompt_tokens: u32, opts: &OutputOptions) -> Self {
         MessagesSse {
             stream: MessageStream::new(id, model, prompt_tokens),
-            parser: ChatOutputParser::new(&prepared.output_options()),
+            parser: ChatOutputParser::new(opts),
         }
     }
 }

@@ -13,7 +13,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use kestrel_api::output::ChatOutputParser;
+use kestrel_api::output::{ChatOutputParser, OutputOptions};
 use kestrel_api::parse_chat_request;
 use kestrel_api::responses::{
     ResponseBuilder, ResponseUsage, in_responses_terms, parse_responses_body,
@@ -26,7 +26,7 @@ use crate::body::json_body;
 use crate::error::{ServerError, ServerResult};
 use crate::request_id::RequestId;
 use crate::sse::{SseAssembler, sse_response};
-use crate::state::{AppState, LoadedModel, unix_now};
+use crate::state::{AppState, unix_now};
 
 pub async fn responses(
     State(state): State<Arc<AppState>>,
@@ -59,11 +59,14 @@ async fn create_response(
     let mut prepared = prepare_chat(&model, chat, &request_id.0, received).await?;
     let generation =
         start_generation(&state, &model, &mut prepared, &request_id.0, received).await?;
-    let mut output = ResponseOutput {
-        builder: ResponseBuilder::new(&request_id.0, &model_name, unix_now(), req.echo()),
-        parser: ChatOutputParser::new(&prepared.output_options()),
-        model,
+    let builder = ResponseBuilder::new(&request_id.0, &model_name, unix_now(), req.echo());
+    // The reasoning re-tokenised: close to the generated count (the
+    // `<think>` tags aside), without tracking tokens through the parsers.
+    let count_tokens = move |text: &str| {
+        let ids = model.tokenizer.encode(text, false);
+        ids.map_or(0, |ids| ids.len() as u32)
     };
+    let mut output = ResponseOutput::new(builder, &prepared.output_options(), count_tokens);
 
     if req.stream() {
         return Ok(sse_response(
@@ -77,15 +80,35 @@ async fn create_response(
     let (text, reason, usage) = generation.collect(String::new()).await?;
     output.text(&text);
     output.finish(reason, usage);
-    Ok(Json(output.builder.response()).into_response())
+    Ok(Json(output.response()).into_response())
 }
 
-/// Chat output parsing -> output items (and their stream events).
-struct ResponseOutput {
+/// Chat output parsing -> output items (and their stream events). Public
+/// (hidden) so that tests can drive it with scripted text, without a model.
+pub struct ResponseOutput {
     builder: ResponseBuilder,
     parser: ChatOutputParser,
-    /// Its tokenizer counts the reasoning tokens.
-    model: Arc<LoadedModel>,
+    /// The tokens in a text, for the reasoning's count in the usage.
+    count_tokens: Box<dyn Fn(&str) -> u32 + Send>,
+}
+
+impl ResponseOutput {
+    pub fn new(
+        builder: ResponseBuilder,
+        opts: &OutputOptions,
+        count_tokens: impl Fn(&str) -> u32 + Send + 'static,
+    ) -> Self {
+        ResponseOutput {
+            builder,
+            parser: ChatOutputParser::new(opts),
+            count_tokens: Box::new(count_tokens),
+        }
+    }
+
+    /// The response object as it stands (final after `finish`).
+    pub fn response(&self) -> serde_json::Value {
+        self.builder.response()
+    }
 }
 
 impl SseAssembler for ResponseOutput {
@@ -102,14 +125,11 @@ impl SseAssembler for ResponseOutput {
         let end = self.parser.finish();
         let reason = self.parser.finish_reason(reason, &end);
         let mut events = self.builder.delta(end.parts);
-        // The reasoning re-tokenised: close to the generated count (the
-        // `<think>` tags aside), without tracking tokens through the parsers.
         let reasoning = self.builder.reasoning_text();
         let reasoning_tokens = if reasoning.is_empty() {
             0
         } else {
-            let ids = self.model.tokenizer.encode(reasoning, false);
-            ids.map_or(0, |ids| ids.len() as u32)
+            (self.count_tokens)(reasoning)
         };
         let usage = ResponseUsage::from_chat(&usage, reasoning_tokens);
         events.extend(self.builder.finish(reason, usage));
