@@ -1,12 +1,15 @@
 //! The chat SSE assembly fed with scripted model text split one character
 //! at a time: reasoning, content and streamed tool calls must come out
 //! well framed and agree with the non-streaming parse of the same text.
+//! Also the fuzzer's findings in the Messages and Responses streams.
 
 use kestrel_api::Tool;
 use kestrel_api::output::{OutputOptions, parse_chat_output};
+use kestrel_api::responses::ResponseBuilder;
 use kestrel_api::types::{FinishReason, Usage};
 use kestrel_server::sse::{ChatSse, SseAssembler};
-use serde_json::{Value, json};
+use kestrel_server::{MessagesSse, ResponseOutput};
+use serde_json::{Map, Value, json};
 
 fn weather_tool() -> Tool {
     let parameters = json!({
@@ -199,4 +202,105 @@ fn forced_call_prefix_is_parsed_as_model_output() {
     assert_eq!(reason, FinishReason::ToolCalls);
     let args: Value = serde_json::from_str(&message.tool_calls[0].function.arguments).unwrap();
     assert_eq!(args, json!({"city": "Oslo"}));
+}
+
+/// The SSE fuzzer's first finding (tests/fuzz_sse.rs): a step of text that
+/// ends a call and goes on with text. The output parsers keep a step's
+/// content and calls apart, not their order, and the Messages stream sent
+/// the call's last arguments after the text had closed the call's block;
+/// the Responses stream dropped them, leaving the call's arguments cut off.
+#[test]
+fn a_step_that_ends_a_call_and_goes_on_with_text_ends_the_call_first() {
+    let tools = [weather_tool()];
+    let opts = OutputOptions {
+        reasoning: true,
+        starts_in_reasoning: false,
+        tools: Some(&tools),
+        parallel_tool_calls: true,
+    };
+    let steps = [
+        "Sure.<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n",
+        "</function>\n</tool_call>Done.",
+    ];
+    let usage = Usage::new(10, 5, Some(0));
+
+    let mut sse = MessagesSse::new("msg_t".into(), "m".into(), 10, &opts);
+    let mut events = sse.start();
+    for step in steps {
+        events.extend(sse.text(step));
+    }
+    events.extend(sse.finish(FinishReason::Stop, usage));
+    let data: Vec<Value> = events
+        .iter()
+        .map(|e| serde_json::from_str(e.split_once("\ndata: ").unwrap().1.trim_end()).unwrap())
+        .collect();
+    let outline: Vec<String> = data
+        .iter()
+        .map(|d| {
+            let kind = d["delta"]["type"]
+                .as_str()
+                .unwrap_or(d["type"].as_str().unwrap());
+            match d["index"].as_u64() {
+                Some(i) => format!("{kind} {i}"),
+                None => kind.to_string(),
+            }
+        })
+        .collect();
+    assert_eq!(
+        outline,
+        [
+            "message_start",
+            "ping",
+            "content_block_start 0",
+            "text_delta 0",
+            "content_block_stop 0",
+            "content_block_start 1",
+            "input_json_delta 1",
+            "input_json_delta 1",
+            "content_block_stop 1",
+            "content_block_start 2",
+            "text_delta 2",
+            "content_block_stop 2",
+            "message_delta",
+            "message_stop",
+        ]
+    );
+    let input: String = data[6..8]
+        .iter()
+        .map(|d| d["delta"]["partial_json"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&input).unwrap(),
+        json!({"city": "Paris"})
+    );
+    assert_eq!(data[10]["delta"]["text"], "Done.");
+
+    let builder = ResponseBuilder::new("t", "m", 1, Map::new());
+    let mut output = ResponseOutput::new(builder, &opts, |text| text.len() as u32);
+    output.start();
+    for step in steps {
+        output.text(step);
+    }
+    output.finish(FinishReason::Stop, usage);
+    let items = output.response()["output"].clone();
+    let summary: Vec<(&str, &str)> = items
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            let text = match item["type"].as_str().unwrap() {
+                "function_call" => item["arguments"].as_str().unwrap(),
+                _ => item["content"][0]["text"].as_str().unwrap(),
+            };
+            (item["type"].as_str().unwrap(), text)
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("message", "Sure."),
+            ("function_call", "{\"city\":\"Paris\"}"),
+            ("message", "Done."),
+        ]
+    );
 }

@@ -80,8 +80,17 @@ impl MessageStream {
     }
 
     /// Events for one step of the output parsers.
-    pub fn delta(&mut self, parts: DeltaParts) -> Vec<String> {
+    pub fn delta(&mut self, mut parts: DeltaParts) -> Vec<String> {
         let mut out = Vec::new();
+        // Arguments that continue the open tool block reach it before any
+        // content of this step closes it.
+        let open_call = match self.open {
+            Some(Open::Tool(index)) => Some(index),
+            _ => None,
+        };
+        for call in parts.take_continuing_arguments(open_call) {
+            self.arguments(call.index, call.function.arguments, &mut out);
+        }
         if !parts.reasoning.is_empty() {
             self.ensure_open(Open::Thinking, &mut out);
             out.push(
@@ -107,18 +116,24 @@ impl MessageStream {
                     &mut out,
                 );
             }
-            if let Some(args) = call.function.arguments.filter(|a| !a.is_empty()) {
-                let index = self.tool_blocks.get(&call.index).copied();
-                if let Some(index) = index {
-                    out.push(named_event(&json!({
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "input_json_delta", "partial_json": args},
-                    })));
-                }
-            }
+            self.arguments(call.index, call.function.arguments, &mut out);
         }
         out
+    }
+
+    /// An `input_json_delta` for the block of call `call`, when there are
+    /// arguments.
+    fn arguments(&self, call: u32, args: Option<String>, out: &mut Vec<String>) {
+        if let Some(args) = args.filter(|a| !a.is_empty()) {
+            let index = self.tool_blocks.get(&call).copied();
+            if let Some(index) = index {
+                out.push(named_event(&json!({
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": args},
+                })));
+            }
+        }
     }
 
     /// The closing events.
@@ -276,6 +291,44 @@ mod tests {
             events[13]
         );
         assert!(events[10].contains("\"index\":2"), "{}", events[10]);
+    }
+
+    /// A step that ends the open call and goes on with text (a finding of
+    /// the SSE fuzzer): the call's block gets its last arguments before the
+    /// text closes it.
+    #[test]
+    fn arguments_that_end_the_open_call_come_before_the_text_after_it() {
+        let mut s = MessageStream::new("msg_1".into(), "m".into(), 5);
+        let call = |id: Option<&str>, args: &str| ToolCallDelta {
+            index: 0,
+            id: id.map(str::to_string),
+            kind: None,
+            function: FunctionCallDelta {
+                name: id.map(|_| "get".to_string()),
+                arguments: Some(args.into()),
+            },
+        };
+        let mut events = s.delta(DeltaParts {
+            tool_calls: vec![call(Some("c1"), "{\"a\":")],
+            ..Default::default()
+        });
+        events.extend(s.delta(DeltaParts {
+            content: "Done.".into(),
+            tool_calls: vec![call(None, "1}")],
+            ..Default::default()
+        }));
+        assert_eq!(
+            types(&events),
+            [
+                "content_block_start",
+                "input_json_delta",
+                "input_json_delta",
+                "content_block_stop",
+                "content_block_start",
+                "text_delta",
+            ]
+        );
+        assert!(events[2].contains("\"index\":0"), "{}", events[2]);
     }
 
     #[test]

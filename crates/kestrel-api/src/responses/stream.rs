@@ -13,8 +13,8 @@
 use serde_json::{Map, Value, json};
 
 use super::response::{ResponseUsage, incomplete_details, named_event, status};
-use crate::types::FinishReason;
 use crate::types::sse::DeltaParts;
+use crate::types::{FinishReason, ToolCallDelta};
 
 /// The output item being streamed; one at a time, a change of kind
 /// (reasoning -> text -> call) closes it.
@@ -91,17 +91,31 @@ impl ResponseBuilder {
     }
 
     /// Events for one step of the output parsers.
-    pub fn delta(&mut self, parts: DeltaParts) -> Vec<String> {
+    pub fn delta(&mut self, mut parts: DeltaParts) -> Vec<String> {
         let mut out = Vec::new();
+        // Arguments that continue the open call reach its item before any
+        // content of this step closes it.
+        let open_call = match &self.open {
+            Some(OpenItem::Call { chat_index, .. }) => Some(*chat_index),
+            _ => None,
+        };
+        let continued = parts.take_continuing_arguments(open_call);
+        self.calls(continued, &mut out);
         if !parts.reasoning.is_empty() {
             self.reasoning_delta(&parts.reasoning, &mut out);
         }
         if !parts.content.is_empty() {
             self.text_delta(&parts.content, &mut out);
         }
-        for call in parts.tool_calls {
+        self.calls(parts.tool_calls, &mut out);
+        out
+    }
+
+    /// Events for call deltas: a new call's item, or arguments for the open one.
+    fn calls(&mut self, calls: Vec<ToolCallDelta>, out: &mut Vec<String>) {
+        for call in calls {
             if call.id.is_some() || call.function.name.is_some() {
-                self.close("completed", &mut out);
+                self.close("completed", out);
                 let id = self.item_id("fc");
                 let item = json!({
                     "id": id, "type": "function_call", "status": "in_progress",
@@ -109,7 +123,7 @@ impl ResponseBuilder {
                     "name": call.function.name.clone().unwrap_or_default(),
                     "arguments": "",
                 });
-                self.added(item, &mut out);
+                self.added(item, out);
                 self.open = Some(OpenItem::Call {
                     chat_index: call.index,
                     id,
@@ -136,7 +150,6 @@ impl ResponseBuilder {
             };
             out.push(self.event("response.function_call_arguments.delta", fields));
         }
-        out
     }
 
     /// The closing events; the response is final afterwards.

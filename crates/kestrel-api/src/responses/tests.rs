@@ -284,6 +284,27 @@ fn reasoning_text_and_a_call_stream_as_three_items_in_order() {
     assert_eq!(r["usage"]["output_tokens_details"]["reasoning_tokens"], 1);
 }
 
+/// A step that ends the open call and goes on with text (a finding of the
+/// SSE fuzzer): the call gets its last arguments before the text closes it.
+#[test]
+fn arguments_that_end_the_open_call_come_before_the_text_after_it() {
+    let mut b = ResponseBuilder::new("r3", "m", 7, Default::default());
+    b.start();
+    b.delta(DeltaParts {
+        tool_calls: vec![call(Some("call_1"), "{\"a\":")],
+        ..Default::default()
+    });
+    b.delta(DeltaParts {
+        content: "Done.".into(),
+        tool_calls: vec![call(None, "1}")],
+        ..Default::default()
+    });
+    b.finish(FinishReason::Stop, ResponseUsage::default());
+    let r = b.response();
+    assert_eq!(r["output"][0]["arguments"], "{\"a\":1}");
+    assert_eq!(r["output"][1]["content"][0]["text"], "Done.");
+}
+
 #[test]
 fn the_token_limit_makes_the_response_incomplete() {
     let echo = parse_responses_body(&json!({"input": "x"})).unwrap().echo();

@@ -53,6 +53,22 @@ pub struct DeltaParts {
     pub tool_calls: Vec<ToolCallDelta>,
 }
 
+impl DeltaParts {
+    /// Takes out the call deltas, from the first, that continue the call of
+    /// index `open` (arguments, no new call's start). The parts keep content
+    /// and calls apart, not their order; these came before any content of
+    /// the step, since the call was open then, so a stream that gives each
+    /// call its own block sends them before content closes the block.
+    pub fn take_continuing_arguments(&mut self, open: Option<u32>) -> Vec<ToolCallDelta> {
+        let n = self
+            .tool_calls
+            .iter()
+            .take_while(|c| Some(c.index) == open && c.id.is_none() && c.function.name.is_none())
+            .count();
+        self.tool_calls.drain(..n).collect()
+    }
+}
+
 impl ChatStream {
     pub fn new(id: impl Into<String>, model: impl Into<String>, created: u64) -> Self {
         ChatStream {
