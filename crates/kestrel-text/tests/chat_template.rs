@@ -223,3 +223,37 @@ fn stored_template_file_and_tokenizer_config_agree() {
     assert_eq!(config["chat_template"].as_str(), Some(file.as_str()));
     assert_eq!(config["eos_token"], "<|im_end|>");
 }
+
+/// Found by fuzzing mutated template sources (tests/fuzz_template.rs): the
+/// bundled template with its empty-conversation check edited away, given no
+/// messages, reached `messages[::-1]`, and minijinja 2.24 panics on a slice
+/// with a negative step of an empty sequence or string (index out of
+/// bounds). Such a render fails with an error instead; other slices still
+/// render as Python's do.
+#[test]
+fn slices_the_engine_panics_on_are_render_errors() {
+    let render = |source: &str, messages: &[Value]| {
+        let template = ChatTemplate::from_source(source, "inline", Map::new()).unwrap();
+        template.render(messages, None, false, &Map::new())
+    };
+    for source in [
+        "{% for m in messages[::-1] %}{{ m.role }}{% endfor %}",
+        "{{ ''[::-1] }}",
+        "{{ [][::-2] | list }}",
+        "{{ ''[3::-1] }}",
+    ] {
+        match render(source, &[]) {
+            Err(TemplateError::Render(msg)) => {
+                assert!(msg.contains("template engine failed"), "{source}: {msg}")
+            }
+            other => panic!("{source}: {other:?}"),
+        }
+    }
+    // A stop past the start overflows where overflow checks are on; either
+    // way, no panic leaves the renderer.
+    let _ = render("{{ [1, 2, 3][0:2:-1] | list }}", &[]);
+    let user = json!({"role": "user", "content": "hi"});
+    let reversed = "{% for m in messages[::-1] %}{{ m.role }} {% endfor %}{{ 'abc'[::-1] }}";
+    let messages = [json!({"role": "system", "content": "s"}), user];
+    assert_eq!(render(reversed, &messages).unwrap(), "user system cba");
+}

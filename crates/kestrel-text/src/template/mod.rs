@@ -170,9 +170,22 @@ impl ChatTemplate {
             .env
             .get_template(name)
             .map_err(|e| TemplateError::Render(e.to_string()))?;
-        template
-            .render(minijinja::Value::from_serialize(&context))
-            .map_err(classify_error)
+        // minijinja 2.24 panics on some expressions instead of failing: a
+        // slice with a negative step of an empty sequence or string (as in
+        // `messages[::-1]` with no messages: index out of bounds), or one
+        // whose stop is past its start (`x[0:2:-1]`: an overflow, where
+        // overflow checks are on). The render keeps nothing between calls,
+        // so such a panic is a failed render like any other.
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            template.render(minijinja::Value::from_serialize(&context))
+        }));
+        match rendered {
+            Ok(result) => result.map_err(classify_error),
+            Err(panic) => Err(TemplateError::Render(format!(
+                "the template engine failed: {}",
+                panic_message(panic.as_ref())
+            ))),
+        }
     }
 
     /// transformers' choice among named templates: `tool_use` when tools are
@@ -190,6 +203,15 @@ impl ChatTemplate {
             self.names
         )))
     }
+}
+
+/// The message a panic carried, when it is text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic")
 }
 
 /// Splits a failure into a template-raised rejection or another error.
