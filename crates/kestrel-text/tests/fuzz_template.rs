@@ -534,6 +534,11 @@ const OPERANDS: &[&str] = &[
     "loop",
 ];
 
+/// No argument is a huge number (`v` may be one, so it is only an
+/// operand): the engine's own filters that take a size (`indent`, `batch`)
+/// allocate it, and an absurd one aborts the process for want of memory,
+/// which no error can report. Only a template can pass such a size; kestrel's
+/// `tojson` caps its indent.
 const ARGUMENTS: &[&str] = &[
     "none",
     "0",
@@ -552,7 +557,6 @@ const ARGUMENTS: &[&str] = &[
     "('a',)",
     "'role'",
     "messages",
-    "v",
     "'%Y-%m-%d %H'",
     "'%Q'",
     "'%'",
