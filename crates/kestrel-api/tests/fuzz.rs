@@ -13,62 +13,10 @@ use kestrel_api::tools::{ToolCallAccumulator, ToolCallParser, parse_complete};
 use kestrel_api::{Tool, ValidationOptions, parse_chat_request, parse_completion_request};
 use serde_json::{Value, json};
 
-fn iterations() -> u64 {
-    std::env::var("KESTREL_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300)
-}
+#[path = "support/fuzz_harness.rs"]
+mod fuzz_harness;
 
-fn seed() -> u64 {
-    std::env::var("KESTREL_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5eed)
-}
-
-/// splitmix64: small, seeded, and good enough to pick among pieces.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64, iteration: u64) -> Self {
-        Rng(seed ^ iteration.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
-
-/// Runs `target` for each iteration; a panic names the seed and iteration.
-fn fuzz(name: &str, mut target: impl FnMut(&mut Rng)) {
-    let (n, seed) = (iterations(), seed());
-    for i in 0..n {
-        let mut rng = Rng::new(seed, i);
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target(&mut rng)));
-        if let Err(e) = result {
-            // A fresh panic, not resume_unwind: that skips the panic hook,
-            // and the test harness prints no payload, so the iteration would
-            // go unreported.
-            let message = e
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| e.downcast_ref::<&str>().copied())
-                .unwrap_or("a panic");
-            panic!("{name}: iteration {i} of seed {seed} failed: {message}");
-        }
-    }
-    eprintln!("{name}: {n} iterations, seed {seed}");
-}
+use fuzz_harness::{Rng, fuzz};
 
 /// Pieces model output is made of: the tags of both call formats and of
 /// reasoning, their fragments, JSON, whitespace and multi-byte text.
