@@ -1,4 +1,5 @@
-//! API-key check on every route except `/health` (and CORS preflights).
+//! API-key check on every route except `/health` and `/api/hello` (and CORS
+//! preflights).
 //! Keys are compared as SHA-256 digests in constant time, so neither the
 //! key's length nor its matching prefix leaks through timing.
 
@@ -71,7 +72,7 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
 
 /// Routes anyone may call.
 fn is_public(method: &Method, path: &str) -> bool {
-    method == Method::OPTIONS || path == "/health"
+    method == Method::OPTIONS || path == "/health" || path == "/api/hello"
 }
 
 pub async fn require_api_key(

@@ -127,15 +127,31 @@ fn load<B: Backend>(
     let tool_call_format = template.as_ref().map_or(ToolCallFormat::Json, |t| {
         ToolCallFormat::of_template(|s| t.source_contains(s))
     });
+    let late_system_messages = template.as_ref().is_some_and(renders_late_system_messages);
     Ok(LoadedModel {
         engine,
         tokenizer,
         template,
         tool_call_format,
+        late_system_messages,
         max_model_len,
         sampling_defaults: sampling_defaults(dir)?,
         grammars,
     })
+}
+
+/// Whether the template renders a `system` message that follows a user
+/// turn (Qwen3.6's raises an error instead; a template may also drop it).
+pub fn renders_late_system_messages(template: &ChatTemplate) -> bool {
+    const MARK: &str = "late system message probe";
+    let messages = [
+        serde_json::json!({"role": "user", "content": "Hello."}),
+        serde_json::json!({"role": "system", "content": MARK}),
+        serde_json::json!({"role": "user", "content": "Go on."}),
+    ];
+    template
+        .render(&messages, None, true, &serde_json::Map::new())
+        .is_ok_and(|prompt| prompt.contains(MARK))
 }
 
 /// KV capacity when neither `--num-blocks` nor `--kv-cache-tokens` is given.
@@ -213,4 +229,29 @@ fn sampling_defaults(dir: &Path) -> Result<SamplingDefaults> {
         d.frequency_penalty = v as f32;
     }
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn repo() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    #[test]
+    fn the_probe_tells_which_templates_take_a_late_system_message() {
+        let tiny = ChatTemplate::from_model_dir(repo().join("models/kestrel-tiny-qwen35"))
+            .unwrap()
+            .unwrap();
+        assert!(renders_late_system_messages(&tiny));
+        // Qwen3.6's template raises "System message must be at the beginning."
+        let path = repo().join("testdata/chat_template/qwen3_6.jinja");
+        let source = std::fs::read_to_string(&path).unwrap();
+        let qwen36 =
+            ChatTemplate::from_source(&source, "qwen3_6.jinja", Default::default()).unwrap();
+        assert!(!renders_late_system_messages(&qwen36));
+    }
 }

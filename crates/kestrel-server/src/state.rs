@@ -23,6 +23,9 @@ pub struct LoadedModel {
     /// How the model writes tool calls (from its chat template); forced
     /// calls are constrained to it.
     pub tool_call_format: ToolCallFormat,
+    /// The template renders a `system` message after the first turn
+    /// (`/v1/messages` folds such messages into the user turn otherwise).
+    pub late_system_messages: bool,
     pub max_model_len: usize,
     /// Sampling values for fields a request leaves out (generation_config.json).
     pub sampling_defaults: SamplingDefaults,

@@ -9,11 +9,18 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 #[tokio::test]
-async fn api_key_is_required_except_on_health() {
+async fn api_key_is_required_except_on_health_and_hello() {
     let base = spawn_server(|c| c.api_keys = vec!["k-one".into(), "k-two".into()]);
     let c = client();
     let r = c.get(format!("{base}/health")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
+    // Claude Code's reachability probe carries no key.
+    let r = c.head(format!("{base}/api/hello")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = c.get(format!("{base}/api/hello")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["status"], "ok");
     for path in ["/v1/models", "/metrics"] {
         let r = c.get(format!("{base}{path}")).send().await.unwrap();
         assert_eq!(r.status().as_u16(), 401, "{path}");

@@ -320,3 +320,119 @@ async fn the_billing_line_does_not_break_the_prefix_cache() {
         }
     }
 }
+
+/// Claude Code's request shape: the beta query, adaptive thinking with a
+/// `display`, `context_management`, `output_config`, a deferred tool, and
+/// its environment notes as a `system` message after the first user turn.
+/// It is answered with a well-formed stream, and the system message is in
+/// the prompt where it was sent (the bundled template renders a system
+/// turn there): the same prompt as the chat form's through `/tokenize`.
+#[tokio::test]
+async fn claude_codes_system_message_between_turns_is_rendered_in_place() {
+    let base = shared_server();
+    let placeholder = json!({"name": "Placeholder", "description": "Never call this.",
+        "input_schema": {"type": "object", "properties": {}}, "defer_loading": true});
+    let environment = "# Environment\n - Primary working directory: /work\n - Platform: linux";
+    let mut body = json!({"model": MODEL, "max_tokens": 8, "stream": true,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.0.abc; cc_entrypoint=sdk-cli;"},
+            {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}],
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+        "metadata": {"user_id": "{\"device_id\":\"d1\",\"session_id\":\"s1\"}"},
+        "tools": [weather_tools()[0].clone(), placeholder],
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>\nBe brief.\n</system-reminder>"},
+                {"type": "text", "text": "say hi"}]},
+            {"role": "system", "content": [
+                {"type": "text", "text": environment, "cache_control": {"type": "ephemeral"}}]}]});
+    let (s, text) = post_raw(base, "/v1/messages?beta=true", &body).await;
+    assert_eq!(s, 200, "{text}");
+    let events = anthropic_events(&text);
+    assert_eq!(events[0].0, "message_start");
+    assert_eq!(events.last().unwrap().0, "message_stop");
+
+    let (s, count) = post(base, "/v1/messages/count_tokens", &body).await;
+    assert_eq!(s, 200, "{count}");
+    let function = |t: &Value| {
+        json!({"type": "function", "function": {"name": t["name"],
+        "description": t["description"], "parameters": t["input_schema"]}})
+    };
+    let tools: Vec<Value> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(function)
+        .collect();
+    let chat = json!({"model": MODEL, "tools": tools,
+        "chat_template_kwargs": {"enable_thinking": true},
+        "messages": [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>\nBe brief.\n</system-reminder>"},
+                {"type": "text", "text": "say hi"}]},
+            {"role": "system", "content": environment}]});
+    let (s, tok) = post(base, "/tokenize", &chat).await;
+    assert_eq!(s, 200, "{tok}");
+    assert_eq!(count["input_tokens"], tok["count"], "{count} vs {tok}");
+
+    body["messages"].as_array_mut().unwrap().pop();
+    let (_, without) = post(base, "/v1/messages/count_tokens", &body).await;
+    assert!(
+        without["input_tokens"].as_u64().unwrap() + 10 < count["input_tokens"].as_u64().unwrap(),
+        "{without} vs {count}"
+    );
+}
+
+/// Past the context, `/v1/messages` words its 400 as Anthropic's API does:
+/// Claude Code reads the three numbers of the first message to send the
+/// request again with a `max_tokens` that fits (it asks for 32,000 and, at
+/// a cut-off answer, 128,000).
+#[tokio::test]
+async fn context_overflows_are_worded_as_anthropic_words_them() {
+    let base = shared_server();
+    let (_, models) = get(base, "/v1/models").await;
+    let models: Value = serde_json::from_str(&models).unwrap();
+    let limit = models["data"][0]["max_model_len"].as_u64().unwrap();
+    let mut body = message_body();
+    let (_, count) = post(base, "/v1/messages/count_tokens", &body).await;
+    let input = count["input_tokens"].as_u64().unwrap();
+    body["max_tokens"] = json!(128000);
+    let (s, v) = post(base, "/v1/messages", &body).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert_eq!(
+        v["error"]["message"],
+        format!(
+            "input length and `max_tokens` exceed context limit: {input} + 128000 > {limit}, \
+             decrease input length or `max_tokens` and try again"
+        )
+    );
+    // What just fits is answered (streamed, and left after the headers).
+    body["max_tokens"] = json!(limit - input);
+    body["stream"] = json!(true);
+    let r = client()
+        .post(format!("{base}/v1/messages"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    drop(r);
+    body["stream"] = json!(false);
+
+    body["max_tokens"] = json!(8);
+    body["messages"] = json!([{"role": "user", "content": "word ".repeat(limit as usize + 100)}]);
+    let (s, v) = post(base, "/v1/messages", &body).await;
+    assert_eq!(s, 400, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    let rest = message.strip_prefix("prompt is too long: ").expect(message);
+    let (tokens, max) = rest
+        .strip_suffix(" maximum")
+        .and_then(|r| r.split_once(" tokens > "))
+        .expect(message);
+    assert!(tokens.parse::<u64>().unwrap() >= limit, "{message}");
+    assert_eq!(max.parse::<u64>().unwrap(), limit - 1, "{message}");
+}

@@ -1,7 +1,8 @@
 //! The Messages conversation as chat messages: the system prompt (with the
 //! billing-header normalisation), user turns whose `tool_result` blocks
 //! become `tool` messages, assistant turns whose `thinking` and `tool_use`
-//! blocks become `reasoning_content` and tool calls.
+//! blocks become `reasoning_content` and tool calls, and `system` messages
+//! between the turns.
 
 use serde_json::{Map, Value, json};
 
@@ -11,16 +12,35 @@ use crate::error::ApiError;
 impl MessagesRequest {
     pub(super) fn chat_messages(&self, norm: Normalization) -> Result<Vec<Value>, ApiError> {
         let mut out = Vec::new();
-        if let Some(system) = &self.system {
-            let text = system_text(system, norm).map_err(|e| e.with_param("system"))?;
+        // The system prompt: the `system` field, then any `system` messages
+        // that come before the first turn.
+        let mut system = match &self.system {
+            Some(s) => system_text(s, norm).map_err(|e| e.with_param("system"))?,
+            None => String::new(),
+        };
+        let leading = self
+            .messages
+            .iter()
+            .take_while(|m| m.role == Role::System)
+            .count();
+        for (i, m) in self.messages[..leading].iter().enumerate() {
+            let text = system_message_text(&m.content)
+                .map_err(|e| e.with_param(format!("messages[{i}].content")))?;
             if !text.is_empty() {
-                out.push(json!({"role": "system", "content": text}));
+                if !system.is_empty() {
+                    system.push_str("\n\n");
+                }
+                system.push_str(&text);
             }
         }
-        // The ids of the previous message's `tool_use` blocks: the only ones
-        // a `tool_result` may answer (as Anthropic's API requires).
+        if !system.is_empty() {
+            out.push(json!({"role": "system", "content": system}));
+        }
+        // The ids of the previous turn's `tool_use` blocks: the only ones
+        // a `tool_result` may answer (as Anthropic's API requires). A
+        // `system` message in between does not count as a turn.
         let mut open_calls: Vec<&str> = Vec::new();
-        for (i, m) in self.messages.iter().enumerate() {
+        for (i, m) in self.messages.iter().enumerate().skip(leading) {
             let param = format!("messages[{i}].content");
             match m.role {
                 Role::User => {
@@ -32,34 +52,76 @@ impl MessagesRequest {
                     out.push(assistant_message(&m.content).map_err(|e| e.with_param(param))?);
                     open_calls = tool_use_ids(&m.content);
                 }
+                Role::System => {
+                    let text = system_message_text(&m.content).map_err(|e| e.with_param(param))?;
+                    if text.is_empty() {
+                        continue;
+                    }
+                    if norm.late_system_messages {
+                        out.push(json!({"role": "system", "content": text}));
+                    } else {
+                        append_user_text(&mut out, text);
+                    }
+                }
             }
         }
         Ok(out)
     }
 }
 
-fn system_text(system: &Content, norm: Normalization) -> Result<String, ApiError> {
-    let blocks: Vec<String> = match system {
-        Content::Text(t) => vec![t.clone()],
+/// The text blocks of a system prompt or a `system` message; any other
+/// block is refused.
+fn text_blocks<'a>(content: &'a Content, place: &str) -> Result<Vec<&'a str>, ApiError> {
+    match content {
+        Content::Text(t) => Ok(vec![t.as_str()]),
         Content::Blocks(blocks) => blocks
             .iter()
             .map(|b| match b {
-                Block::Text { text } => Ok(text.clone()),
-                other => Err(wrong_block("system", other)),
+                Block::Text { text } => Ok(text.as_str()),
+                other => Err(wrong_block(place, other)),
             })
-            .collect::<Result<_, _>>()?,
-    };
-    let blocks = blocks.into_iter().map(|t| {
+            .collect(),
+    }
+}
+
+fn system_text(system: &Content, norm: Normalization) -> Result<String, ApiError> {
+    let blocks = text_blocks(system, "system")?.into_iter().map(|t| {
         if norm.strip_billing_header {
-            strip_billing_header(&t)
+            strip_billing_header(t)
         } else {
-            t
+            t.to_string()
         }
     });
     Ok(blocks
         .filter(|t| !t.is_empty())
         .collect::<Vec<_>>()
         .join("\n"))
+}
+
+/// A `system` message's blocks, joined as the system prompt's are.
+fn system_message_text(content: &Content) -> Result<String, ApiError> {
+    Ok(text_blocks(content, "system messages")?
+        .into_iter()
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
+/// A late `system` message for a template that takes none: a text part of
+/// the user turn it follows, or a user turn of its own.
+fn append_user_text(out: &mut Vec<Value>, text: String) {
+    let part = json!({"type": "text", "text": text});
+    if let Some(last) = out.last_mut().filter(|m| m["role"] == "user") {
+        match &mut last["content"] {
+            Value::Array(parts) => parts.push(part),
+            content => {
+                let earlier = json!({"type": "text", "text": content.take()});
+                *content = json!([earlier, part]);
+            }
+        }
+        return;
+    }
+    out.push(json!({"role": "user", "content": [part]}));
 }
 
 fn wrong_block(place: &str, block: &Block) -> ApiError {

@@ -9,7 +9,9 @@ pub mod request;
 pub mod response;
 pub mod stream;
 
-pub use request::{MessagesRequest, Normalization, parse_messages_body, strip_billing_header};
+pub use request::{
+    MessagesRequest, Normalization, check_context, parse_messages_body, strip_billing_header,
+};
 pub use response::{MessageResponse, MessageUsage, content_blocks, error_body, stop_reason};
 pub use stream::MessageStream;
 

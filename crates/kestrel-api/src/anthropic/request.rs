@@ -54,6 +54,9 @@ pub struct InputMessage {
 pub enum Role {
     User,
     Assistant,
+    /// Instructions between the turns (Claude Code sends its environment
+    /// and tool notes this way); text blocks only.
+    System,
 }
 
 /// A string, or a list of content blocks.
@@ -169,12 +172,20 @@ pub struct Metadata {
 pub struct Normalization {
     /// Drop `x-anthropic-billing-header:` lines (see [`strip_billing_header`]).
     pub strip_billing_header: bool,
+    /// Whether the chat template renders a `system` message after the
+    /// conversation has started. When it does, a `system` message of
+    /// `messages` that follows a user or assistant turn stays a `system`
+    /// message in place; when it does not (Qwen3.6's template refuses one),
+    /// its text joins the user turn at that point. `system` messages before
+    /// the first turn always join the system prompt.
+    pub late_system_messages: bool,
 }
 
 impl Default for Normalization {
     fn default() -> Self {
         Normalization {
             strip_billing_header: true,
+            late_system_messages: true,
         }
     }
 }
@@ -227,7 +238,45 @@ pub fn parse_messages_body(
             "max_tokens: must be greater than or equal to 1",
         ));
     }
+    // `system` messages are notes between the turns, not a turn: a
+    // conversation of them alone has nothing to answer.
+    if !req.messages.is_empty() && req.messages.iter().all(|m| m.role == Role::System) {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages: at least one message with role user or assistant is required",
+        ));
+    }
     Ok(req)
+}
+
+/// The context-length check of `/v1/messages`, worded as Anthropic's API
+/// words it: clients read these messages (Claude Code retries with the
+/// `max_tokens` that fits when it finds the three numbers).
+pub fn check_context(
+    prompt_tokens: usize,
+    max_tokens: u32,
+    max_model_len: usize,
+) -> Result<(), ApiError> {
+    if prompt_tokens >= max_model_len {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "prompt is too long: {prompt_tokens} tokens > {} maximum",
+                max_model_len.saturating_sub(1)
+            ),
+        ));
+    }
+    if prompt_tokens + max_tokens as usize > max_model_len {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "input length and `max_tokens` exceed context limit: \
+                 {prompt_tokens} + {max_tokens} > {max_model_len}, \
+                 decrease input length or `max_tokens` and try again"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl MessagesRequest {
@@ -284,13 +333,17 @@ impl MessagesRequest {
                 chat.insert("parallel_tool_calls".into(), json!(false));
             }
         }
-        if let Some(t) = &self.thinking {
-            let on = !matches!(t, ThinkingParam::Disabled {});
-            chat.insert(
-                "chat_template_kwargs".into(),
-                json!({"enable_thinking": on}),
-            );
-        }
+        // Anthropic's models think only when asked: without `thinking` (as
+        // Claude Code sends with thinking switched off) there is none, even
+        // where the chat template thinks by default.
+        let thinking = matches!(
+            self.thinking,
+            Some(ThinkingParam::Enabled { .. } | ThinkingParam::Adaptive {})
+        );
+        chat.insert(
+            "chat_template_kwargs".into(),
+            json!({"enable_thinking": thinking}),
+        );
         if let Some(user) = self.metadata.as_ref().and_then(|m| m.user_id.as_ref()) {
             chat.insert("user".into(), json!(user));
         }

@@ -67,8 +67,13 @@ fn malformed_bodies_are_refused_naming_the_field() {
         (json!({"messages": msgs}), "max_tokens"),
         (json!({"max_tokens": "5", "messages": msgs}), "max_tokens"),
         (
-            json!({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}),
+            json!({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}),
             "messages[0].role",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"},
+                {"role": "system", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}),
+            "messages[1].content",
         ),
         (
             json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]}),
@@ -115,6 +120,7 @@ fn the_billing_header_line_is_dropped_unless_switched_off() {
     let off = req
         .to_chat_body(Normalization {
             strip_billing_header: false,
+            ..Normalization::default()
         })
         .unwrap();
     assert!(
@@ -159,4 +165,78 @@ fn a_tool_result_must_answer_a_tool_use_of_the_previous_message() {
     ]));
     let e = chat(not_an_object).unwrap_err();
     assert!(e.message.contains("input must be an object"), "{e:?}");
+}
+
+#[test]
+fn system_messages_join_the_system_prompt_or_stay_in_place_or_join_the_user_turn() {
+    // Claude Code's shape: its environment notes as a `system` message
+    // after the first user turn, and one between a tool call and its result.
+    let body = json!({"max_tokens": 8, "system": "You are an agent.",
+    "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "Rules.", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "user", "content": [{"type": "text", "text": "say hi"}]},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment"}, {"type": "text", "text": "cwd: /w"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+        {"role": "system", "content": "New tools."},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]},
+        {"role": "system", "content": []},
+    ]});
+    let req = parse_messages_body(&body, true).unwrap();
+
+    let in_place = req.to_chat_body(Normalization::default()).unwrap();
+    assert_eq!(
+        in_place["messages"],
+        json!([
+            {"role": "system", "content": "You are an agent.\n\nRules."},
+            {"role": "user", "content": [{"type": "text", "text": "say hi"}]},
+            {"role": "system", "content": "# Environment\ncwd: /w"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "system", "content": "New tools."},
+            {"role": "tool", "tool_call_id": "t1", "content": "ok"},
+        ])
+    );
+
+    let folded = req
+        .to_chat_body(Normalization {
+            late_system_messages: false,
+            ..Normalization::default()
+        })
+        .unwrap();
+    assert_eq!(
+        folded["messages"],
+        json!([
+            {"role": "system", "content": "You are an agent.\n\nRules."},
+            {"role": "user", "content": [{"type": "text", "text": "say hi"},
+                                         {"type": "text", "text": "# Environment\ncwd: /w"}]},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "user", "content": [{"type": "text", "text": "New tools."}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "ok"},
+        ])
+    );
+    for chat in [in_place, folded] {
+        parse_chat_request(&chat, &ValidationOptions::default()).unwrap();
+    }
+}
+
+#[test]
+fn thinking_is_on_only_when_asked_for() {
+    let body = |thinking: Option<Value>| {
+        let mut b = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+        if let Some(t) = thinking {
+            b["thinking"] = t;
+        }
+        chat(b).unwrap()["chat_template_kwargs"]["enable_thinking"].clone()
+    };
+    assert_eq!(body(None), false);
+    assert_eq!(body(Some(json!({"type": "disabled"}))), false);
+    assert_eq!(
+        body(Some(json!({"type": "enabled", "budget_tokens": 1024}))),
+        true
+    );
+    assert_eq!(
+        body(Some(json!({"type": "adaptive", "display": "omitted"}))),
+        true
+    );
 }

@@ -1,6 +1,10 @@
 //! `GET /health`: 200 `{"status":"ok"}` once the model serves; 503 with an
 //! OpenAI-style error while loading (with the load stage and progress),
 //! after a failed load, when the engine died, or during shutdown.
+//!
+//! `GET`/`HEAD /api/hello`: 200 whenever the server is up, without a key.
+//! Claude Code sends it to `ANTHROPIC_BASE_URL` to warm the connection and
+//! to check that the API is reachable, as Anthropic's API answers it.
 
 use std::sync::Arc;
 
@@ -35,6 +39,10 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
         }
         Phase::Ready(_) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
     })
+}
+
+pub async fn hello() -> Response {
+    (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
 }
 
 fn unavailable(message: &str, extra: Option<serde_json::Value>) -> Response {

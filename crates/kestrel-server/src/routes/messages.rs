@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use kestrel_api::anthropic::stream::error_event;
 use kestrel_api::anthropic::{
-    MessageResponse, MessageStream, MessageUsage, Normalization, content_blocks, error_body,
-    parse_messages_body, stop_reason,
+    MessageResponse, MessageStream, MessageUsage, Normalization, check_context, content_blocks,
+    error_body, parse_messages_body, stop_reason,
 };
 use kestrel_api::output::{ChatOutputParser, OutputOptions, parse_chat_output};
 use kestrel_api::types::{FinishReason, Usage};
@@ -76,6 +76,8 @@ fn chat_request(
     let req = parse_messages_body(&body, require_max_tokens)?;
     let norm = Normalization {
         strip_billing_header: state.config.strip_billing_header,
+        // Before the model is up the request fails on `ready()` anyway.
+        late_system_messages: state.loaded().is_none_or(|m| m.late_system_messages),
     };
     let mut chat = parse_chat_request(&req.to_chat_body(norm)?, &validation_options())?;
     // The Messages API has no usage option: usage is always reported.
@@ -108,6 +110,9 @@ async fn create_message(
     let model_name = state.resolve_model_name(req.model.as_deref())?;
     let model = state.ready()?;
     let mut prepared = prepare_chat(&model, req, &request_id.0, received).await?;
+    if let Some(max_tokens) = prepared.req.sampling.max_tokens {
+        check_context(prepared.prompt_ids.len(), max_tokens, model.max_model_len)?;
+    }
     let prompt_tokens = prepared.prompt_ids.len() as u32;
     let generation =
         start_generation(&state, &model, &mut prepared, &request_id.0, received).await?;

@@ -223,11 +223,14 @@ pub fn messages() -> Vec<Case> {
         ),
         (message(json!({"thinking": "on"})), "thinking"),
         (message(json!({"metadata": "x"})), "metadata"),
-        // Too long for the context.
-        (message(json!({"system": over_context()})), "context"),
+        // Too long for the context, in Anthropic's words (clients read them).
+        (
+            message(json!({"system": over_context()})),
+            "prompt is too long",
+        ),
         (
             with_content(json!([{"type": "text", "text": over_context()}])),
-            "context",
+            "prompt is too long",
         ),
     ];
     let mut cases: Vec<Case> = bodies

@@ -23,7 +23,7 @@ pub struct Args {
     /// Name clients use in `model` (repeat for aliases); defaults to the folder name.
     #[arg(long = "served-model-name")]
     served_model_names: Vec<String>,
-    /// Required as `Authorization: Bearer KEY` on every route but /health (repeatable).
+    /// Required as `Authorization: Bearer KEY` or `x-api-key: KEY` on every route but /health and /api/hello (repeatable).
     #[arg(long = "api-key")]
     api_keys: Vec<String>,
     /// Sequences running at once.
