@@ -16,14 +16,13 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import urllib.request
 
 import anthropic
 import jsonschema
 import openai
 import pytest
 
-from test_openai_client import Server
+from test_openai_client import Server, prefix_cache_hits
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "models" / "kestrel-tiny-qwen35"
@@ -176,14 +175,6 @@ def test_forced_tool_call_after_a_long_history(client):
     call = r.choices[0].message.tool_calls[0]
     assert call.function.name == "grep"
     jsonschema.validate(json.loads(call.function.arguments), tools[0]["function"]["parameters"])
-
-
-def prefix_cache_hits(server):
-    with urllib.request.urlopen(f"{server.base}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("vllm:prefix_cache_hits_total"):
-                return float(line.split()[-1])
-    raise AssertionError("no prefix-cache hit counter")
 
 
 def test_n_choices_share_one_long_prefill(server, client):
