@@ -28,6 +28,9 @@ pub struct Gemm {
     pub w: u64,
     /// Elements between two groups' weight matrices.
     pub w_stride: usize,
+    /// Block-FP8 weights (`w` holds the codes): their scales, and the
+    /// scales between two groups' grids. Only the wgmma kernels take them.
+    pub w_scales: Option<(u64, usize)>,
     /// The router's last row (the shared-expert gate), or 0.
     pub w_extra: u64,
     /// `(offsets, tile_off, groups)` from `moe_route_plan`; `None`: one group
@@ -68,6 +71,10 @@ impl Gemm {
             Arg::Ptr(self.w),
             Arg::U64(self.w_stride as u64),
         ];
+        if let Some((scales, stride)) = self.w_scales {
+            assert!(plain, "only the wgmma GEMMs read FP8 weights");
+            args.extend([Arg::Ptr(scales), Arg::U64(stride as u64)]);
+        }
         if !plain {
             args.push(Arg::Ptr(self.w_extra));
         }
@@ -120,19 +127,26 @@ pub fn launch_expert_gemm(
     g: &Gemm,
 ) {
     let gpu = cx.gpu;
+    let fp8 = g.w_scales.is_some();
     if cx.plan.moe.expert_gemm == Mma::MmaSync {
         assert_eq!(tile_rows, GEMM_ROWS, "mma.sync tiles are {GEMM_ROWS} rows");
+        assert!(!fp8, "the mma.sync expert GEMMs read bf16 weights");
         return launch_gemm(gpu, &kernels.mma, cols_per_tile, g);
     }
     assert!(
         g.w_extra == 0 && g.k_period == g.k,
         "the wgmma expert GEMMs take plain weight rows"
     );
+    let family = if fp8 {
+        &kernels.wgmma_fp8
+    } else {
+        &kernels.wgmma
+    };
     let wide_blocks = g.grid(cols_per_tile * GEMM_COLS_WIDE / GEMM_COLS).1 as usize;
     let (f, cols) = match tile_rows {
-        GEMM_ROWS => (&kernels.wgmma, GEMM_COLS),
-        GEMM_ROWS_LARGE if wide_tiles(cx, wide_blocks) => (&kernels.wgmma_wide, GEMM_COLS_WIDE),
-        GEMM_ROWS_LARGE => (&kernels.wgmma_large, GEMM_COLS),
+        GEMM_ROWS => (&family.rows64, GEMM_COLS),
+        GEMM_ROWS_LARGE if wide_tiles(cx, wide_blocks) => (&family.wide, GEMM_COLS_WIDE),
+        GEMM_ROWS_LARGE => (&family.rows128, GEMM_COLS),
         _ => panic!("no wgmma kernel for {tile_rows}-row tiles"),
     };
     // Wide tiles cover twice the columns.
@@ -141,7 +155,7 @@ pub fn launch_expert_gemm(
         f,
         (grid, 1, 1),
         sm90_threads(tile_rows),
-        sm90_smem_bytes(tile_rows, cols),
+        sm90_smem_bytes(tile_rows, cols, fp8),
         &g.args(n_tiles, true),
     );
 }
@@ -194,6 +208,7 @@ mod tests {
             a_rows: 5,
             w: 6,
             w_stride: 7,
+            w_scales: None,
             w_extra: 8,
             groups: Some((9, 10, 11)),
             rows: 12,
@@ -207,6 +222,13 @@ mod tests {
         assert_eq!(full.len(), 16);
         full.remove(14);
         full.remove(7);
-        assert_eq!(show(g.args(17, true)), full);
+        assert_eq!(show(g.args(17, true)), full.clone());
+        // The FP8 forms: the scales and their group stride after w_stride.
+        let fp8 = Gemm {
+            w_scales: Some((18, 19)),
+            ..g
+        };
+        full.splice(7..7, ["Ptr(18)".to_string(), "U64(19)".to_string()]);
+        assert_eq!(show(fp8.args(17, true)), full);
     }
 }

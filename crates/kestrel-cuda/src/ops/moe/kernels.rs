@@ -30,23 +30,36 @@ const _: () = assert!(
 /// or 128) and `cols` weight rows (128, or 256 for the wide tiles) per tile:
 /// two threads per row (one or two warpgroups), and their dynamic shared
 /// memory, `Mgw::STAGES` stages (3 at 128 columns, 4 at 256) of `rows` A
-/// rows and `cols` weight rows of 64 bf16, plus 1 KiB to start the stages on
-/// a 1,024-byte boundary.
+/// rows and `cols` weight rows of 64 bf16 (FP8: 64 codes, 3 stages at 64
+/// rows and 4 at 128, and three bf16 weight tiles after the stages), plus
+/// 1 KiB to start the stages on a 1,024-byte boundary.
 pub fn sm90_threads(rows: usize) -> u32 {
     2 * rows as u32
 }
-pub fn sm90_smem_bytes(rows: usize, cols: usize) -> u32 {
-    let stages = if cols == GEMM_COLS { 3 } else { 4 };
-    (stages * (rows + cols) * 64 * 2 + 1024) as u32
+pub fn sm90_smem_bytes(rows: usize, cols: usize, fp8: bool) -> u32 {
+    let stages = match (fp8, rows, cols) {
+        (true, GEMM_ROWS, _) | (false, _, GEMM_COLS) => 3,
+        _ => 4,
+    };
+    let stage_weights = if fp8 { cols * 64 } else { cols * 64 * 2 };
+    let converted = if fp8 { 3 * cols * 64 * 2 } else { 0 };
+    (stages * (rows * 64 * 2 + stage_weights) + converted + 1024) as u32
 }
 
-/// The kernels of one expert GEMM (gate_up or down): mma.sync, and wgmma
-/// with 64- and 128-row tiles, the latter 128 or 256 weight rows wide.
+/// The wgmma kernels of one expert GEMM at one weight format: 64- and
+/// 128-row tiles, the latter 128 or 256 weight rows wide.
+pub struct WgmmaKernels {
+    pub rows64: CudaFunction,
+    pub rows128: CudaFunction,
+    pub wide: CudaFunction,
+}
+
+/// The kernels of one expert GEMM (gate_up or down): mma.sync, and wgmma on
+/// bf16 weights and on block-FP8 ones (codes converted in shared memory).
 pub struct ExpertGemmKernels {
     pub mma: CudaFunction,
-    pub wgmma: CudaFunction,
-    pub wgmma_large: CudaFunction,
-    pub wgmma_wide: CudaFunction,
+    pub wgmma: WgmmaKernels,
+    pub wgmma_fp8: WgmmaKernels,
 }
 
 pub struct MoeKernels {
@@ -87,14 +100,27 @@ impl MoeKernels {
         let prefill = gpu.module(kestrel_kernels::MOE_PREFILL, "moe_prefill")?;
         let sm90 = gpu.module(kestrel_kernels::MOE_GEMM_SM90, "moe_gemm_sm90")?;
         let mma = |name: &str| function_with_smem(&prefill, name, GEMM_SMEM_BYTES);
-        let wg =
-            |name: &str, rows, cols| function_with_smem(&sm90, name, sm90_smem_bytes(rows, cols));
+        let wg = |name: &str, rows, cols, fp8| {
+            function_with_smem(&sm90, name, sm90_smem_bytes(rows, cols, fp8))
+        };
+        let wgmma = |name: &str, fp8: bool| -> Result<WgmmaKernels> {
+            let tail = if fp8 { "_fp8" } else { "" };
+            Ok(WgmmaKernels {
+                rows64: wg(&format!("moe_{name}_gemm_sm90{tail}"), 64, 128, fp8)?,
+                rows128: wg(&format!("moe_{name}_gemm_sm90_m128{tail}"), 128, 128, fp8)?,
+                wide: wg(
+                    &format!("moe_{name}_gemm_sm90_m128_n256{tail}"),
+                    128,
+                    256,
+                    fp8,
+                )?,
+            })
+        };
         let expert = |name: &str| -> Result<ExpertGemmKernels> {
             Ok(ExpertGemmKernels {
                 mma: mma(&format!("moe_{name}_gemm"))?,
-                wgmma: wg(&format!("moe_{name}_gemm_sm90"), 64, 128)?,
-                wgmma_large: wg(&format!("moe_{name}_gemm_sm90_m128"), 128, 128)?,
-                wgmma_wide: wg(&format!("moe_{name}_gemm_sm90_m128_n256"), 128, 256)?,
+                wgmma: wgmma(name, false)?,
+                wgmma_fp8: wgmma(name, true)?,
             })
         };
         Ok(MoeKernels {
@@ -109,7 +135,7 @@ impl MoeKernels {
             split_x: function(&prefill, "moe_split_x")?,
             norm_split: function(&prefill, "moe_norm_split")?,
             router_gemm: mma("moe_router_gemm")?,
-            router_gemm_sm90: wg("moe_router_gemm_sm90", 64, 128)?,
+            router_gemm_sm90: wg("moe_router_gemm_sm90", 64, 128, false)?,
             gate_up_gemm: expert("gate_up")?,
             down_gemm: expert("down")?,
             route_plan: function(&prefill, "moe_route_plan")?,
@@ -130,11 +156,31 @@ impl MoeKernels {
 mod tests {
     use super::*;
 
-    /// The shared-memory sizes mirror `Mgw<64>` and `Mgw<128>` of moe_gemm_sm90.cu.
+    /// The shared-memory sizes mirror `Mgw` of moe_gemm_sm90.cu (its
+    /// static_assert), bf16 and FP8.
     #[test]
     fn sm90_shared_memory_matches_the_kernels() {
-        assert_eq!(sm90_smem_bytes(GEMM_ROWS, GEMM_COLS), 73 * 1024);
-        assert_eq!(sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS), 97 * 1024);
-        assert_eq!(sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS_WIDE), 193 * 1024);
+        assert_eq!(sm90_smem_bytes(GEMM_ROWS, GEMM_COLS, false), 73 * 1024);
+        assert_eq!(
+            sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS, false),
+            97 * 1024
+        );
+        assert_eq!(
+            sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS_WIDE, false),
+            193 * 1024
+        );
+        assert_eq!(sm90_smem_bytes(GEMM_ROWS, GEMM_COLS, true), 97 * 1024);
+        assert_eq!(
+            sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS, true),
+            145 * 1024
+        );
+        assert_eq!(
+            sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS_WIDE, true),
+            225 * 1024
+        );
+        // Two blocks an SM at 64 rows, as the kernels' launch bounds ask; at
+        // most a block's 227 KiB for the wide tiles.
+        assert!(2 * sm90_smem_bytes(GEMM_ROWS, GEMM_COLS, true) <= 227 * 1024);
+        assert!(sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS_WIDE, true) <= 227 * 1024);
     }
 }

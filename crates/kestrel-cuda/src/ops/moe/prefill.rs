@@ -3,7 +3,7 @@
 //! (`kernels/moe_prefill.cu`). Each stage is one function below.
 
 use cudarc::driver::CudaSlice;
-use kestrel_core::{MoeSpec, MoeWeights};
+use kestrel_core::{MoeSpec, MoeWeights, fp8};
 
 use super::gemm::{Gemm, grouped_row_tiles, launch_expert_gemm, launch_gemm, tile_rows};
 use super::kernels::{ExpertGemmKernels, GEMM_COLS, GEMM_ROWS, sm90_smem_bytes, sm90_threads};
@@ -11,9 +11,9 @@ use super::routing::{MoeInput, SharedExpert, THREADS, top_k};
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
-use crate::ops::fp8::bf16_matrix;
+use crate::ops::fp8::{Bf16Matrix, bf16_matrix};
 use crate::plan::Mma;
-use crate::tensor::{CudaTensor, CudaWeight};
+use crate::tensor::{CudaTensor, CudaWeight, WeightData};
 
 /// Threads of `moe_route_plan` and `moe_route_fill`.
 const PLAN_THREADS: u32 = 1024;
@@ -116,6 +116,7 @@ fn router(cx: &Cx, b: &Block, xs: u64, router_w: u64, logits: &CudaSlice<f32>) {
         a_rows: 0,
         w: router_w,
         w_stride: 0,
+        w_scales: None,
         w_extra: 0,
         groups: None,
         rows: b.t,
@@ -132,7 +133,7 @@ fn router(cx: &Cx, b: &Block, xs: u64, router_w: u64, logits: &CudaSlice<f32>) {
                 &cx.k.moe.router_gemm_sm90,
                 (grid, 1, 1),
                 sm90_threads(GEMM_ROWS),
-                sm90_smem_bytes(GEMM_ROWS, GEMM_COLS),
+                sm90_smem_bytes(GEMM_ROWS, GEMM_COLS, false),
                 &g.args(n_tiles, false),
             );
         }
@@ -195,13 +196,64 @@ fn group(cx: &Cx, b: &Block, k: usize, ids: &CudaSlice<i32>, tile_rows: usize) -
     }
 }
 
+/// An expert weight (stack) as the GEMMs read it: bf16 (its own storage, or
+/// a copy of FP8 weights made for the call, which the mma.sync kernels
+/// need), or block-FP8 codes with their scales, which the wgmma kernels
+/// convert in shared memory.
+enum ExpertWeight {
+    Bf16(Bf16Matrix),
+    Fp8 {
+        codes: u64,
+        scales: u64,
+        /// Scales between two experts' grids.
+        scale_stride: usize,
+    },
+}
+
+impl ExpertWeight {
+    fn of(cx: &Cx, w: &CudaWeight, what: &str) -> ExpertWeight {
+        let s = &cx.gpu.stream;
+        match &w.data {
+            WeightData::Fp8 { codes, scale_inv } if cx.plan.moe.expert_gemm == Mma::Wgmma => {
+                let dims = w.shape.len();
+                let (rows, cols) = (w.shape[dims - 2], w.shape[dims - 1]);
+                let [br, bc] = fp8::BLOCK;
+                ExpertWeight::Fp8 {
+                    codes: ptr(codes, s),
+                    scales: ptr(scale_inv, s),
+                    scale_stride: rows.div_ceil(br) * cols.div_ceil(bc),
+                }
+            }
+            _ => ExpertWeight::Bf16(bf16_matrix(cx, w, what)),
+        }
+    }
+
+    fn ptr(&self) -> u64 {
+        match self {
+            ExpertWeight::Bf16(m) => m.ptr,
+            ExpertWeight::Fp8 { codes, .. } => *codes,
+        }
+    }
+
+    fn scales(&self) -> Option<(u64, usize)> {
+        match self {
+            ExpertWeight::Bf16(_) => None,
+            ExpertWeight::Fp8 {
+                scales,
+                scale_stride,
+                ..
+            } => Some((*scales, *scale_stride)),
+        }
+    }
+}
+
 /// One expert MLP over grouped (or all) rows: gate_up with SiLU * up in the
 /// epilogue into bf16 activations, then down with bf16 output `[rows, H]`.
-struct Mlp {
+struct Mlp<'w> {
     /// Grouped row -> row of x (0: the identity).
     a_rows: u64,
-    gate_up: u64,
-    down: u64,
+    gate_up: &'w ExpertWeight,
+    down: &'w ExpertWeight,
     /// Elements between two experts' gate_up matrices (0: one expert).
     gate_up_stride: usize,
     down_stride: usize,
@@ -215,14 +267,15 @@ struct Mlp {
 
 fn mlp(cx: &Cx, b: &Block, xs: u64, m: &Mlp) -> CudaSlice<u16> {
     let (gpu, s) = (cx.gpu, &cx.gpu.stream);
-    let gemm = |out: u64, ldo, a, lda, a_rows, w, w_stride, n, k| Gemm {
+    let gemm = |out: u64, ldo, a, lda, a_rows, w: &ExpertWeight, w_stride, n, k| Gemm {
         out,
         ldo,
         a,
         lda,
         a_rows,
-        w,
+        w: w.ptr(),
         w_stride,
+        w_scales: w.scales(),
         w_extra: 0,
         groups: m.groups,
         rows: m.rows,
@@ -291,10 +344,11 @@ pub fn moe_prefill(
     router(cx, &b, xs_ptr, ptr(w.router.bf16("router"), s), &logits);
     let (ids, weights) = top_k(cx, &logits, b.ld, t, spec);
 
-    // The routed experts, in grouped row order. FP8 experts are read
-    // through bf16 copies made for the call (kept alive to its end).
-    let gate_up = bf16_matrix(cx, &w.gate_up, "experts' gate_up");
-    let down = bf16_matrix(cx, &w.down, "experts' down");
+    // The routed experts, in grouped row order. FP8 experts are read as
+    // they are on wgmma, else through bf16 copies made for the call (kept
+    // alive to its end).
+    let gate_up = ExpertWeight::of(cx, &w.gate_up, "experts' gate_up");
+    let down = ExpertWeight::of(cx, &w.down, "experts' down");
     let routed_rows = tile_rows(cx, pairs, ne);
     let g = group(cx, &b, k, &ids, routed_rows);
     let y = mlp(
@@ -303,8 +357,8 @@ pub fn moe_prefill(
         xs_ptr,
         &Mlp {
             a_rows: ptr(&g.pair_token, s),
-            gate_up: gate_up.ptr,
-            down: down.ptr,
+            gate_up: &gate_up,
+            down: &down,
             gate_up_stride: 2 * spec.intermediate * h,
             down_stride: h * spec.intermediate,
             inter: spec.intermediate,
@@ -318,7 +372,8 @@ pub fn moe_prefill(
     // The shared expert: the same kernels, one dense group of all tokens.
     let shared_copies = shared.map(|_| {
         let (gu, dn) = (w.shared_gate_up.as_ref(), w.shared_down.as_ref());
-        let copy = |m: Option<&CudaWeight>, what| bf16_matrix(cx, m.expect("shared expert"), what);
+        let copy =
+            |m: Option<&CudaWeight>, what| ExpertWeight::of(cx, m.expect("shared expert"), what);
         (copy(gu, "shared gate_up"), copy(dn, "shared down"))
     });
     let ys = shared.zip(shared_copies.as_ref()).map(|(e, (sgu, sdn))| {
@@ -329,8 +384,8 @@ pub fn moe_prefill(
             xs_ptr,
             &Mlp {
                 a_rows: 0,
-                gate_up: sgu.ptr,
-                down: sdn.ptr,
+                gate_up: sgu,
+                down: sdn,
                 gate_up_stride: 0,
                 down_stride: 0,
                 inter: e.inter,

@@ -129,32 +129,66 @@ fn fp8_moe(c: &mut Ctx) {
         shared_down: Some(quantized(c, &[h, shared], 0.1)),
         shared_gate: Some(HostWeight::Dense(c.data.mat_bf16(&[1, h], 0.1))),
     };
+    fn run<B: Backend>(
+        b: &B,
+        spec: &MoeSpec,
+        (t, h): (usize, usize),
+        x: &[f32],
+        w: &MoeWeights<HostWeight>,
+    ) -> Result<Outputs> {
+        let up = |o: &Option<HostWeight>| o.as_ref().map(|t| b.upload_weight(t)).transpose();
+        let w = MoeWeights {
+            router: b.upload_weight(&w.router)?,
+            gate_up: b.upload_weight(&w.gate_up)?,
+            down: b.upload_weight(&w.down)?,
+            shared_gate_up: up(&w.shared_gate_up)?,
+            shared_down: up(&w.shared_down)?,
+            shared_gate: up(&w.shared_gate)?,
+        };
+        Ok(vec![out(b, "out", &b.moe(&b.from_host(t, h, x), &w, spec))])
+    }
     for t in [1, 2, 5, 40] {
         let x = c.data.randn(t * h, 1.0);
-        fn run<B: Backend>(
-            b: &B,
-            spec: &MoeSpec,
-            (t, h): (usize, usize),
-            x: &[f32],
-            w: &MoeWeights<HostWeight>,
-        ) -> Result<Outputs> {
-            let up = |o: &Option<HostWeight>| o.as_ref().map(|t| b.upload_weight(t)).transpose();
-            let w = MoeWeights {
-                router: b.upload_weight(&w.router)?,
-                gate_up: b.upload_weight(&w.gate_up)?,
-                down: b.upload_weight(&w.down)?,
-                shared_gate_up: up(&w.shared_gate_up)?,
-                shared_down: up(&w.shared_down)?,
-                shared_gate: up(&w.shared_gate)?,
-            };
-            Ok(vec![out(b, "out", &b.moe(&b.from_host(t, h, x), &w, spec))])
-        }
         let (cpu, gpu) = (
             run(&c.cpu, &spec, (t, h), &x, &w),
             run(&c.gpu, &spec, (t, h), &x, &w),
         );
         let tol = if t > 8 { TOL_MOE } else { TOL_F32 };
         c.record(&format!("fp8 moe E{e} k8 shared+gate T{t}"), tol, cpu, gpu);
+    }
+    // Prefill on the GPU, FP8 experts against the same weights uploaded as
+    // bf16 (their dequantised values): the wgmma GEMMs convert the codes in
+    // shared memory to exactly those values, so the outputs are equal bit
+    // for bit. 40 tokens take 64-row tiles, 600 128-row tiles and 2,048 the
+    // wide ones (gate_up and down); the shared expert one dense group.
+    fn dense(o: &HostWeight) -> HostWeight<'static> {
+        match o {
+            HostWeight::BlockFp8(q) => {
+                HostWeight::Dense(bf16_tensor(&q.shape, &q.dequantize().to_f32()))
+            }
+            HostWeight::Dense(t) => HostWeight::Dense(t.clone()).into_owned(),
+        }
+    }
+    let w_dense = MoeWeights {
+        router: dense(&w.router),
+        gate_up: dense(&w.gate_up),
+        down: dense(&w.down),
+        shared_gate_up: w.shared_gate_up.as_ref().map(dense),
+        shared_down: w.shared_down.as_ref().map(dense),
+        shared_gate: w.shared_gate.as_ref().map(dense),
+    };
+    for t in [40, 600, 2048] {
+        let x = c.data.randn(t * h, 1.0);
+        let (bf16, fp8) = (
+            run(&c.gpu, &spec, (t, h), &x, &w_dense),
+            run(&c.gpu, &spec, (t, h), &x, &w),
+        );
+        c.record(
+            &format!("fp8 moe prefill E{e} T{t} (fp8 = its bf16 values)"),
+            0.0,
+            bf16,
+            fp8,
+        );
     }
 }
 
