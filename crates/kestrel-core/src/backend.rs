@@ -192,6 +192,29 @@ pub struct CacheSpec {
     pub gdn: Option<GdnSpec>,
 }
 
+impl CacheSpec {
+    /// Bytes of the KV pools at `kv_bytes` per element plus the f32
+    /// recurrent and conv state slots.
+    pub fn bytes(&self, kv_bytes: usize) -> usize {
+        let kv = self.attn_layers
+            * 2
+            * self.num_blocks
+            * self.block_size
+            * self.num_kv_heads
+            * self.head_dim
+            * kv_bytes;
+        let state = match (&self.gdn, self.gdn_layers) {
+            (Some(g), n) if n > 0 => {
+                let conv = g.conv_dim() * (g.conv_kernel - 1);
+                let recurrent = g.num_v_heads * g.head_k_dim * g.head_v_dim;
+                n * self.num_state_slots * (conv + recurrent) * 4
+            }
+            _ => 0,
+        };
+        kv + state
+    }
+}
+
 /// Identifies a step whose work a backend may record once and replay (see
 /// [`Backend::run_step`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -362,6 +385,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// the engine shortens drafts to fit. `None`: no such edge (the CPU).
     fn decode_rows_hint(&self) -> Option<usize> {
         None
+    }
+
+    /// Free and total bytes of the memory this backend's weights and caches
+    /// live in, where it is a device's own (`None` on the CPU, whose caches
+    /// take host memory). `serve` sizes its KV cache from it.
+    fn device_memory(&self) -> Option<(usize, usize)> {
+        None
+    }
+
+    /// Bytes [`new_cache`](Backend::new_cache) allocates for `spec`
+    /// (f32 elements unless a backend stores them narrower).
+    fn cache_bytes(&self, spec: &CacheSpec) -> usize {
+        spec.bytes(4)
     }
 
     fn new_cache(&self, spec: &CacheSpec) -> Result<Self::Cache>;

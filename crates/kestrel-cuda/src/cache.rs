@@ -51,8 +51,7 @@ impl CudaCache {
                 )));
             }
         };
-        let bytes = spec.attn_layers * 2 * kv_len * kv_precision.kv_bytes()
-            + spec.gdn_layers * (conv_len + rec_len) * 4;
+        let bytes = spec.bytes(kv_precision.kv_bytes());
         let (free, _) = gpu
             .ctx
             .mem_get_info()

@@ -360,6 +360,14 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn device_memory(&self) -> Option<(usize, usize)> {
+        self.gpu.ctx.mem_get_info().ok()
+    }
+
+    fn cache_bytes(&self, spec: &CacheSpec) -> usize {
+        spec.bytes(self.plan.precision.kv_bytes())
+    }
+
     fn new_cache(&self, spec: &CacheSpec) -> Result<CudaCache> {
         CudaCache::new(&self.gpu, spec, self.plan.precision)
     }

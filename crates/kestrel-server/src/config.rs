@@ -22,6 +22,10 @@ pub struct ServerConfig {
     pub num_blocks: Option<usize>,
     /// KV capacity in tokens when `num_blocks` is not given.
     pub kv_cache_tokens: Option<usize>,
+    /// With neither of those, on a GPU: the fraction of its memory that
+    /// weights and caches may take (vLLM's `--gpu-memory-utilization`); the
+    /// KV cache gets what the weights leave.
+    pub gpu_memory_utilization: f64,
     pub block_size: usize,
     pub enable_prefix_cache: bool,
     /// Test knob: force preemption whenever this many sequences run.
@@ -66,6 +70,7 @@ impl ServerConfig {
             max_num_batched_tokens: 32768,
             num_blocks: None,
             kv_cache_tokens: None,
+            gpu_memory_utilization: 0.9,
             block_size: 16,
             enable_prefix_cache: true,
             force_preempt_at: None,

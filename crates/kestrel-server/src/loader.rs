@@ -9,8 +9,9 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_api::SamplingDefaults;
 use kestrel_core::Backend;
+use kestrel_engine::spec::SpeculativeMethod;
 use kestrel_engine::{Engine, EngineConfig, EngineOptions};
-use kestrel_models::Model;
+use kestrel_models::{Model, MtpHead};
 use kestrel_structured::{GrammarCompiler, ToolCallFormat};
 use kestrel_text::{ChatTemplate, Tokenizer};
 use serde_json::Value;
@@ -83,6 +84,7 @@ fn load<B: Backend>(
         );
     }
     report(2);
+    let memory_before = backend.device_memory();
     let model = if config.dummy_weights {
         Model::load_dummy_as(dir, &backend, 0, config.quantization)?
     } else {
@@ -92,6 +94,30 @@ fn load<B: Backend>(
         crate::context_len::resolve(config, model.config().max_position_embeddings)?;
     report(3);
     let mut engine_config = engine_config(config, max_model_len);
+    if let (Some((free_before, _)), Some((free, total))) = (memory_before, backend.device_memory())
+    {
+        tracing::info!(
+            "model: {} of device memory ({} free of {})",
+            gib(free_before.saturating_sub(free)),
+            gib(free),
+            gib(total)
+        );
+        if config.num_blocks.is_none() && config.kv_cache_tokens.is_none() {
+            let kv = KvBudget::of(&backend, &model, config, &engine_config, (free, total));
+            engine_config.num_blocks = kv.blocks(max_model_len, engine_config.block_size)?;
+            tracing::info!(
+                "KV cache: {} of the {} that --gpu-memory-utilization {} leaves after the model \
+                 ({} a page of {} tokens; {} for recurrent state, {} kept for a step's buffers)",
+                gib(engine_config.num_blocks * kv.page_bytes),
+                gib(kv.budget),
+                config.gpu_memory_utilization,
+                kv.page_bytes,
+                engine_config.block_size,
+                gib(kv.state_bytes),
+                gib(STEP_RESERVE_BYTES)
+            );
+        }
+    }
     // Checkpoints pad the embedding past the tokenizer (Qwen3.6: 248,320
     // rows for 248,077 tokens); the padded ids must never be sampled.
     if tokenizer.vocab_size() < model.config().vocab_size {
@@ -154,8 +180,88 @@ pub fn renders_late_system_messages(template: &ChatTemplate) -> bool {
         .is_ok_and(|prompt| prompt.contains(MARK))
 }
 
-/// KV capacity when neither `--num-blocks` nor `--kv-cache-tokens` is given.
+/// KV capacity when neither `--num-blocks` nor `--kv-cache-tokens` is given
+/// and the backend has no device memory of its own to size it from.
 const DEFAULT_KV_CACHE_TOKENS: usize = 65536;
+
+/// Device memory kept out of the KV cache, under the utilization, for what
+/// a step allocates as it runs (activations, MoE routing, logits, the
+/// graphs of recorded decode steps).
+const STEP_RESERVE_BYTES: usize = 2 << 30;
+
+fn gib(bytes: usize) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// The device memory the KV pages may take, and what one page costs.
+struct KvBudget {
+    /// Bytes for pages: the utilization's share of the device, less what is
+    /// in use after loading, the recurrent state and the step reserve.
+    budget: usize,
+    /// One page in every attention layer (and the MTP head's own cache,
+    /// whose pages follow the target's).
+    page_bytes: usize,
+    state_bytes: usize,
+}
+
+impl KvBudget {
+    fn of<B: Backend>(
+        backend: &B,
+        model: &Model<B>,
+        config: &ServerConfig,
+        engine: &EngineConfig,
+        (free, total): (usize, usize),
+    ) -> KvBudget {
+        let bs = engine.block_size;
+        let spec = |blocks, slots| model.decoder.cache_spec(blocks, bs, slots);
+        let state_bytes = backend.cache_bytes(&spec(0, engine.num_state_slots));
+        let mut page_bytes = backend.cache_bytes(&spec(1, 0));
+        let mtp = config
+            .speculative
+            .as_ref()
+            .is_some_and(|s| matches!(s.method, SpeculativeMethod::Mtp(_)));
+        if mtp {
+            page_bytes += backend.cache_bytes(&MtpHead::cache_spec(&model.decoder, 1, bs));
+        }
+        Self::new(
+            (free, total),
+            config.gpu_memory_utilization,
+            page_bytes,
+            state_bytes,
+        )
+    }
+
+    fn new(
+        (free, total): (usize, usize),
+        utilization: f64,
+        page_bytes: usize,
+        state_bytes: usize,
+    ) -> Self {
+        let allowed = (total as f64 * utilization) as usize;
+        let in_use = total.saturating_sub(free);
+        KvBudget {
+            budget: allowed.saturating_sub(in_use + state_bytes + STEP_RESERVE_BYTES),
+            page_bytes: page_bytes.max(1),
+            state_bytes,
+        }
+    }
+
+    /// Pages that fit: at least those of one sequence of `max_model_len`
+    /// tokens, else an error that says what to change.
+    fn blocks(&self, max_model_len: usize, block_size: usize) -> Result<usize> {
+        let blocks = self.budget / self.page_bytes;
+        let needed = max_model_len.div_ceil(block_size.max(1));
+        anyhow::ensure!(
+            blocks >= needed,
+            "the KV cache for one sequence of {max_model_len} tokens needs {}, but \
+             --gpu-memory-utilization leaves {} after the model: lower --max-model-len, raise \
+             --gpu-memory-utilization or give --kv-cache-tokens",
+            gib(needed * self.page_bytes),
+            gib(self.budget)
+        );
+        Ok(blocks)
+    }
+}
 
 pub fn engine_config(config: &ServerConfig, max_model_len: usize) -> EngineConfig {
     let block_size = config.block_size.max(1);
@@ -239,6 +345,32 @@ mod tests {
 
     fn repo() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    /// The pages get the utilization's share of the device less what the
+    /// model uses, the recurrent state and the step reserve; too little for
+    /// one sequence of the context length is an error naming the flags.
+    #[test]
+    fn the_kv_cache_gets_what_the_weights_leave_under_the_utilization() {
+        const G: usize = 1 << 30;
+        // 100 GiB device, 60 free after the model, 1 GiB of state, 1 MiB pages.
+        let kv = KvBudget::new((60 * G, 100 * G), 0.9, 1 << 20, G);
+        assert_eq!(kv.budget, 90 * G - 40 * G - G - STEP_RESERVE_BYTES);
+        assert_eq!(kv.blocks(262_144, 16).unwrap(), kv.budget >> 20);
+        // A larger model leaves less: the fraction is of the whole device.
+        let small = KvBudget::new((20 * G, 100 * G), 0.9, 1 << 20, G);
+        assert_eq!(small.budget, 7 * G);
+        assert_eq!(small.blocks(16, 16).unwrap(), 7 * 1024);
+        // Nothing left, or less than one full-length sequence.
+        let none = KvBudget::new((5 * G, 100 * G), 0.9, 1 << 20, G);
+        assert_eq!(none.budget, 0);
+        let err = none.blocks(16, 16).unwrap_err().to_string();
+        assert!(
+            err.contains("--gpu-memory-utilization") && err.contains("--max-model-len"),
+            "{err}"
+        );
+        let err = small.blocks(16 * 8 * 1024, 16).unwrap_err().to_string();
+        assert!(err.contains("131072 tokens needs 8.00 GiB"), "{err}");
     }
 
     #[test]

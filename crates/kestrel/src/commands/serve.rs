@@ -43,9 +43,15 @@ pub struct Args {
     /// KV pages in the pool (overrides --kv-cache-tokens).
     #[arg(long)]
     num_blocks: Option<usize>,
-    /// KV-cache capacity in tokens.
+    /// KV-cache capacity in tokens (default: on a GPU, what the weights
+    /// leave under --gpu-memory-utilization; on the CPU, 65,536 or the
+    /// context length).
     #[arg(long)]
     kv_cache_tokens: Option<usize>,
+    /// Fraction of the GPU's memory the weights and caches may take; the KV
+    /// cache gets the rest of it after the weights.
+    #[arg(long, default_value_t = 0.9)]
+    gpu_memory_utilization: f64,
     /// Tokens per KV page.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -118,6 +124,12 @@ pub fn run(args: Args) -> Result<()> {
     config.max_num_batched_tokens = args.max_num_batched_tokens.max(1);
     config.num_blocks = args.num_blocks;
     config.kv_cache_tokens = args.kv_cache_tokens;
+    anyhow::ensure!(
+        args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0,
+        "--gpu-memory-utilization must be in (0, 1], not {}",
+        args.gpu_memory_utilization
+    );
+    config.gpu_memory_utilization = args.gpu_memory_utilization;
     config.block_size = args.block_size.max(1);
     config.enable_prefix_cache = !args.no_prefix_cache;
     config.max_body_bytes = args.max_body_bytes;

@@ -156,6 +156,14 @@ impl<B: Backend> Backend for Timed<B> {
         self.inner.step_cut(batch)
     }
 
+    fn device_memory(&self) -> Option<(usize, usize)> {
+        self.inner.device_memory()
+    }
+
+    fn cache_bytes(&self, spec: &CacheSpec) -> usize {
+        self.inner.cache_bytes(spec)
+    }
+
     fn decode_rows_hint(&self) -> Option<usize> {
         self.inner.decode_rows_hint()
     }
