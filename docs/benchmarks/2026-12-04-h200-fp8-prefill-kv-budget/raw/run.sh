@@ -55,4 +55,17 @@ if [ $PART = serve-profile ] || [ $PART = all ]; then
       > $R/ncu_${q}_prefill.csv 2> $R/ncu_${q}_prefill.err; log "ncu $q rc $?"
   done
 fi
+if [ $PART = exp ]; then
+  KESTREL_REQUIRE_CUDA=1 timeout 200 $T --test-threads=1 fp8 > $R/gpu_tests_fp8.txt 2>&1; log "gpu tests fp8 rc $?"
+  KESTREL_REQUIRE_CUDA=1 timeout 200 $T --test-threads=1 moe > $R/gpu_tests_moe.txt 2>&1; log "gpu tests moe rc $?"
+  V="--prefill 8192 --decode-batch 1,8 --breakdown-steps 0 --context 1024 --steps 30"
+  for round in 1 2; do for m in qwen3.6-35b-a3b qwen3-30b-a3b; do for q in bf16 fp8; do
+    Q=""; [ $q = fp8 ] && Q="--quantization fp8"
+    timeout 200 $K bench-model --backend cuda --config configs/$m/config.json --load-format dummy $Q $V \
+      --json $R/${m}_${q}_$round.json > $R/${m}_${q}_$round.txt 2>&1; log "$m $q round $round rc $?"
+  done; done; done
+  timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv -k "regex:moe_.*gemm" \
+    $K bench-model $C36 --quantization fp8 --prefill 8192 --decode-batch --breakdown-steps 0 --prefill-runs 1 --warmup 0 --eager \
+    > $R/ncu_fp8_prefill.csv 2> $R/ncu_fp8_prefill.err; log "ncu fp8 rc $?"
+fi
 cd $R && tar cJf $OUT/all_$PART.tar.xz . && cp status.txt $OUT/status.txt
