@@ -1,6 +1,7 @@
 // Row-wise data movement and cheap element-wise math. Built with fast math:
 // nothing here feeds a softmax, decay or rotary angle.
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "common.cuh"
 
@@ -20,6 +21,21 @@ KESTREL_EXTERN void embedding_f16(float* __restrict__ out, const __half* __restr
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     out[(size_t)t * cols + c] = __half2float(table[(size_t)ids[t] * cols + c]);
+}
+
+// The same for a block-FP8 table (an FP8 lm_head's rows, for a reduced draft
+// vocabulary): each e4m3 code times its 128 x 128 block's f32 scale, in f32,
+// as the CPU reference dequantises.
+KESTREL_EXTERN void embedding_fp8(float* __restrict__ out, const uint8_t* __restrict__ codes,
+                                  const float* __restrict__ scales, const uint32_t* __restrict__ ids, int cols) {
+    pdl_begin();
+    const int t = blockIdx.y;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    const size_t id = ids[t];
+    const int scale_cols = (cols + 127) / 128;
+    const __half h = __half(__nv_cvt_fp8_to_halfraw(codes[id * cols + c], __NV_E4M3));
+    out[(size_t)t * cols + c] = __half2float(h) * scales[(id / 128) * scale_cols + c / 128];
 }
 
 // out[i, :] = x[rows[i], :]. Grid (ceil(cols/256), n).

@@ -146,12 +146,10 @@ impl<B: Backend> Decoder<B> {
         let (layers, ends) = l.join(
             || l.each(cfg.layer_kinds.len(), load_layer),
             || -> Result<_> {
-                let embed = l.weight(&format!("{p}embed_tokens.weight"), &[v, h])?;
-                let lm_head = if cfg.tie_word_embeddings && !l.has("lm_head.weight") {
-                    None
-                } else {
-                    Some(l.weight("lm_head.weight", &[v, h])?)
-                };
+                let embed_name = format!("{p}embed_tokens.weight");
+                let embed = l.weight(&embed_name, &[v, h])?;
+                let tied = cfg.tie_word_embeddings && !l.has("lm_head.weight");
+                let lm_head = l.lm_head(&embed_name, tied, &[v, h])?;
                 let final_norm = l.norm(&format!("{p}norm.weight"), h)?;
                 Ok((embed, lm_head, final_norm))
             },

@@ -39,6 +39,32 @@ pub enum Quantization {
     Fp8,
 }
 
+/// The form the weights are used in: `--quantization` and `--lm-head-dtype`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WeightForm {
+    pub quantization: Quantization,
+    /// The lm_head quantised to block-FP8 while loading (or drawn as FP8 in
+    /// dummy mode), whatever the checkpoint stores; with tied embeddings the
+    /// embedding stays as stored and the head is a quantised copy of it.
+    /// Official FP8 checkpoints keep the lm_head BF16: this changes the
+    /// model's logits (by the rounding of the head's weights to e4m3), which
+    /// is why it is opt-in.
+    pub lm_head_fp8: bool,
+}
+
+impl From<Quantization> for WeightForm {
+    fn from(quantization: Quantization) -> Self {
+        WeightForm {
+            quantization,
+            lm_head_fp8: false,
+        }
+    }
+}
+
+/// The name suffix of a weight loaded a second time as block-FP8 (the
+/// lm_head of `--lm-head-dtype fp8`); the part before `#` is the stored name.
+pub const FP8_COPY_SUFFIX: &str = "#fp8";
+
 /// A checkpoint's `quantization_config` (the official block-FP8 one).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantConfig {

@@ -41,7 +41,7 @@ pub use config::{Arch, LayerKind, ModelConfig};
 pub use decoder::Decoder;
 pub use dflash::{DflashConfig, DflashDrafter, DraftContext};
 pub use draft_head::DraftHead;
-pub use fp8::Quantization;
+pub use fp8::{Quantization, WeightForm};
 pub use mtp::MtpHead;
 pub use pipeline::{LoadMode, LoadStats};
 pub use taps::TappedStep;
@@ -68,9 +68,9 @@ impl<B: Backend> Model<B> {
     pub fn load_as(
         dir: &Path,
         backend: &B,
-        quantization: Quantization,
+        form: impl Into<WeightForm>,
     ) -> Result<(Self, LoadStats)> {
-        Self::load_files(dir, backend, LoadMode::Upload, quantization)
+        Self::load_files(dir, backend, LoadMode::Upload, form.into())
     }
 
     /// Reads and packs every tensor of a model folder as [`Model::load`]
@@ -80,15 +80,15 @@ impl<B: Backend> Model<B> {
     }
 
     /// [`Model::pack_only`] with the weights in the form `quantization` says.
-    pub fn pack_only_as(dir: &Path, backend: &B, quantization: Quantization) -> Result<LoadStats> {
-        Ok(Self::load_files(dir, backend, LoadMode::PackOnly, quantization)?.1)
+    pub fn pack_only_as(dir: &Path, backend: &B, form: impl Into<WeightForm>) -> Result<LoadStats> {
+        Ok(Self::load_files(dir, backend, LoadMode::PackOnly, form.into())?.1)
     }
 
     fn load_files(
         dir: &Path,
         backend: &B,
         mode: LoadMode,
-        quantization: Quantization,
+        form: WeightForm,
     ) -> Result<(Self, LoadStats)> {
         let config_path = dir.join("config.json");
         let config = ModelConfig::from_file(&config_path)?;
@@ -100,7 +100,7 @@ impl<B: Backend> Model<B> {
         let load = pipeline::LoadPlan {
             zero_centred_norms: hybrid,
             mode,
-            quantization,
+            form,
         };
         pipeline::load(&files, backend, load, |l| Self::build(l, config))
             .with_context(|| format!("cannot load model from {}", dir.display()))
@@ -119,7 +119,7 @@ impl<B: Backend> Model<B> {
         config: &Path,
         backend: &B,
         seed: u64,
-        quantization: Quantization,
+        form: impl Into<WeightForm>,
     ) -> Result<Self> {
         let path = if config.is_dir() {
             config.join("config.json")
@@ -133,8 +133,8 @@ impl<B: Backend> Model<B> {
             absent.insert("lm_head.weight".to_string());
         }
         let dummy = loader::DummyWeights { seed, absent };
-        let loader = loader::Loader::dummy(dummy, backend, config.arch.is_hybrid())
-            .with_quantization(quantization);
+        let loader =
+            loader::Loader::dummy(dummy, backend, config.arch.is_hybrid()).with_quantization(form);
         Self::build(&loader, config)
             .with_context(|| format!("cannot build a dummy model from {}", path.display()))
     }

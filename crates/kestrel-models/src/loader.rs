@@ -22,7 +22,7 @@ use rayon::prelude::*;
 
 use crate::buffers::BufferPool;
 use crate::dummy_init::Init;
-use crate::fp8::{self, Quantization};
+use crate::fp8::{self, FP8_COPY_SUFFIX, Quantization, WeightForm};
 use crate::pipeline::{self, Counters, UploadRequest};
 use crate::transform;
 use crate::weights::{Stored, WeightFiles};
@@ -44,8 +44,9 @@ pub struct Loader<'a, B: Backend> {
     pub backend: &'a B,
     /// Zero-centred decoder norms (`1 + w`), as in Qwen3.5 and Qwen3-Next.
     pub zero_centred_norms: bool,
-    /// Whether dense linear weights are quantised to block-FP8 on the way.
-    quantization: Quantization,
+    /// Whether dense linear weights (and the lm_head) are quantised to
+    /// block-FP8 on the way.
+    form: WeightForm,
     /// Where packed tensors go to be uploaded; `None`: upload here.
     uploads: Option<SyncSender<UploadRequest<B>>>,
     /// Threads [`Loader::each`] runs on when uploads are queued.
@@ -91,7 +92,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             source,
             backend,
             zero_centred_norms,
-            quantization: Quantization::AsStored,
+            form: WeightForm::default(),
             uploads,
             workers: 1,
             buffers: None,
@@ -100,14 +101,45 @@ impl<'a, B: Backend> Loader<'a, B> {
     }
 
     /// Quantise the weights the official FP8 checkpoints quantise
-    /// ([`fp8::quantizable`]) while loading, or draw them as FP8 in dummy mode.
-    pub fn with_quantization(mut self, quantization: Quantization) -> Self {
-        self.quantization = quantization;
+    /// ([`fp8::quantizable`]) while loading, or draw them as FP8 in dummy
+    /// mode; and the lm_head, if the form says so ([`Loader::lm_head`]).
+    pub fn with_quantization(mut self, form: impl Into<WeightForm>) -> Self {
+        self.form = form.into();
         self
     }
 
     fn quantizes(&self, name: &str, shape: &[usize]) -> bool {
-        self.quantization == Quantization::Fp8 && shape.len() >= 2 && fp8::quantizable(name)
+        shape.len() >= 2
+            && ((self.form.quantization == Quantization::Fp8 && fp8::quantizable(name))
+                || name.ends_with(FP8_COPY_SUFFIX))
+    }
+
+    /// The lm_head: `lm_head.weight`, or with tied embeddings (`tied`: the
+    /// checkpoint has no head of its own) `None`, the embedding serving as
+    /// the head. With `--lm-head-dtype fp8` it is quantised to block-FP8,
+    /// for tied embeddings as a second, quantised copy of the embedding.
+    pub fn lm_head(
+        &self,
+        embedding: &str,
+        tied: bool,
+        shape: &[usize],
+    ) -> Result<Option<B::Weight>> {
+        let name = if tied { embedding } else { "lm_head.weight" };
+        if !self.form.lm_head_fp8 {
+            return if tied {
+                Ok(None)
+            } else {
+                self.weight(name, shape).map(Some)
+            };
+        }
+        let copy = format!("{name}{FP8_COPY_SUFFIX}");
+        self.materialize(&copy, shape, || {
+            Ok(match self.tensor(name, shape)? {
+                HostWeight::Dense(t) => HostWeight::BlockFp8(fp8::quantize(&t)),
+                stored_fp8 => stored_fp8,
+            })
+        })
+        .map(Some)
     }
 
     /// A buffer of `len` bytes to read into (contents unspecified).

@@ -26,7 +26,7 @@ use kestrel_core::{Backend, DType, HostTensor, HostWeight};
 use serde_json::{Value, json};
 
 use crate::buffers::BufferPool;
-use crate::fp8::Quantization;
+use crate::fp8::WeightForm;
 use crate::loader::Loader;
 use crate::weights::WeightFiles;
 
@@ -144,7 +144,7 @@ pub struct LoadPlan {
     /// Zero-centred decoder norms (hybrid models).
     pub zero_centred_norms: bool,
     pub mode: LoadMode,
-    pub quantization: Quantization,
+    pub form: WeightForm,
 }
 
 /// Builds `T` from `files` with `build` run on a worker thread, serving its
@@ -175,7 +175,7 @@ pub fn load<'a, B: Backend, T: Send>(
                 workers,
                 buffers,
             )
-            .with_quantization(plan.quantization);
+            .with_quantization(plan.form);
             let built = build(&loader);
             (built, loader.counters)
         });

@@ -9,9 +9,10 @@
 
 use std::path::{Path, PathBuf};
 
+use kestrel_core::{Backend, HostTensor};
 use kestrel_cpu::CpuBackend;
 use kestrel_models::runner::SequenceRunner;
-use kestrel_models::{Model, Quantization};
+use kestrel_models::{Model, Quantization, WeightForm};
 use serde_json::Value;
 
 mod common;
@@ -142,4 +143,70 @@ fn dummy_fp8_weights_run_at_the_real_shapes() {
         teacher_forced(&dense, &tokens).0,
         "FP8 draws its own weights"
     );
+}
+
+/// `--lm-head-dtype fp8`: the head is the checkpoint's, quantised with the
+/// official block rule (its rows are exactly the dequantised codes), the
+/// embedding and every other weight stay as stored, and the logits move by
+/// the head's rounding only.
+#[test]
+fn an_fp8_lm_head_is_the_quantised_head_and_nothing_else_changes() {
+    let b = CpuBackend::new();
+    let form = WeightForm {
+        quantization: Quantization::AsStored,
+        lm_head_fp8: true,
+    };
+    for arch in ARCHES {
+        let golden = testdata().join("golden").join(arch).join("model");
+        let dense = load(&golden);
+        let (fp8_head, _) = Model::load_as(&golden, &b, form).unwrap();
+        let vocab = dense.config().vocab_size;
+        let all: Vec<u32> = (0..vocab as u32).collect();
+        let rows = |w| b.to_host(&b.embedding(w, &all));
+        let stored = rows(dense.decoder.lm_head());
+        let h = stored.len() / vocab;
+        let want = kestrel_models::fp8::quantize(&HostTensor::from_f32(vec![vocab, h], &stored))
+            .dequantize()
+            .to_f32();
+        assert_eq!(rows(fp8_head.decoder.lm_head()), want, "{arch}: head");
+        assert_eq!(
+            rows(&fp8_head.decoder.embed),
+            rows(&dense.decoder.embed),
+            "{arch}: embedding"
+        );
+        let tokens = &prompts(arch)[1];
+        let (got, _) = teacher_forced(&fp8_head, tokens);
+        let (reference, _) = teacher_forced(&dense, tokens);
+        let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = max_abs_diff(&got, &reference);
+        eprintln!("{arch}: max |logit diff| {err:.2e} of max |logit| {scale:.2e}");
+        assert!(err > 0.0 && err < 0.1 * scale, "{arch}: {err} of {scale}");
+    }
+}
+
+/// With tied embeddings the FP8 head is a second weight: the embedding the
+/// tokens are looked up in stays as it is.
+#[test]
+fn a_tied_embedding_stays_when_the_lm_head_is_fp8() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = json(&testdata().join("golden/qwen3/model/config.json"));
+    config["tie_word_embeddings"] = Value::Bool(true);
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let b = CpuBackend::new();
+    let form = WeightForm {
+        quantization: Quantization::AsStored,
+        lm_head_fp8: true,
+    };
+    let tied = Model::load_dummy(&path, &b, 5).unwrap();
+    let fp8_head = Model::load_dummy_as(&path, &b, 5, form).unwrap();
+    let ids: Vec<u32> = (0..64).collect();
+    let rows = |w| b.to_host(&b.embedding(w, &ids));
+    assert_eq!(
+        rows(tied.decoder.lm_head()),
+        rows(&tied.decoder.embed),
+        "tied"
+    );
+    assert_eq!(rows(&fp8_head.decoder.embed), rows(&tied.decoder.embed));
+    assert_ne!(rows(fp8_head.decoder.lm_head()), rows(&tied.decoder.embed));
 }

@@ -39,8 +39,9 @@ pub struct ServerConfig {
     /// Random weights with the real shapes (vLLM's `--load-format dummy`):
     /// the folder needs only `config.json` and the tokenizer files.
     pub dummy_weights: bool,
-    /// The form weights are loaded in (`--quantization fp8`).
-    pub quantization: kestrel_models::Quantization,
+    /// The form weights are loaded in (`--quantization fp8`,
+    /// `--lm-head-dtype fp8`).
+    pub quantization: kestrel_models::WeightForm,
     /// Cap on the context length (vLLM `--max-model-len`); `None`: the model's.
     pub max_model_len: Option<usize>,
     /// Allow `max_model_len` above the model's `max_position_embeddings`
@@ -78,7 +79,7 @@ impl ServerConfig {
             sse_ping_interval: Duration::from_secs(15),
             show_progress: false,
             dummy_weights: false,
-            quantization: kestrel_models::Quantization::AsStored,
+            quantization: kestrel_models::WeightForm::default(),
             speculative: None,
             draft_rows: Default::default(),
             adaptive_drafts: false,

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use kestrel_core::Backend;
 use kestrel_cpu::CpuBackend;
 use kestrel_cuda::Precision;
-use kestrel_models::Model;
 use kestrel_models::runner::SequenceRunner;
+use kestrel_models::{Model, Quantization, WeightForm};
 use serde_json::Value;
 
 use crate::device::with_gpu;
@@ -98,5 +98,43 @@ fn cuda_matches_cpu(arch: &str) {
 fn fp8_checkpoints_on_cuda_match_the_cpu() {
     for arch in ARCHS {
         cuda_matches_cpu(arch);
+    }
+}
+
+/// `--lm-head-dtype fp8` on CUDA: the head's rows as the draft vocabulary
+/// reads them (`embedding_fp8`) equal the CPU's dequantised rows exactly,
+/// and the logits, whose head product reads the codes, match the CPU's in
+/// the reference precision.
+#[test]
+fn an_fp8_lm_head_on_cuda_matches_the_cpu() {
+    let form = WeightForm {
+        quantization: Quantization::AsStored,
+        lm_head_fp8: true,
+    };
+    for arch in ARCHS {
+        let dir = testdata().join("golden").join(arch).join("model");
+        let prompts = prompts(arch);
+        with_gpu(|mut gpu| {
+            gpu.set_precision(Precision::F32);
+            let cpu = CpuBackend::new();
+            let on_cpu = Model::load_as(&dir, &cpu, form).unwrap().0;
+            let on_gpu = Model::load_as(&dir, &gpu, form).unwrap().0;
+            let vocab = on_cpu.config().vocab_size as u32;
+            let ids: Vec<u32> = (0..vocab).step_by(3).collect();
+            let rows_cpu = cpu.to_host(&cpu.embedding(on_cpu.decoder.lm_head(), &ids));
+            let rows_gpu = gpu.to_host(&gpu.embedding(on_gpu.decoder.lm_head(), &ids));
+            assert_eq!(rows_gpu, rows_cpu, "{arch}: FP8 head rows");
+            for (i, p) in prompts.iter().enumerate() {
+                let want = SequenceRunner::new(&cpu, &on_cpu, p.len())
+                    .and_then(|mut r| r.feed_all_logits(p))
+                    .unwrap();
+                let got = SequenceRunner::new(&gpu, &on_gpu, p.len())
+                    .and_then(|mut r| r.feed_all_logits(p))
+                    .unwrap();
+                let e = rel_l2(&got, &want);
+                println!("{arch} fp8 lm_head, prompt {i}: rel_l2 {e:.2e}");
+                assert!(e <= FP8_F32_TOL, "{arch} prompt {i}: rel_l2 {e:.2e}");
+            }
+        });
     }
 }

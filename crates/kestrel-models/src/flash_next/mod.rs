@@ -62,7 +62,7 @@ impl<B: FlashNextOps> FlashNext<B> {
         let plan = LoadPlan {
             zero_centred_norms: true,
             mode: LoadMode::Upload,
-            quantization: Quantization::AsStored,
+            form: Quantization::AsStored.into(),
         };
         let shared = Arc::clone(&files);
         pipeline::load(&files, backend, plan, move |l| {
@@ -122,13 +122,11 @@ impl<B: FlashNextOps> FlashNext<B> {
                     .with_context(|| format!("layer {i}"))?,
             );
         }
-        let lm_head = if cfg.tie_word_embeddings && !l.has("lm_head.weight") {
-            None
-        } else {
-            Some(l.weight("lm_head.weight", &[v, h])?)
-        };
+        let embed_name = format!("{p}embed_tokens.weight");
+        let tied = cfg.tie_word_embeddings && !l.has("lm_head.weight");
+        let lm_head = l.lm_head(&embed_name, tied, &[v, h])?;
         Ok(FlashNext {
-            embed: l.weight(&format!("{p}embed_tokens.weight"), &[v, h])?,
+            embed: l.weight(&embed_name, &[v, h])?,
             layers,
             mixer: HyperConnection::load(
                 l,

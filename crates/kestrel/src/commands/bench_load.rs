@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use kestrel_core::Backend;
 use kestrel_cpu::CpuBackend;
-use kestrel_models::{LoadStats, Model, Quantization};
+use kestrel_models::{LoadStats, Model, WeightForm};
 use serde_json::json;
 
 use super::backend::{self, BackendKind, Chosen};
@@ -44,9 +44,9 @@ pub fn run(args: Args) -> Result<()> {
             &CpuBackend::new(),
             &dir,
             args.pack_only,
-            args.quantization.get(),
+            args.quantization.form(),
         )?,
-        Chosen::Cuda(cuda) => measure(&cuda, &dir, args.pack_only, args.quantization.get())?,
+        Chosen::Cuda(cuda) => measure(&cuda, &dir, args.pack_only, args.quantization.form())?,
     };
     eprintln!("{backend}: {}", stats.summary());
     let report = json!({
@@ -69,7 +69,7 @@ fn measure<B: Backend>(
     b: &B,
     dir: &std::path::Path,
     pack_only: bool,
-    quantization: Quantization,
+    quantization: WeightForm,
 ) -> Result<(String, LoadStats)> {
     let stats = if pack_only {
         Model::pack_only_as(dir, b, quantization)?

@@ -278,6 +278,7 @@ pub fn run(args: Args) -> Result<()> {
             let storage = Storage {
                 matrix: 4,
                 quantized: 4,
+                lm_head: 4,
                 kv: 4,
             };
             run::bench(&b, storage, &source, &args, None)
@@ -293,6 +294,11 @@ pub fn run(args: Args) -> Result<()> {
             let storage = Storage {
                 matrix: 2,
                 quantized: if fp8 { 1 } else { 2 },
+                lm_head: if args.quantization.form().lm_head_fp8 {
+                    1
+                } else {
+                    2
+                },
                 kv: 2,
             };
             run::bench(&b, storage, &source, &args, Some(plan))

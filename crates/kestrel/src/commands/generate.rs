@@ -113,7 +113,7 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
     }
 
     let load_start = Instant::now();
-    let model = Model::load_as(&dir, &backend, args.quantization.get())?.0;
+    let model = Model::load_as(&dir, &backend, args.quantization.form())?.0;
     let load_s = load_start.elapsed().as_secs_f64();
     let max_len = (prompt_ids.len() + args.max_tokens).min(model.config().max_position_embeddings);
     if prompt_ids.len() >= max_len {

@@ -137,7 +137,7 @@ pub fn run(args: Args) -> Result<()> {
     config.force_preempt_at = args.force_preempt_at;
     config.show_progress = true;
     config.dummy_weights = args.load_format == LoadFormat::Dummy;
-    config.quantization = args.quantization.get();
+    config.quantization = args.quantization.form();
     config.max_model_len = args.max_model_len;
     config.allow_long_max_model_len = args.allow_long_max_model_len;
     config.strip_billing_header = !args.keep_billing_header;

@@ -68,4 +68,31 @@ if [ $PART = exp ]; then
     $K bench-model $C36 --quantization fp8 --prefill 8192 --decode-batch --breakdown-steps 0 --prefill-runs 1 --warmup 0 --eager \
     > $R/ncu_fp8_prefill.csv 2> $R/ncu_fp8_prefill.err; log "ncu fp8 rc $?"
 fi
+if [ $PART = lmhead ]; then
+  KESTREL_REQUIRE_CUDA=1 timeout 250 $T --test-threads=1 fp8 > $R/gpu_tests_fp8.txt 2>&1; log "gpu tests fp8 rc $?"
+  V="--prefill 8192 --decode-batch 1,8 --breakdown-steps 0 --context 1024 --steps 30"
+  for round in 1 2; do for q in bf16 fp8; do for h in auto fp8; do
+    Q=""; [ $q = fp8 ] && Q="--quantization fp8"
+    timeout 200 $K bench-model $C36 $Q --lm-head-dtype $h $V --json $R/qwen36_${q}_head-${h}_$round.json \
+      > $R/qwen36_${q}_head-${h}_$round.txt 2>&1; log "qwen3.6 $q head $h round $round rc $?"
+  done; done; done
+  for h in auto fp8; do
+    timeout 200 $K bench-model $C36 --quantization fp8 --lm-head-dtype $h --prefill --decode-batch --breakdown-steps 0 --context 1024 \
+      --speculative replay --acceptance 0.87,0.74,0.61 --replay-batches 1,8 --replay-tokens 128 \
+      --json $R/replay_fp8_head-$h.json > $R/replay_fp8_head-$h.txt 2>&1; log "replay head $h rc $?"
+    timeout 200 $K bench-model $C36 --quantization fp8 --lm-head-dtype $h --prefill --decode-batch --breakdown-steps 0 --context 1024 \
+      --mtp-draft-k 1,3 --mtp-draft-batches 1,8 --draft-vocab-size 65536 \
+      --json $R/mtp_draft_fp8_head-$h.json > $R/mtp_draft_fp8_head-$h.txt 2>&1; log "mtp draft head $h rc $?"
+  done
+  M=/tmp/m_lmhead; mkdir -p $M; cp configs/qwen3.6-35b-a3b/config.json $M/; cp .devrun/tok/* $M/
+  $K serve --model $M --load-format dummy --quantization fp8 --lm-head-dtype fp8 --speculative mtp --num-speculative-tokens 2 \
+    --port 8123 --served-model-name m > $R/serve_lmhead.log 2>&1 &
+  SP=$!
+  for i in $(seq 1 90); do curl -sf localhost:8123/health >/dev/null && break; sleep 1; done
+  log "serve lm_head fp8 + mtp up after $i s"
+  curl -s localhost:8123/v1/chat/completions -H 'content-type: application/json' \
+    -d '{"model":"m","messages":[{"role":"user","content":"def fib(n):"}],"max_tokens":32,"temperature":0}' \
+    -o $R/chat_lmhead.json -w '%{http_code}\n' >> $R/status.txt
+  kill $SP; wait $SP 2>/dev/null
+fi
 cd $R && tar cJf $OUT/all_$PART.tar.xz . && cp status.txt $OUT/status.txt

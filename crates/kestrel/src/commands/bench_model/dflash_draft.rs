@@ -45,6 +45,7 @@ pub struct PassBytes {
 pub fn pass_bytes<B: Backend>(
     drafter: &DflashDrafter<B>,
     vocab: usize,
+    full_head: bool,
     context: usize,
     st: Storage,
 ) -> PassBytes {
@@ -55,7 +56,10 @@ pub fn pass_bytes<B: Backend>(
     let vectors = (2 * h + 2 * d) * 4;
     let layers = drafter.num_layers() as f64;
     let layer_weights = layers * (per_layer * st.quantized + vectors) as f64 + (h * 4) as f64;
-    let lm_head = (vocab * h * st.matrix) as f64;
+    // The whole head is the target's (FP8 with --lm-head-dtype fp8); a
+    // reduced draft vocabulary's is bf16.
+    let head = if full_head { st.lm_head } else { st.matrix };
+    let lm_head = (vocab * h * head) as f64;
     let context_kv = layers * (context * 2 * kvw * st.kv) as f64;
     PassBytes {
         layer_weights,
@@ -213,7 +217,13 @@ pub fn run_all<B: Backend>(
                 draft_vocab: label.clone(),
                 head_rows: head.rows(),
                 stats: Stats::of(&times),
-                bytes: pass_bytes(&drafter, head.rows(), args.context, storage),
+                bytes: pass_bytes(
+                    &drafter,
+                    head.rows(),
+                    matches!(head, DraftHead::Full { .. }),
+                    args.context,
+                    storage,
+                ),
                 bandwidth_gbs,
             };
             eprintln!("  {}", r.to_json(&breakdown));

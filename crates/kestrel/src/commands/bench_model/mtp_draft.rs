@@ -83,7 +83,12 @@ pub fn draft_bytes(
         None => per_step += qmat(3 * cfg.dense_intermediate.unwrap_or_default(), h),
     }
     b.layer_weights = vec(h) + k as f64 * per_step;
-    b.lm_head = k as f64 * mat(head_rows, h);
+    let head = if head_rows == cfg.vocab_size {
+        st.lm_head
+    } else {
+        st.matrix
+    };
+    b.lm_head = (k * head_rows * h * head) as f64;
     // Step d (0-based) attends over `context + d + 1` positions.
     let positions: usize = (0..k).map(|d| context + d + 1).sum();
     b.kv_cache = (seqs * positions * 2 * attn.kv_width() * st.kv) as f64;
@@ -344,6 +349,7 @@ mod tests {
     const BF16: Storage = Storage {
         matrix: 2,
         quantized: 2,
+        lm_head: 2,
         kv: 2,
     };
 

@@ -30,13 +30,13 @@ pub fn bench<B: Backend>(
     let on_cuda = plan.is_some();
     let load_start = Instant::now();
     let (model, load_stats) = if source.dummy {
-        let quantization = args.quantization.get();
+        let quantization = args.quantization.form();
         (
             Model::load_dummy_as(&source.path, b, args.seed, quantization)?,
             None,
         )
     } else {
-        let (model, stats) = Model::load_as(&source.path, b, args.quantization.get())?;
+        let (model, stats) = Model::load_as(&source.path, b, args.quantization.form())?;
         (model, Some(stats))
     };
     b.synchronize()?;
@@ -178,6 +178,7 @@ pub fn bench<B: Backend>(
             "source": source.label,
             "weights": if source.dummy { format!("dummy (seed {})", args.seed) } else { "checkpoint".into() },
             "quantization": format!("{:?}", args.quantization.get()),
+            "lm_head_fp8": args.quantization.form().lm_head_fp8,
             "model_type": cfg.model_type,
             "layers": cfg.num_layers,
             "hidden_size": cfg.hidden_size,

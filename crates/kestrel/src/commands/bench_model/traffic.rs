@@ -17,6 +17,9 @@ pub struct Storage {
     /// the backend reads them as FP8 (their scales, 4 bytes per 16,384
     /// weights, are left out), else `matrix`.
     pub quantized: usize,
+    /// The whole lm_head: 1 with `--lm-head-dtype fp8` on CUDA, else
+    /// `matrix` (a reduced draft vocabulary's head is always `matrix`).
+    pub lm_head: usize,
     /// KV-cache entries.
     pub kv: usize,
 }
@@ -114,7 +117,7 @@ pub fn step_bytes(
             _ => b.dense_weights += qmat(3 * cfg.dense_intermediate.unwrap_or_default(), h),
         }
     }
-    b.lm_head = mat(cfg.vocab_size, h);
+    b.lm_head = (cfg.vocab_size * h * st.lm_head) as f64;
     b.total = b.dense_weights + b.expert_weights + b.lm_head + b.kv_cache + b.recurrent_state;
     b
 }
@@ -147,6 +150,7 @@ pub fn prefill_flops(cfg: &ModelConfig, tokens: usize) -> f64 {
     let one_byte = Storage {
         matrix: 1,
         quantized: 1,
+        lm_head: 1,
         kv: 0,
     };
     let per_token = step_bytes(cfg, one_byte, 1, 0.0, 1);
@@ -179,6 +183,7 @@ mod tests {
     const BF16: Storage = Storage {
         matrix: 2,
         quantized: 2,
+        lm_head: 2,
         kv: 2,
     };
 
