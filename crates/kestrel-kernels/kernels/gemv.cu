@@ -224,8 +224,10 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         gemv_body<M, R, U, F16W>(y, x, w, w_last, n_rows, k, split);                                          \
     }
 // Block-FP8 weights convert each chunk before the x rows meet it, which
-// needs registers for the converted chunks: more than 4 rows per warp
-// spilled at 5..8 rows.
+// needs registers for the converted chunks: at 5..8 rows, 6 rows per warp
+// with one chunk of each in flight (8 rows spilled); an FP8 chunk holds
+// twice the weights of a bf16 one, so fewer rows per warp would read each
+// x row from L1 more often per weight byte.
 #define KESTREL_GEMV_FP8(M, R, U, MIN_BLOCKS)                                                                 \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_fp8_m##M(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,      \
@@ -271,8 +273,8 @@ KESTREL_GEMV_FP8(1, 2, 4, 1)
 KESTREL_GEMV_FP8(2, 4, 2, 1)
 KESTREL_GEMV_FP8(3, 4, 2, 1)
 KESTREL_GEMV_FP8(4, 4, 2, 1)
-KESTREL_GEMV_FP8(5, 4, 2, 1)
-KESTREL_GEMV_FP8(6, 4, 2, 1)
-KESTREL_GEMV_FP8(7, 4, 2, 1)
-KESTREL_GEMV_FP8(8, 4, 2, 1)
+KESTREL_GEMV_FP8(5, 6, 1, 1)
+KESTREL_GEMV_FP8(6, 6, 1, 1)
+KESTREL_GEMV_FP8(7, 6, 1, 1)
+KESTREL_GEMV_FP8(8, 6, 1, 1)
 KESTREL_GEMV_FP8(16, 2, 2, 1)

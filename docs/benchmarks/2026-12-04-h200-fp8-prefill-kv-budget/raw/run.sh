@@ -95,4 +95,16 @@ if [ $PART = lmhead ]; then
     -o $R/chat_lmhead.json -w '%{http_code}\n' >> $R/status.txt
   kill $SP; wait $SP 2>/dev/null
 fi
+if [ $PART = gemv ]; then
+  KESTREL_REQUIRE_CUDA=1 timeout 250 $T --test-threads=1 > $R/gpu_tests.txt 2>&1; log "gpu tests rc $?"
+  V="--prefill 8192 --decode-batch 1,8 --breakdown-steps 0 --context 1024 --steps 30"
+  for round in 1 2; do for run in "qwen3.6-35b-a3b bf16 auto" "qwen3.6-35b-a3b fp8 auto" "qwen3.6-35b-a3b fp8 fp8" "qwen3-30b-a3b fp8 auto"; do
+    set -- $run; Q=""; [ $2 = fp8 ] && Q="--quantization fp8"
+    timeout 200 $K bench-model --backend cuda --config configs/$1/config.json --load-format dummy $Q --lm-head-dtype $3 $V \
+      --json $R/${1}_${2}_head-${3}_$round.json > $R/${1}_${2}_head-${3}_$round.txt 2>&1; log "$run round $round rc $?"
+  done; done
+  timeout 200 $K bench-model $C36 --quantization fp8 --prefill --decode-batch --breakdown-steps 0 --context 1024 \
+    --speculative replay --acceptance 0.87,0.74,0.61 --replay-batches 1,8 --replay-tokens 128 \
+    --json $R/replay_fp8.json > $R/replay_fp8.txt 2>&1; log "replay fp8 rc $?"
+fi
 cd $R && tar cJf $OUT/all_$PART.tar.xz . && cp status.txt $OUT/status.txt
