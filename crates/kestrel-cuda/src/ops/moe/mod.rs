@@ -38,6 +38,7 @@
 //! does, and the shared expert last.
 
 mod decode;
+mod expert_weight;
 mod gemm;
 mod host_routed;
 pub mod kernels;

@@ -3,17 +3,17 @@
 //! (`kernels/moe_prefill.cu`). Each stage is one function below.
 
 use cudarc::driver::CudaSlice;
-use kestrel_core::{MoeSpec, MoeWeights, fp8};
+use kestrel_core::{MoeSpec, MoeWeights};
 
+use super::expert_weight::ExpertWeight;
 use super::gemm::{Gemm, grouped_row_tiles, launch_expert_gemm, launch_gemm, tile_rows};
 use super::kernels::{ExpertGemmKernels, GEMM_COLS, GEMM_ROWS, sm90_smem_bytes, sm90_threads};
 use super::routing::{MoeInput, SharedExpert, THREADS, top_k};
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
-use crate::ops::fp8::{Bf16Matrix, bf16_matrix};
 use crate::plan::Mma;
-use crate::tensor::{CudaTensor, CudaWeight, WeightData};
+use crate::tensor::{CudaTensor, CudaWeight};
 
 /// Threads of `moe_route_plan` and `moe_route_fill`.
 const PLAN_THREADS: u32 = 1024;
@@ -193,57 +193,6 @@ fn group(cx: &Cx, b: &Block, k: usize, ids: &CudaSlice<i32>, tile_rows: usize) -
         tile_off,
         pair_token,
         pos,
-    }
-}
-
-/// An expert weight (stack) as the GEMMs read it: bf16 (its own storage, or
-/// a copy of FP8 weights made for the call, which the mma.sync kernels
-/// need), or block-FP8 codes with their scales, which the wgmma kernels
-/// convert in shared memory.
-enum ExpertWeight {
-    Bf16(Bf16Matrix),
-    Fp8 {
-        codes: u64,
-        scales: u64,
-        /// Scales between two experts' grids.
-        scale_stride: usize,
-    },
-}
-
-impl ExpertWeight {
-    fn of(cx: &Cx, w: &CudaWeight, what: &str) -> ExpertWeight {
-        let s = &cx.gpu.stream;
-        match &w.data {
-            WeightData::Fp8 { codes, scale_inv } if cx.plan.moe.expert_gemm == Mma::Wgmma => {
-                let dims = w.shape.len();
-                let (rows, cols) = (w.shape[dims - 2], w.shape[dims - 1]);
-                let [br, bc] = fp8::BLOCK;
-                ExpertWeight::Fp8 {
-                    codes: ptr(codes, s),
-                    scales: ptr(scale_inv, s),
-                    scale_stride: rows.div_ceil(br) * cols.div_ceil(bc),
-                }
-            }
-            _ => ExpertWeight::Bf16(bf16_matrix(cx, w, what)),
-        }
-    }
-
-    fn ptr(&self) -> u64 {
-        match self {
-            ExpertWeight::Bf16(m) => m.ptr,
-            ExpertWeight::Fp8 { codes, .. } => *codes,
-        }
-    }
-
-    fn scales(&self) -> Option<(u64, usize)> {
-        match self {
-            ExpertWeight::Bf16(_) => None,
-            ExpertWeight::Fp8 {
-                scales,
-                scale_stride,
-                ..
-            } => Some((*scales, *scale_stride)),
-        }
     }
 }
 
