@@ -158,6 +158,15 @@ impl GdnSpec {
     pub fn conv_dim(&self) -> usize {
         2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
     }
+    /// f32 values of one sequence's conv state (the last `conv_kernel - 1`
+    /// inputs of the causal conv) in one layer.
+    pub fn conv_state_len(&self) -> usize {
+        self.conv_dim() * (self.conv_kernel - 1)
+    }
+    /// f32 values of one sequence's recurrent state in one layer.
+    pub fn recurrent_state_len(&self) -> usize {
+        self.num_v_heads * self.head_k_dim * self.head_v_dim
+    }
     pub fn value_width(&self) -> usize {
         self.num_v_heads * self.head_v_dim
     }
@@ -205,9 +214,7 @@ impl CacheSpec {
             * kv_bytes;
         let state = match (&self.gdn, self.gdn_layers) {
             (Some(g), n) if n > 0 => {
-                let conv = g.conv_dim() * (g.conv_kernel - 1);
-                let recurrent = g.num_v_heads * g.head_k_dim * g.head_v_dim;
-                n * self.num_state_slots * (conv + recurrent) * 4
+                n * self.num_state_slots * (g.conv_state_len() + g.recurrent_state_len()) * 4
             }
             _ => 0,
         };

@@ -91,13 +91,11 @@ impl CpuCache {
     }
 
     pub fn conv_slot_len(&self) -> usize {
-        self.gdn_spec()
-            .map_or(0, |g| (g.conv_kernel - 1) * g.conv_dim())
+        self.gdn_spec().map_or(0, GdnSpec::conv_state_len)
     }
 
     pub fn recurrent_slot_len(&self) -> usize {
-        self.gdn_spec()
-            .map_or(0, |g| g.num_v_heads * g.head_k_dim * g.head_v_dim)
+        self.gdn_spec().map_or(0, GdnSpec::recurrent_state_len)
     }
 
     fn check_slot(&self, slot: u32) {

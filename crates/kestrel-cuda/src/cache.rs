@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::CudaSlice;
-use kestrel_core::{BackendError, CacheSpec, ForwardBatch, GdnSpec, Result};
+use kestrel_core::{BackendError, CacheSpec, ForwardBatch, Result};
 
 use crate::device::{Gpu, ptr};
 use crate::precision::Precision;
@@ -28,22 +28,14 @@ pub struct CudaCache {
 }
 
 impl CudaCache {
-    pub fn conv_slot_len(gdn: &GdnSpec) -> usize {
-        gdn.conv_dim() * (gdn.conv_kernel - 1)
-    }
-
-    pub fn recurrent_slot_len(gdn: &GdnSpec) -> usize {
-        gdn.num_v_heads * gdn.head_k_dim * gdn.head_v_dim
-    }
-
     pub fn new(gpu: &Gpu, spec: &CacheSpec, kv_precision: Precision) -> Result<Self> {
         let kv_len = spec.num_blocks * spec.block_size * spec.num_kv_heads * spec.head_dim;
         let kv_words = kv_len * kv_precision.kv_bytes() / 2;
         let (conv_len, rec_len) = match (&spec.gdn, spec.gdn_layers) {
             (_, 0) => (0, 0),
             (Some(g), _) => (
-                spec.num_state_slots * Self::conv_slot_len(g),
-                spec.num_state_slots * Self::recurrent_slot_len(g),
+                spec.num_state_slots * g.conv_state_len(),
+                spec.num_state_slots * g.recurrent_state_len(),
             ),
             (None, n) => {
                 return Err(BackendError::Invalid(format!(
@@ -157,7 +149,7 @@ impl CudaCache {
         let Some(g) = self.spec.gdn else { return };
         self.check_slot(slot);
         let s = slot as usize;
-        let (cl, rl) = (Self::conv_slot_len(&g), Self::recurrent_slot_len(&g));
+        let (cl, rl) = (g.conv_state_len(), g.recurrent_state_len());
         for buf in &self.conv {
             gpu.fill_bytes(ptr(buf, &gpu.stream) + (s * cl * 4) as u64, 0, cl * 4);
         }
@@ -175,8 +167,8 @@ impl CudaCache {
         }
         let (s, d) = (src as usize, dst as usize);
         for (bufs, len) in [
-            (&self.conv, Self::conv_slot_len(&g)),
-            (&self.recurrent, Self::recurrent_slot_len(&g)),
+            (&self.conv, g.conv_state_len()),
+            (&self.recurrent, g.recurrent_state_len()),
         ] {
             for buf in bufs {
                 let base = ptr(buf, &gpu.stream);

@@ -45,9 +45,9 @@
 // fp8.cu's fp8_to_bf16 makes, so the products are those of that copy) in one
 // of three swizzled bf16 weight tiles. K tile kt + 1 is converted while the
 // wgmmas of tiles kt - 1 and kt run (the third tile is the one kt - 2 read),
-// so the conversion stays off the tensor cores' path: converting tile kt just
-// before its own wgmmas, with two tiles, made the GEMMs 1.3-1.5x slower than
-// bf16 (docs/benchmarks/2026-12-04-h200-fp8-prefill-kv-budget). A tile is
+// so the conversion stays off the tensor cores' path (converting tile kt just
+// before its own wgmmas, with two tiles, put it on that path, measured in
+// docs/benchmarks/2026-12-04-h200-fp8-prefill-kv-budget). A tile is
 // converted one iteration before it is used, so the copies need one more
 // stage of lead: 4 stages where a block has the SM (128-row tiles), 3 where
 // two share it (64 rows).

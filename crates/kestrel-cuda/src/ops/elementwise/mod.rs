@@ -34,41 +34,25 @@ pub fn embedding(cx: &Cx, table: &CudaWeight, ids: &[u32]) -> CudaTensor {
     let s = &gpu.stream;
     let ids_ptr = staged.unwrap_or_else(|| ptr(ids_dev.as_ref().unwrap(), s));
     let m = table.matrix("embedding", s);
-    let grid = (blocks(cols, THREADS as usize), ids.len() as u32, 1);
-    let out_ptr = Arg::Ptr(ptr(&out, s));
-    match m.format {
-        // FP8 checkpoints keep the embedding bf16; an FP8 table is the
-        // lm_head of --lm-head-dtype fp8, read by rows for a draft vocabulary.
-        Format::Fp8 => gpu.launch(
-            &cx.k.elementwise.embedding_fp8,
-            grid,
-            THREADS,
-            0,
-            &[
-                out_ptr,
-                Arg::Ptr(m.ptr),
-                Arg::Ptr(m.scales),
-                Arg::Ptr(ids_ptr),
-                Arg::I32(cols as i32),
-            ],
-        ),
-        Format::Bf16 | Format::F16 => gpu.launch(
-            if m.format == Format::Bf16 {
-                &cx.k.elementwise.embedding_bf16
-            } else {
-                &cx.k.elementwise.embedding_f16
-            },
-            grid,
-            THREADS,
-            0,
-            &[
-                out_ptr,
-                Arg::Ptr(m.ptr),
-                Arg::Ptr(ids_ptr),
-                Arg::I32(cols as i32),
-            ],
-        ),
-    }
+    let k = &cx.k.elementwise;
+    // FP8 checkpoints keep the embedding bf16; an FP8 table is the lm_head
+    // of --lm-head-dtype fp8, read by rows for a draft vocabulary, and its
+    // kernel takes the block scales after the codes.
+    let (f, scales) = match m.format {
+        Format::Bf16 => (&k.embedding_bf16, None),
+        Format::F16 => (&k.embedding_f16, None),
+        Format::Fp8 => (&k.embedding_fp8, Some(Arg::Ptr(m.scales))),
+    };
+    let mut args = vec![Arg::Ptr(ptr(&out, s)), Arg::Ptr(m.ptr)];
+    args.extend(scales);
+    args.extend([Arg::Ptr(ids_ptr), Arg::I32(cols as i32)]);
+    gpu.launch(
+        f,
+        (blocks(cols, THREADS as usize), ids.len() as u32, 1),
+        THREADS,
+        0,
+        &args,
+    );
     CudaTensor {
         bf16: None,
         rows: ids.len(),

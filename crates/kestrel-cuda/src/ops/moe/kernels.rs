@@ -160,24 +160,17 @@ mod tests {
     /// static_assert), bf16 and FP8.
     #[test]
     fn sm90_shared_memory_matches_the_kernels() {
-        assert_eq!(sm90_smem_bytes(GEMM_ROWS, GEMM_COLS, false), 73 * 1024);
-        assert_eq!(
-            sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS, false),
-            97 * 1024
-        );
-        assert_eq!(
-            sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS_WIDE, false),
-            193 * 1024
-        );
-        assert_eq!(sm90_smem_bytes(GEMM_ROWS, GEMM_COLS, true), 97 * 1024);
-        assert_eq!(
-            sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS, true),
-            145 * 1024
-        );
-        assert_eq!(
-            sm90_smem_bytes(GEMM_ROWS_LARGE, GEMM_COLS_WIDE, true),
-            225 * 1024
-        );
+        for (rows, cols, fp8, kib) in [
+            (GEMM_ROWS, GEMM_COLS, false, 73),
+            (GEMM_ROWS_LARGE, GEMM_COLS, false, 97),
+            (GEMM_ROWS_LARGE, GEMM_COLS_WIDE, false, 193),
+            (GEMM_ROWS, GEMM_COLS, true, 97),
+            (GEMM_ROWS_LARGE, GEMM_COLS, true, 145),
+            (GEMM_ROWS_LARGE, GEMM_COLS_WIDE, true, 225),
+        ] {
+            let bytes = sm90_smem_bytes(rows, cols, fp8);
+            assert_eq!(bytes, kib * 1024, "{rows} x {cols}, fp8 {fp8}");
+        }
         // Two blocks an SM at 64 rows, as the kernels' launch bounds ask; at
         // most a block's 227 KiB for the wide tiles.
         assert!(2 * sm90_smem_bytes(GEMM_ROWS, GEMM_COLS, true) <= 227 * 1024);
