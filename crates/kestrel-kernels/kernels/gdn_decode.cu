@@ -45,11 +45,11 @@ struct Taps {
     float w[KSIZE];
 };
 
-__device__ __forceinline__ Taps load_taps(const float* st, const __nv_bfloat16* conv_w, int c, const float* x) {
+__device__ __forceinline__ Taps load_taps(const float* st, const __nv_bfloat16* conv_w, int c, float x) {
     Taps tp;
 #pragma unroll
     for (int j = 0; j < HIST; ++j) tp.prev[j] = st[j];
-    tp.x = x[c];
+    tp.x = x;
     // Four bf16 weights in one 8-byte load.
     const uint2 raw = *reinterpret_cast<const uint2*>(conv_w + (size_t)c * KSIZE);
     const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
@@ -59,6 +59,12 @@ __device__ __forceinline__ Taps load_taps(const float* st, const __nv_bfloat16* 
     tp.w[2] = __low2float(w23);
     tp.w[3] = __high2float(w23);
     return tp;
+}
+
+// Copies 4 bytes from global to shared memory without passing registers.
+__device__ __forceinline__ void cp_async_4(void* dst, const float* src) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
 }
 
 // silu of the conv, summed oldest input first as the CPU reference does.
@@ -91,11 +97,16 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
     __shared__ float red[NWARPS][COLS];
     __shared__ float scratch[2][NWARPS];
     __shared__ float gate[2];
-    __shared__ float head_ss;  // this block's part of the head's sum of squares
+    // This block's part of the head's sum of squares, by token parity: a
+    // block writes a token's part while the blocks of its head may still read
+    // the previous token's (one cluster barrier per token keeps the two apart).
+    __shared__ float head_ss[2];
     // The channels' carried conv inputs after the latest token, held until the
     // cluster barrier allows writing them (in shared memory rather than
     // registers, for occupancy). Each thread only touches its own channels.
     __shared__ float next_q[DK][HIST], next_k[DK][HIST], next_v[COLS][HIST];
+    __shared__ float tok_in[2][4][THREADS];
+    __shared__ float tok_gates[2][2];
 
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank();
@@ -142,27 +153,54 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
         }
     };
 
+    // A token's inputs from its projection row (each thread's conv inputs,
+    // z, and thread 0's decay and beta inputs), staged in shared memory by
+    // token parity. Those of the next token are copied while this one is
+    // computed: in a verify step the tokens form one chain, and a load at the
+    // head of each link would lengthen it by a memory round trip per token.
+    auto fetch_token = [&](int t, int buf) {
+        const float* x = a.proj + (size_t)t * a.proj_stride;
+        cp_async_4(&tok_in[buf][0][tid], x + cq);
+        cp_async_4(&tok_in[buf][1][tid], x + ck);
+        if (tid < COLS) {
+            cp_async_4(&tok_in[buf][2][tid], x + cv);
+            cp_async_4(&tok_in[buf][3][tid], x + conv_dim + h * DV + col0 + tid);
+        }
+        if (tid == 0) {
+            cp_async_4(&tok_gates[buf][0], x + conv_dim + a.hv * DV + a.hv + h);
+            cp_async_4(&tok_gates[buf][1], x + conv_dim + a.hv * DV + h);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    fetch_token(t_first, 0);
+
     // Tokens in order, each with the arithmetic of a one-token step: a verify
     // chunk's rows come out as consecutive decode steps would give them.
     for (int t = t_first; t < t_end; ++t) {
         // 2. Conv of q and k channel `tid` of key head kh, and of this tile's
         //    v channels, the carried inputs read from the slot for the first
-        //    token and from shared memory after it. Every load is issued
-        //    before any is used: each use would otherwise cost a memory
-        //    round trip of its own.
+        //    token and from shared memory after it.
         const bool first = t == t_first;
-        const float* x = a.proj + (size_t)t * a.proj_stride;
-        Taps tq = load_taps(first ? conv_at(slot, cq) : next_q[tid], a.conv_w, cq, x);
-        Taps tk = load_taps(first ? conv_at(slot, ck) : next_k[tid], a.conv_w, ck, x), tv{};
+        const int par = (t - t_first) & 1;
+        // Start the next token's copy (an empty group after the last), then
+        // wait for this token's: each thread reads only what it copied.
+        if (t + 1 < t_end) {
+            fetch_token(t + 1, par ^ 1);
+        } else {
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        }
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        Taps tq = load_taps(first ? conv_at(slot, cq) : next_q[tid], a.conv_w, cq, tok_in[par][0][tid]);
+        Taps tk = load_taps(first ? conv_at(slot, ck) : next_k[tid], a.conv_w, ck, tok_in[par][1][tid]), tv{};
         float z = 0.f;
         if (tid < COLS) {
-            tv = load_taps(first ? conv_at(slot, cv) : next_v[tid], a.conv_w, cv, x);
-            z = x[conv_dim + h * DV + col0 + tid];
+            tv = load_taps(first ? conv_at(slot, cv) : next_v[tid], a.conv_w, cv, tok_in[par][2][tid]);
+            z = tok_in[par][3][tid];
         }
         float ga = 0.f, gb = 0.f, al = 0.f, dt = 0.f;
         if (tid == 0) {
-            ga = x[conv_dim + a.hv * DV + a.hv + h];
-            gb = x[conv_dim + a.hv * DV + h];
+            ga = tok_gates[par][0];
+            gb = tok_gates[par][1];
             al = a.a_log[h];
             dt = a.dt_bias[h];
         }
@@ -270,23 +308,25 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
                 float sum = 0.f;
 #pragma unroll
                 for (int w = 0; w < NWARPS; ++w) sum += scratch[0][w];
-                head_ss = sum;
+                head_ss[par] = sum;
             }
         }
-        cluster.sync();
-        float total = 0.f;
-        const int first_block = (rank / TILES) * TILES;
-#pragma unroll
-        for (int j = 0; j < TILES; ++j) total += *cluster.map_shared_rank(&head_ss, first_block + j);
-        // No block may go on (and overwrite head_ss) while another still reads
-        // its head_ss. Past this barrier every block of the cluster has also
-        // read the old conv state.
+        // Past this barrier every block's part is written, and every block of
+        // the cluster has read the old conv state (the first token's). A
+        // block writes head_ss[par] again two tokens on, past the next
+        // barrier, which no block reaches before it has read this token's.
         cluster.sync();
 
-        // 6. Global writes come after the barriers: a cluster barrier has
+        // 6. Global writes come after the barrier: a cluster barrier has
         //    release semantics, so stores issued before one would be waited
-        //    for there.
+        //    for there. Only the threads that write an output read the other
+        //    blocks' parts, and each uses what it read before the kernel's
+        //    last (relaxed) arrive.
         if (tid < COLS) {
+            float total = 0.f;
+            const int first_block = (rank / TILES) * TILES;
+#pragma unroll
+            for (int j = 0; j < TILES; ++j) total += *cluster.map_shared_rank(&head_ss[par], first_block + j);
             const float inv = 1.f / sqrtf(total / DV + a.eps);
             const int col = col0 + tid;
             a.out[(size_t)t * a.hv * DV + h * DV + col] = a.norm_w[col] * (o * inv) * siluf_exact(z);
@@ -294,7 +334,12 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
         const int ckpt = a.token_ckpt[t];
         if (ckpt >= 0) store(ckpt);
     }
+    // No block may leave while another still reads its head_ss. The arrive
+    // is relaxed (it does not wait for this block's stores); the wait comes
+    // after the last stores are issued.
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
     store(slot);
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
 }  // namespace
