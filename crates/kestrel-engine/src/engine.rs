@@ -8,7 +8,7 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 
 use anyhow::{Context, Result, bail};
 use kestrel_core::Backend;
-use kestrel_models::Model;
+use kestrel_models::{Target, TargetCache};
 
 use crate::client::{Command, EngineHandle, Shared};
 use crate::handle::{EngineConfig, EngineEvent};
@@ -60,7 +60,7 @@ impl Engine {
     /// allocated (or with the reason they could not be).
     pub fn spawn<B: Backend>(
         backend: B,
-        model: Model<B>,
+        model: impl Into<Target<B>>,
         config: EngineConfig,
     ) -> Result<EngineHandle> {
         Self::spawn_with_options(backend, model, config, EngineOptions::default())
@@ -71,7 +71,7 @@ impl Engine {
     #[doc(hidden)]
     pub fn spawn_with_full_row_sampling<B: Backend>(
         backend: B,
-        model: Model<B>,
+        model: impl Into<Target<B>>,
         config: EngineConfig,
     ) -> Result<EngineHandle> {
         let options = EngineOptions {
@@ -85,7 +85,7 @@ impl Engine {
     #[doc(hidden)]
     pub fn spawn_with_logits_observer<B: Backend>(
         backend: B,
-        model: Model<B>,
+        model: impl Into<Target<B>>,
         config: EngineConfig,
         observer: LogitsObserver,
     ) -> Result<EngineHandle> {
@@ -100,7 +100,7 @@ impl Engine {
     /// full-row sampling.
     pub fn spawn_with_options<B: Backend>(
         backend: B,
-        model: Model<B>,
+        model: impl Into<Target<B>>,
         config: EngineConfig,
         options: EngineOptions,
     ) -> Result<EngineHandle> {
@@ -111,6 +111,7 @@ impl Engine {
             draft_rows,
             adaptive_drafts,
         } = options;
+        let model: Target<B> = model.into();
         let model_config = model.config();
         let hybrid = model_config.arch.is_hybrid();
         check_config(&config, hybrid)?;
@@ -123,7 +124,7 @@ impl Engine {
                 );
             }
             let vocab = config.sampled_vocab.unwrap_or(model_config.vocab_size);
-            spec::check(spec, model.mtp.is_some(), vocab).map_err(anyhow::Error::msg)?;
+            spec::check(spec, &model, vocab).map_err(anyhow::Error::msg)?;
         }
         let vocab_size = model_config.vocab_size;
         let shared = Arc::new(Shared::new(
@@ -157,12 +158,12 @@ impl Engine {
             .spawn(move || {
                 // The caches are made on the engine thread: device contexts
                 // may be bound to the thread that uses them.
-                let spec = model.decoder.cache_spec(
+                let cache = match model.new_cache(
+                    &backend,
                     config.num_blocks,
                     config.block_size,
                     config.num_state_slots,
-                );
-                let cache = match backend.new_cache(&spec) {
+                ) {
                     Ok(cache) => cache,
                     Err(e) => {
                         thread_shared.alive.store(false, Ordering::Release);
@@ -249,8 +250,8 @@ fn check_config(config: &EngineConfig, hybrid: bool) -> Result<()> {
 
 struct EngineLoop<B: Backend> {
     backend: B,
-    model: Model<B>,
-    cache: B::Cache,
+    model: Target<B>,
+    cache: TargetCache<B>,
     scheduler: Scheduler,
     shared: Arc<Shared>,
     commands: Receiver<Command>,

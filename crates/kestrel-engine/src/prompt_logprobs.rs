@@ -24,7 +24,7 @@ use std::ops::Range;
 
 use anyhow::{Context, Result};
 use kestrel_core::Backend;
-use kestrel_models::Model;
+use kestrel_models::Target;
 use kestrel_sampling::RowLogprobs;
 
 use crate::handle::EngineEvent;
@@ -76,7 +76,7 @@ pub(crate) fn step_needs_hidden(sched: &Scheduler, plan: &StepPlan) -> bool {
 /// some, from `hidden` (every row of the step, pre-final-norm).
 pub(crate) fn send_step<B: Backend>(
     backend: &B,
-    model: &Model<B>,
+    model: &Target<B>,
     hidden: &B::Tensor,
     sched: &mut Scheduler,
     plan: &StepPlan,
@@ -97,7 +97,7 @@ pub(crate) fn send_step<B: Backend>(
         let mut entries = Vec::with_capacity(rows.len());
         let step_rows: Vec<usize> = rows.clone().map(|r| chunk_first + r).collect();
         for group in step_rows.chunks(ROWS_PER_PASS) {
-            let logits = model.decoder.logits(backend, hidden, group);
+            let logits = model.logits(backend, hidden, group);
             let vocab = backend.dims(&logits).1;
             let keep = sampled_vocab.map_or(vocab, |v| v.min(vocab));
             let values = backend.to_host(&logits);

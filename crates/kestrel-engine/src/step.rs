@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use kestrel_core::{Backend, CandidateRequest, ForwardBatch, RowMask, SeqChunk, StateSnapshot};
-use kestrel_models::Model;
+use kestrel_models::{Target, TargetCache};
 use kestrel_sampling::{DEFAULT_MAX_CANDIDATES, Finish, FinishReason};
 
 use crate::choose::{RowSource, StepLogits};
@@ -41,8 +41,8 @@ struct ChunkRows {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn execute<B: Backend>(
     backend: &B,
-    model: &Model<B>,
-    cache: &mut B::Cache,
+    model: &Target<B>,
+    cache: &mut TargetCache<B>,
     sched: &mut Scheduler,
     plan: StepPlan,
     mut observer: Option<&mut LogitsObserver>,
@@ -54,8 +54,8 @@ pub(crate) fn execute<B: Backend>(
     }
     for op in &plan.state_ops {
         match *op {
-            StateOp::Zero(slot) => backend.zero_state(cache, slot),
-            StateOp::Copy { src, dst } => backend.copy_state(cache, src, dst),
+            StateOp::Zero(slot) => cache.zero_state(backend, slot),
+            StateOp::Copy { src, dst } => cache.copy_state(backend, src, dst),
         }
     }
 
@@ -119,7 +119,7 @@ pub(crate) fn execute<B: Backend>(
         &logit_rows,
         drafter.as_ref(),
         keep_hidden,
-    );
+    )?;
     if let Some(hidden) = hidden {
         prompt_logprobs::send_step(backend, model, &hidden, sched, &plan)?;
     }
@@ -171,7 +171,7 @@ pub(crate) fn execute<B: Backend>(
             seq.cache.set_num_tokens(chunk.end, block_size)?;
             committed_ends.push(chunk.end);
             sched.cache_progress(chunk.id, chunk.start, chunk.end, |own, snap| {
-                backend.copy_state(cache, own, snap)
+                cache.copy_state(backend, own, snap)
             })?;
             continue;
         };
@@ -188,7 +188,7 @@ pub(crate) fn execute<B: Backend>(
             seq.cache.set_num_tokens(known_end, block_size)?;
             committed_ends.push(known_end);
             sched.cache_progress(chunk.id, chunk.start, known_end, |own, snap| {
-                backend.copy_state(cache, own, snap)
+                cache.copy_state(backend, own, snap)
             })?;
             continue;
         }
@@ -260,7 +260,7 @@ pub(crate) fn execute<B: Backend>(
                 seq.cache.checkpoint_slots().get(last),
                 seq.cache.state_slot(),
             ) {
-                backend.copy_state(cache, checkpoint, live);
+                cache.copy_state(backend, checkpoint, live);
             }
         }
         if !emitted.is_empty() {
@@ -283,7 +283,7 @@ pub(crate) fn execute<B: Backend>(
         }
         committed_ends.push(committed);
         sched.cache_progress(chunk.id, chunk.start, committed, |own, snap| {
-            backend.copy_state(cache, own, snap)
+            cache.copy_state(backend, own, snap)
         })?;
     }
 
@@ -314,6 +314,9 @@ pub(crate) fn execute<B: Backend>(
                 draft_limit: seq.draft_length.limit(),
             });
         }
+        let model = model
+            .decoder_model()
+            .context("a drafter reads a model on the shared decoder")?;
         drafter.after_step(backend, model, captured, &rows)?;
     }
 

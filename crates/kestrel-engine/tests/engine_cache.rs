@@ -148,6 +148,13 @@ fn lossless_on_bundled_hybrid() {
     check_model(TestModel::Bundled);
 }
 
+/// Prefix-cache snapshots of Flash-Next carry its PLE conv state and n-gram
+/// context; shared pages carry the indexer's keys.
+#[test]
+fn lossless_on_flash_next() {
+    check_model(TestModel::FlashNext);
+}
+
 /// Outputs are unchanged by preemption (forced, or from running out of pages),
 /// with the cache on and off.
 fn check_preemption(model: TestModel) {
@@ -203,6 +210,11 @@ fn preemption_keeps_outputs_on_hybrid_golden() {
 #[test]
 fn preemption_keeps_outputs_on_bundled_hybrid() {
     check_preemption(TestModel::Bundled);
+}
+
+#[test]
+fn preemption_keeps_outputs_on_flash_next() {
+    check_preemption(TestModel::FlashNext);
 }
 
 #[test]

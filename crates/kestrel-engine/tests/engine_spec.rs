@@ -132,7 +132,7 @@ fn run_on(
         ..EngineOptions::default()
     };
     tune(&mut options);
-    let engine = Engine::spawn_with_options(backend, model.load(), s.config.clone(), options)
+    let engine = Engine::spawn_with_options(backend, model.target(), s.config.clone(), options)
         .expect("engine starts");
     let outputs = match s.arrival {
         Arrival::Together => run_together(&engine, &s.requests),
@@ -410,6 +410,13 @@ fn speculation_is_lossless_on_the_hybrid_golden_model() {
 #[test]
 fn speculation_is_lossless_on_the_bundled_model() {
     check_model(TestModel::Bundled);
+}
+
+/// Flash-Next's PLE conv state and n-gram context are checkpointed and
+/// rolled back with the Gated DeltaNet state.
+#[test]
+fn speculation_is_lossless_on_flash_next() {
+    check_model(TestModel::FlashNext);
 }
 
 /// A backend that runs a step's decode and verify rows as one pass and its

@@ -171,18 +171,7 @@ impl<B: Backend> Decoder<B> {
     /// The caches this model needs for `num_blocks` KV pages and `num_slots`
     /// recurrent-state slots.
     pub fn cache_spec(&self, num_blocks: usize, block_size: usize, num_slots: usize) -> CacheSpec {
-        let cfg = &self.config;
-        let attn = attention_spec(cfg);
-        CacheSpec {
-            attn_layers: cfg.num_attention_layers(),
-            num_blocks,
-            block_size,
-            num_kv_heads: attn.num_kv_heads,
-            head_dim: attn.head_dim,
-            gdn_layers: cfg.num_linear_layers(),
-            num_state_slots: num_slots,
-            gdn: gdn_spec(cfg),
-        }
+        cache_spec(&self.config, num_blocks, block_size, num_slots)
     }
 
     /// Runs the new tokens of `batch` through every layer and returns the
@@ -434,5 +423,28 @@ mod tests {
         assert_ne!(key(&[1], &[0]), key(&[1, 1], &[0, 1]));
         assert!(key(&[1, 1], &[1]).is_none());
         assert_eq!(key(&[1, 1], &[0, 1]), key(&[1, 1], &[0, 1]));
+    }
+}
+
+/// The backend caches (KV pages of the attention layers, recurrent-state
+/// slots of the Gated DeltaNet layers) of a model of `cfg`, for
+/// `num_blocks` pages and `num_slots` slots; Flash-Next's layers keep the
+/// same ones.
+pub fn cache_spec(
+    cfg: &ModelConfig,
+    num_blocks: usize,
+    block_size: usize,
+    num_slots: usize,
+) -> CacheSpec {
+    let attn = attention_spec(cfg);
+    CacheSpec {
+        attn_layers: cfg.num_attention_layers(),
+        num_blocks,
+        block_size,
+        num_kv_heads: attn.num_kv_heads,
+        head_dim: attn.head_dim,
+        gdn_layers: cfg.num_linear_layers(),
+        num_state_slots: num_slots,
+        gdn: gdn_spec(cfg),
     }
 }

@@ -9,6 +9,7 @@
 //! - [`decoder`]: the layer stack shared by all four architectures.
 //! - [`mtp`]: the Qwen3.5/3.6 multi-token-prediction head.
 //! - [`flash_next`]: Qwen3.8-Flash-Next (`qwen4_exp`), its own layer stack.
+//! - [`target`]: what the serving engine drives, either stack.
 //! - [`draft_head`]: the lm_head drafting scores with, whole or reduced.
 //! - [`dflash`]: the DFlash block drafter and its per-sequence context;
 //!   [`taps`]: the target's hidden states after chosen layers, which it reads.
@@ -29,6 +30,7 @@ pub mod mtp;
 pub mod pipeline;
 pub mod runner;
 pub mod taps;
+pub mod target;
 pub mod transform;
 pub mod weights;
 
@@ -45,6 +47,7 @@ pub use fp8::{Quantization, WeightForm};
 pub use mtp::MtpHead;
 pub use pipeline::{LoadMode, LoadStats};
 pub use taps::TappedStep;
+pub use target::{FlashNextStep, Target, TargetCache};
 pub use weights::WeightFiles;
 
 /// A loaded model: the decoder and, when the checkpoint has one, its MTP head.
@@ -166,7 +169,8 @@ impl<B: Backend> Model<B> {
 fn refuse_flash_next(config: &ModelConfig) -> Result<()> {
     if config.arch == Arch::Qwen4Exp {
         anyhow::bail!(
-            "qwen4_exp (Qwen3.8-Flash-Next) is loaded by kestrel_models::flash_next::FlashNext, \
+            "qwen4_exp (Qwen3.8-Flash-Next) is loaded by kestrel_models::flash_next::FlashNext \
+             (or Target::load_as), \
              not by Model"
         );
     }

@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use kestrel_core::Backend;
+use kestrel_core::FlashNextOps;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -71,7 +71,7 @@ pub struct RunningServer {
 
 /// Binds the listener, starts loading the model on a blocking thread and
 /// serves requests (503 until the model is ready).
-pub async fn start<B: Backend>(config: ServerConfig, backend: B) -> Result<RunningServer> {
+pub async fn start<B: FlashNextOps>(config: ServerConfig, backend: B) -> Result<RunningServer> {
     context_len::check_before_start(&config)?;
     let listener = TcpListener::bind(config.addr)
         .await
@@ -148,7 +148,7 @@ impl RunningServer {
 }
 
 /// Serves until ctrl-c or SIGTERM, then shuts down cleanly.
-pub async fn run<B: Backend>(config: ServerConfig, backend: B) -> Result<()> {
+pub async fn run<B: FlashNextOps>(config: ServerConfig, backend: B) -> Result<()> {
     let server = start(config, backend).await?;
     shutdown::signal().await;
     server.shutdown().await;

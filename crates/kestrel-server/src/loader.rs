@@ -8,10 +8,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_api::SamplingDefaults;
-use kestrel_core::Backend;
+use kestrel_core::{Backend, FlashNextOps};
 use kestrel_engine::spec::SpeculativeMethod;
 use kestrel_engine::{Engine, EngineConfig, EngineOptions};
-use kestrel_models::{Model, MtpHead};
+use kestrel_models::{MtpHead, Target};
 use kestrel_structured::{GrammarCompiler, ToolCallFormat};
 use kestrel_text::{ChatTemplate, Tokenizer};
 use serde_json::Value;
@@ -23,7 +23,7 @@ const STAGES: [&str; 4] = ["tokenizer", "chat template", "weights", "engine"];
 
 /// Loads the model on the current (blocking) thread and publishes the
 /// result in `state`.
-pub fn load_into<B: Backend>(state: &Arc<AppState>, backend: B) {
+pub fn load_into<B: FlashNextOps>(state: &Arc<AppState>, backend: B) {
     let started = Instant::now();
     let bar = progress_bar(state.config.show_progress);
     let report = |i: usize| {
@@ -67,7 +67,7 @@ fn progress_bar(visible: bool) -> ProgressBar {
     bar
 }
 
-fn load<B: Backend>(
+fn load<B: FlashNextOps>(
     config: &ServerConfig,
     backend: B,
     report: impl Fn(usize),
@@ -86,9 +86,9 @@ fn load<B: Backend>(
     report(2);
     let memory_before = backend.device_memory();
     let model = if config.dummy_weights {
-        Model::load_dummy_as(dir, &backend, 0, config.quantization)?
+        Target::load_dummy_as(dir, &backend, 0, config.quantization)?
     } else {
-        Model::load_as(dir, &backend, config.quantization)?.0
+        Target::load_as(dir, &backend, config.quantization)?
     };
     let max_model_len =
         crate::context_len::resolve(config, model.config().max_position_embeddings)?;
@@ -207,20 +207,20 @@ struct KvBudget {
 impl KvBudget {
     fn of<B: Backend>(
         backend: &B,
-        model: &Model<B>,
+        model: &Target<B>,
         config: &ServerConfig,
         engine: &EngineConfig,
         (free, total): (usize, usize),
     ) -> KvBudget {
         let bs = engine.block_size;
-        let spec = |blocks, slots| model.decoder.cache_spec(blocks, bs, slots);
+        let spec = |blocks, slots| model.cache_spec(blocks, bs, slots);
         let state_bytes = backend.cache_bytes(&spec(0, engine.num_state_slots));
         let mut page_bytes = backend.cache_bytes(&spec(1, 0));
         let mtp = config
             .speculative
             .as_ref()
             .is_some_and(|s| matches!(s.method, SpeculativeMethod::Mtp(_)));
-        if mtp {
+        if let (true, Some(model)) = (mtp, model.decoder_model()) {
             page_bytes += backend.cache_bytes(&MtpHead::cache_spec(&model.decoder, 1, bs));
         }
         Self::new(

@@ -5,7 +5,7 @@
 
 use super::topk::top_k_set;
 use super::{HyperSpec, PleParams, PleSpec, QsaNorms, QsaSpec, TokenSelection};
-use crate::{ForwardBatch, RopeSpec};
+use crate::{ForwardBatch, RopeSpec, StateSnapshot};
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
@@ -157,6 +157,10 @@ fn sign(x: f32) -> f32 {
 
 /// Depthwise causal conv with dilation and SiLU over each sequence's new
 /// rows, continuing from (and updating) its slot's `state_len` past inputs.
+/// Like the Gated DeltaNet state, the window is also written to each of the
+/// chunk's `state_checkpoints` (after the `i`-th new token) and to its
+/// `state_snapshot` slot; the conv reads the same inputs however a sequence
+/// is cut, so a snapshot needs no boundary in the computation.
 pub fn dilated_conv_silu(
     x: &[f32],
     width: usize,
@@ -171,10 +175,26 @@ pub fn dilated_conv_silu(
     let mut start = 0;
     for s in &batch.seqs {
         let slot = s.state_slot as usize;
-        let st = &mut state[slot * len * width..(slot + 1) * len * width];
         // Past inputs then the new ones, oldest first.
-        let mut seq: Vec<f32> = st.to_vec();
+        let mut seq: Vec<f32> = state[slot * len * width..(slot + 1) * len * width].to_vec();
         seq.extend_from_slice(&x[start * width..(start + s.num_tokens) * width]);
+        // The window after `n` new tokens, into `dst`.
+        let mut store = |dst: u32, n: usize| {
+            let d = dst as usize;
+            state[d * len * width..(d + 1) * len * width]
+                .copy_from_slice(&seq[n * width..(n + len) * width]);
+        };
+        for (i, &dst) in s.state_checkpoints.iter().enumerate() {
+            store(dst, i + 1);
+        }
+        if let Some(StateSnapshot {
+            after,
+            slot: Some(dst),
+        }) = s.state_snapshot
+        {
+            store(dst, after);
+        }
+        store(s.state_slot, s.num_tokens);
         for i in 0..s.num_tokens {
             let o = &mut out[(start + i) * width..(start + i + 1) * width];
             for (c, oc) in o.iter_mut().enumerate() {
@@ -186,7 +206,6 @@ pub fn dilated_conv_silu(
                 *oc = silu(acc);
             }
         }
-        st.copy_from_slice(&seq[seq.len() - len * width..]);
         start += s.num_tokens;
     }
     out

@@ -8,7 +8,7 @@
 
 use anyhow::Result;
 use kestrel_core::{Backend, ForwardBatch};
-use kestrel_models::Model;
+use kestrel_models::{Model, Target, TargetCache};
 
 use super::dflash::DflashProposer;
 use super::mtp::{CommittedRows, MtpDrafter};
@@ -62,23 +62,23 @@ pub(crate) struct StepOutput<T> {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_step<B: Backend>(
     b: &B,
-    model: &Model<B>,
+    model: &Target<B>,
     ids: &[u32],
     batch: &ForwardBatch,
-    cache: &mut B::Cache,
+    cache: &mut TargetCache<B>,
     logit_rows: &[usize],
     reader: Option<&StepReader<'_, B>>,
     keep_hidden: bool,
-) -> StepOutput<B::Tensor> {
+) -> Result<StepOutput<B::Tensor>> {
     let Some(cut) = b.step_cut(batch) else {
         let (logits, captured, hidden) =
-            forward(b, model, ids, batch, cache, logit_rows, reader, keep_hidden);
-        return StepOutput {
+            forward(b, model, ids, batch, cache, logit_rows, reader, keep_hidden)?;
+        return Ok(StepOutput {
             logits,
             captured,
             hidden,
             split: false,
-        };
+        });
     };
     let first = batch.part(0..cut);
     let second = batch.part(cut..batch.seqs.len());
@@ -95,7 +95,7 @@ pub(crate) fn forward_step<B: Backend>(
         &rows_a,
         reader,
         keep_hidden,
-    );
+    )?;
     let (logits_b, captured_b, hidden_b) = forward(
         b,
         model,
@@ -105,7 +105,7 @@ pub(crate) fn forward_step<B: Backend>(
         &rows_b,
         reader,
         keep_hidden,
-    );
+    )?;
     let logits = join(b, logits_a, logits_b);
     let captured = match (captured_a, captured_b) {
         (None, None) => None,
@@ -117,12 +117,12 @@ pub(crate) fn forward_step<B: Backend>(
         )),
         _ => unreachable!("both parts of a step are read by the same reader"),
     };
-    StepOutput {
+    Ok(StepOutput {
         logits,
         captured,
         hidden: join(b, hidden_a, hidden_b),
         split: true,
-    }
+    })
 }
 
 /// The rows of `a`, then those of `c`, either of which may be absent.
@@ -140,6 +140,54 @@ type Forward<T> = (Option<T>, Option<Captured<T>>, Option<T>);
 /// `reader` reads and, with `keep_hidden`, the hidden states of every row.
 #[allow(clippy::too_many_arguments)]
 fn forward<B: Backend>(
+    b: &B,
+    target: &Target<B>,
+    ids: &[u32],
+    batch: &ForwardBatch,
+    cache: &mut TargetCache<B>,
+    logit_rows: &[usize],
+    reader: Option<&StepReader<'_, B>>,
+    keep_hidden: bool,
+) -> Result<Forward<B::Tensor>> {
+    let (Target::Decoder(model), TargetCache::Decoder(cache)) = (target, &mut *cache) else {
+        // No drafter reads another stack's states (refused at start-up).
+        anyhow::ensure!(
+            reader.is_none(),
+            "a drafter was handed a model it cannot read"
+        );
+        return Ok(match (logit_rows.is_empty(), keep_hidden) {
+            (true, false) => {
+                target.forward(b, ids, batch, cache)?;
+                (None, None, None)
+            }
+            (true, true) => (None, None, Some(target.forward(b, ids, batch, cache)?)),
+            (false, false) => (
+                Some(target.step_logits(b, ids, batch, cache, logit_rows)?),
+                None,
+                None,
+            ),
+            (false, true) => {
+                let (logits, hidden) =
+                    target.step_logits_and_hidden(b, ids, batch, cache, logit_rows)?;
+                (Some(logits), None, Some(hidden))
+            }
+        });
+    };
+    Ok(decoder_forward(
+        b,
+        model,
+        ids,
+        batch,
+        cache,
+        logit_rows,
+        reader,
+        keep_hidden,
+    ))
+}
+
+/// [`forward`] of a model on the shared decoder, which drafters may read.
+#[allow(clippy::too_many_arguments)]
+fn decoder_forward<B: Backend>(
     b: &B,
     model: &Model<B>,
     ids: &[u32],

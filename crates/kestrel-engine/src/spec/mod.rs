@@ -35,7 +35,7 @@ pub mod replay;
 use std::sync::Arc;
 
 use kestrel_core::Backend;
-use kestrel_models::Model;
+use kestrel_models::Target;
 
 pub use dflash::{DEFAULT_DRAFT_WINDOW, DflashOptions};
 pub(crate) use draft_length::DraftLength;
@@ -219,16 +219,31 @@ pub(crate) struct Proposer<B: Backend> {
 
 /// The settings a configuration must pass before the engine starts.
 /// `vocab`: the ids sampling may choose.
-pub(crate) fn check(
+pub(crate) fn check<B: Backend>(
     config: &SpeculativeConfig,
-    has_mtp_head: bool,
+    model: &Target<B>,
     vocab: usize,
 ) -> Result<(), String> {
     if config.num_speculative_tokens == 0 {
         return Err("num_speculative_tokens must be at least 1".into());
     }
+    let reads_states = matches!(
+        config.method,
+        SpeculativeMethod::Mtp(_) | SpeculativeMethod::Dflash(_)
+    );
+    let Some(model) = model.decoder_model() else {
+        if reads_states {
+            return Err(format!(
+                "{} speculation is not available for {:?} models yet (its drafter reads the \
+                 hidden states of the shared decoder); use ngram",
+                config.method.label(),
+                model.config().arch
+            ));
+        }
+        return Ok(());
+    };
     if let SpeculativeMethod::Mtp(options) = &config.method {
-        if !has_mtp_head {
+        if model.mtp.is_none() {
             return Err("MTP speculation needs a model with an MTP head (mtp.* weights)".into());
         }
         if let Some(v) = &options.draft_vocab {
@@ -247,16 +262,22 @@ impl<B: Backend> Proposer<B> {
     pub fn new(
         config: &SpeculativeConfig,
         backend: &B,
-        model: &Model<B>,
+        target: &Target<B>,
         engine: &EngineConfig,
         rows: Option<usize>,
     ) -> anyhow::Result<Self> {
-        let vocab = engine.sampled_vocab.unwrap_or(model.config().vocab_size);
-        check(config, model.mtp.is_some(), vocab).map_err(anyhow::Error::msg)?;
+        let vocab = engine.sampled_vocab.unwrap_or(target.config().vocab_size);
+        check(config, target, vocab).map_err(anyhow::Error::msg)?;
+        // `check` refused the drafters that read the decoder for other models.
+        let model = || {
+            target
+                .decoder_model()
+                .ok_or_else(|| anyhow::anyhow!("this drafter needs a model on the shared decoder"))
+        };
         let mtp = match &config.method {
             SpeculativeMethod::Mtp(options) => Some(MtpDrafter::new(
                 backend,
-                model,
+                model()?,
                 engine.num_blocks,
                 engine.block_size,
                 config.num_speculative_tokens,
@@ -269,7 +290,7 @@ impl<B: Backend> Proposer<B> {
         let dflash = match &config.method {
             SpeculativeMethod::Dflash(options) => Some(DflashProposer::new(
                 backend,
-                model,
+                model()?,
                 options,
                 config.num_speculative_tokens,
                 rows,

@@ -12,7 +12,8 @@ use kestrel_engine::{
     Engine, EngineConfig, EngineEvent, EngineHandle, EngineStats, GenerateRequest, LogitsObserver,
     RequestStream, Usage,
 };
-use kestrel_models::Model;
+use kestrel_models::flash_next::FlashNext;
+use kestrel_models::{Model, Target};
 use kestrel_sampling::{FinishReason, SamplingParams};
 
 #[derive(Clone, Copy, Debug)]
@@ -23,6 +24,9 @@ pub enum TestModel {
     HybridGolden,
     /// The bundled trained hybrid model, vocab 4096.
     Bundled,
+    /// Random-weight Qwen3.8-Flash-Next (hyper-connections, PLE, sparse
+    /// attention with an indexer budget of 16 tokens), vocab 512.
+    FlashNext,
 }
 
 impl TestModel {
@@ -32,16 +36,28 @@ impl TestModel {
             TestModel::Moe => root.join("testdata/golden/qwen3_moe/model"),
             TestModel::HybridGolden => root.join("testdata/golden/qwen3_5_moe/model"),
             TestModel::Bundled => root.join("models/kestrel-tiny-qwen35"),
+            TestModel::FlashNext => root.join("testdata/golden/qwen4_exp/model"),
         }
     }
 
+    /// The model on the shared decoder (not Flash-Next: see [`Self::target`]).
     pub fn load(self) -> Model<CpuBackend> {
         Model::load(&self.dir(), &CpuBackend::new())
             .unwrap_or_else(|e| panic!("cannot load {self:?}: {e:#}"))
     }
 
+    /// What the engine runs, for every test model.
+    pub fn target(self) -> Target<CpuBackend> {
+        match self {
+            TestModel::FlashNext => FlashNext::load(&self.dir(), &CpuBackend::new())
+                .unwrap_or_else(|e| panic!("cannot load {self:?}: {e:#}"))
+                .into(),
+            _ => self.load().into(),
+        }
+    }
+
     pub fn has_mtp_head(self) -> bool {
-        !matches!(self, TestModel::Moe)
+        !matches!(self, TestModel::Moe | TestModel::FlashNext)
     }
 
     /// A DFlash drafter folder made for this model, if there is one (a
@@ -81,7 +97,7 @@ pub fn config() -> EngineConfig {
 }
 
 pub fn spawn(model: TestModel, config: EngineConfig) -> EngineHandle {
-    Engine::spawn(CpuBackend::new(), model.load(), config).expect("engine starts")
+    Engine::spawn(CpuBackend::new(), model.target(), config).expect("engine starts")
 }
 
 /// A logits row as bit patterns, with the id of its request.
@@ -116,7 +132,7 @@ pub fn spawn_recorded(model: TestModel, config: EngineConfig) -> (EngineHandle, 
     let recorder = Recorder::default();
     let engine = Engine::spawn_with_logits_observer(
         CpuBackend::new(),
-        model.load(),
+        model.target(),
         config,
         recorder.observer(),
     )

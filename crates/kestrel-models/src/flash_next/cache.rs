@@ -3,14 +3,13 @@
 //! shared by a prefix cache share them too), each PLE module's conv state
 //! and the n-gram context (per state slot, like the GDN state).
 //!
-//! `zero_state` and `copy_state` cover all of it; an engine that snapshots
-//! or rolls back GDN slots must call these instead of the backend's (the
-//! serving engine does not drive Flash-Next yet).
+//! `zero_state` and `copy_state` cover all of it; the engine calls these
+//! (through [`crate::TargetCache`]) instead of the backend's.
 
 use anyhow::Result;
-use kestrel_core::FlashNextOps;
+use kestrel_core::Backend;
 
-pub struct FlashNextCache<B: FlashNextOps> {
+pub struct FlashNextCache<B: Backend> {
     /// KV pages of the attention layers and state slots of the GDN layers.
     pub base: B::Cache,
     /// Per attention layer: `[num_blocks * block_size, indexer head_dim]`.
@@ -24,7 +23,7 @@ pub struct FlashNextCache<B: FlashNextOps> {
     eos: u32,
 }
 
-impl<B: FlashNextOps> FlashNextCache<B> {
+impl<B: Backend> FlashNextCache<B> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         b: &B,
@@ -91,7 +90,7 @@ impl<B: FlashNextOps> FlashNextCache<B> {
 }
 
 /// Edits a state pool on the host (a copy each way on a device backend).
-fn edit_rows<B: FlashNextOps>(b: &B, t: &mut B::Tensor, f: impl FnOnce(&mut [f32], usize)) {
+fn edit_rows<B: Backend>(b: &B, t: &mut B::Tensor, f: impl FnOnce(&mut [f32], usize)) {
     let (rows, cols) = b.dims(t);
     let mut data = b.to_host(t);
     f(&mut data, cols);

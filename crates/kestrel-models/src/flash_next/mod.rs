@@ -6,8 +6,9 @@
 //! hyper-connections, restricts attention to blocks chosen by a learned
 //! indexer (QSA), and adds hashed n-gram embeddings (PLE) on some layers.
 //! These do not fit the shared [`crate::Decoder`], so the model has its own
-//! layer stack here; see `docs/flash-next.md`. Not yet covered: the MTP
-//! head, dummy (file-less) loading, FP8 checkpoints and the serving engine.
+//! layer stack here; see `docs/flash-next.md`. The engine drives it through
+//! [`crate::Target`]. Not yet covered: the MTP head, dummy (file-less)
+//! loading and FP8 checkpoints.
 
 pub mod cache;
 pub mod config;
@@ -22,16 +23,15 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use kestrel_core::flash_next::{FlashNextOps, HyperSpec};
-use kestrel_core::{CacheSpec, ForwardBatch};
+use kestrel_core::{ForwardBatch, StateSnapshot};
 
 pub use cache::FlashNextCache;
 pub use config::FlashNextConfig;
 use hyper::HyperConnection;
 use layer::FlashNextLayer;
-use ngram::{NgramHasher, NgramTable, token_history};
+use ngram::{NgramHasher, NgramTable, context_after, token_history};
 use ple::Ple;
 
-use crate::blocks::{attention::attention_spec, gdn::gdn_spec};
 use crate::config::LayerKind;
 use crate::loader::Loader;
 use crate::pipeline::{self, LoadMode, LoadPlan};
@@ -155,17 +155,9 @@ impl<B: FlashNextOps> FlashNext<B> {
         slots: usize,
     ) -> Result<FlashNextCache<B>> {
         let cfg = &self.config.base;
-        let attn = attention_spec(cfg);
-        let base = b.new_cache(&CacheSpec {
-            attn_layers: cfg.num_attention_layers(),
-            num_blocks,
-            block_size,
-            num_kv_heads: attn.num_kv_heads,
-            head_dim: attn.head_dim,
-            gdn_layers: cfg.num_linear_layers(),
-            num_state_slots: slots,
-            gdn: gdn_spec(cfg),
-        })?;
+        let base = b.new_cache(&crate::decoder::cache_spec(
+            cfg, num_blocks, block_size, slots,
+        ))?;
         let ple = &self.config.ple;
         let ple_modules = ple.as_ref().map_or(0, |p| p.layers.len());
         let state_rows = self
@@ -202,13 +194,26 @@ impl<B: FlashNextOps> FlashNext<B> {
                 batch.num_tokens()
             );
         }
-        // The n-gram histories are the same for every PLE module.
+        // The n-gram histories are the same for every PLE module. The
+        // context is per-sequence state like the GDN state: checkpoints and
+        // snapshots get it too.
         let mut history = Vec::new();
         if let Some(pc) = &self.config.ple {
             let mut start = 0;
             for s in &batch.seqs {
-                let ctx = &mut cache.ngram_context[s.state_slot as usize];
                 let seq = &ids[start..start + s.num_tokens];
+                let before = cache.ngram_context[s.state_slot as usize].clone();
+                for (i, &dst) in s.state_checkpoints.iter().enumerate() {
+                    cache.ngram_context[dst as usize] = context_after(&before, &seq[..i + 1]);
+                }
+                if let Some(StateSnapshot {
+                    after,
+                    slot: Some(dst),
+                }) = s.state_snapshot
+                {
+                    cache.ngram_context[dst as usize] = context_after(&before, &seq[..after]);
+                }
+                let ctx = &mut cache.ngram_context[s.state_slot as usize];
                 history.extend(token_history(ctx, seq, pc.ngram_size, pc.eos_token_id));
                 start += s.num_tokens;
             }

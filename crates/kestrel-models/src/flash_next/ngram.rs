@@ -75,8 +75,15 @@ pub fn token_history(context: &mut Vec<u32>, ids: &[u32], ngram_size: usize, eos
             out.push(if broken { eos } else { hist[i - s] });
         }
     }
-    *context = hist[hist.len() - ctx..].to_vec();
+    *context = context_after(context, ids);
     out
+}
+
+/// The n-gram context after `ids` follow `context`: its last
+/// `context.len()` tokens.
+pub fn context_after(context: &[u32], ids: &[u32]) -> Vec<u32> {
+    let hist: Vec<u32> = context.iter().chain(ids).copied().collect();
+    hist[hist.len() - context.len()..].to_vec()
 }
 
 /// The hash of one PLE module (one `ple_layer_index`).

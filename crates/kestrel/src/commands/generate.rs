@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use kestrel_core::Backend;
+use kestrel_core::FlashNextOps;
 use kestrel_cpu::CpuBackend;
 use kestrel_engine::{Engine, EngineConfig, EngineEvent, EngineOptions, GenerateRequest};
-use kestrel_models::Model;
+use kestrel_models::Target;
 use kestrel_sampling::SamplingParams;
 use kestrel_text::{ChatTemplate, Detokenizer, Tokenizer};
 use serde_json::json;
@@ -86,7 +86,7 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
-fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
+fn generate<B: FlashNextOps>(args: &Args, backend: B) -> Result<()> {
     // On the bundled model, `--speculative dflash` defaults to its drafter.
     let speculative = args
         .speculative
@@ -113,7 +113,7 @@ fn generate<B: Backend>(args: &Args, backend: B) -> Result<()> {
     }
 
     let load_start = Instant::now();
-    let model = Model::load_as(&dir, &backend, args.quantization.form())?.0;
+    let model = Target::load_as(&dir, &backend, args.quantization.form())?;
     let load_s = load_start.elapsed().as_secs_f64();
     let max_len = (prompt_ids.len() + args.max_tokens).min(model.config().max_position_embeddings);
     if prompt_ids.len() >= max_len {
