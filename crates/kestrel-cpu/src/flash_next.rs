@@ -3,7 +3,8 @@
 //! attention is the paged attention restricted to the selected positions.
 
 use kestrel_core::flash_next::{
-    FlashNextOps, HyperSpec, PleParams, PleSpec, QsaNorms, QsaSpec, TokenSelection, host,
+    Channels, FlashNextOps, HyperSpec, PleParams, PleSpec, QsaNorms, QsaSpec, RowEdit,
+    TokenSelection, host,
 };
 use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch};
 
@@ -15,8 +16,14 @@ impl FlashNextOps for CpuBackend {
         CpuTensor::new(x.rows, x.cols * streams, out)
     }
 
-    fn grouped_rms_norm(&self, x: &CpuTensor, w: &[f32], group: usize, eps: f32) -> CpuTensor {
-        let out = host::grouped_rms_norm(&x.data, x.cols, w, group, eps);
+    fn grouped_rms_norm(
+        &self,
+        x: &CpuTensor,
+        w: &Channels<CpuWeight>,
+        group: usize,
+        eps: f32,
+    ) -> CpuTensor {
+        let out = host::grouped_rms_norm(&x.data, x.cols, &w.host, group, eps);
         CpuTensor::new(x.rows, x.cols, out)
     }
 
@@ -44,7 +51,7 @@ impl FlashNextOps for CpuBackend {
         streams: &CpuTensor,
         key: &CpuTensor,
         value: &CpuTensor,
-        p: &PleParams,
+        p: &PleParams<CpuWeight>,
         spec: &PleSpec,
         state: &mut CpuTensor,
         batch: &ForwardBatch,
@@ -53,7 +60,7 @@ impl FlashNextOps for CpuBackend {
             &streams.data,
             &key.data,
             &value.data,
-            p,
+            &p.host(),
             spec,
             &mut state.data,
             batch,
@@ -64,13 +71,24 @@ impl FlashNextOps for CpuBackend {
     fn qsa_select(
         &self,
         proj: &CpuTensor,
-        norms: &QsaNorms,
+        norms: &QsaNorms<CpuWeight>,
         spec: &QsaSpec,
         keys: &mut CpuTensor,
         block_size: usize,
         batch: &ForwardBatch,
     ) -> TokenSelection {
-        host::qsa_select(&proj.data, norms, spec, &mut keys.data, block_size, batch)
+        host::qsa_select(
+            &proj.data,
+            &norms.host(),
+            spec,
+            &mut keys.data,
+            block_size,
+            batch,
+        )
+    }
+
+    fn edit_rows(&self, t: &mut CpuTensor, edit: RowEdit) {
+        host::edit_rows(&mut t.data, t.cols, edit);
     }
 
     fn sparse_attention(

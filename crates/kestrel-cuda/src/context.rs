@@ -8,6 +8,7 @@ use kestrel_core::{ForwardBatch, Result};
 use crate::device::Gpu;
 use crate::ops::attention::kernels::AttentionKernels;
 use crate::ops::elementwise::kernels::ElementwiseKernels;
+use crate::ops::flash_next::kernels::FlashNextKernels;
 use crate::ops::fp8::kernels::Fp8Kernels;
 use crate::ops::gdn::kernels::GdnKernels;
 use crate::ops::linear::kernels::LinearKernels;
@@ -28,6 +29,7 @@ pub struct Kernels {
     pub moe: MoeKernels,
     pub sample: SampleKernels,
     pub fp8: Fp8Kernels,
+    pub flash_next: FlashNextKernels,
     pub probe: ProbeKernels,
 }
 
@@ -42,6 +44,7 @@ impl Kernels {
             moe: MoeKernels::load(gpu)?,
             sample: SampleKernels::load(gpu)?,
             fp8: Fp8Kernels::load(gpu)?,
+            flash_next: FlashNextKernels::load(gpu)?,
             probe: ProbeKernels::load(gpu)?,
         })
     }

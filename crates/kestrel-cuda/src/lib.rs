@@ -200,11 +200,6 @@ impl CudaBackend {
     }
 }
 
-/// The Flash-Next operations through their host defaults (correct, slow:
-/// every call copies its activations to the host and back; sparse attention
-/// only where the selection is every visible position) until kernels exist.
-impl kestrel_core::FlashNextOps for CudaBackend {}
-
 impl Backend for CudaBackend {
     type Tensor = CudaTensor;
     type Weight = CudaWeight;
@@ -593,11 +588,6 @@ impl Backend for CudaBackend {
         layer: usize,
         batch: &ForwardBatch,
     ) -> CudaTensor {
-        assert_eq!(
-            spec.output_gate,
-            kestrel_core::GdnGate::Silu,
-            "the CUDA Gated DeltaNet kernels have the SiLU output gate only"
-        );
         ops::gdn::gated_delta_net(&self.cx(), proj, w, spec, cache, layer, batch)
     }
 }

@@ -233,7 +233,8 @@ KESTREL_EXTERN void gdn_recurrent(const __grid_constant__ GdnRecurrentArgs args)
         if (live) st[(size_t)r * dv + col] = S[r * GDN_COLS + c];
 }
 
-// out[t, h*Dv + i] = w[i] * rms_norm(core[t, h, :])[i] * silu(z[t, h*Dv + i]),
+// out[t, h*Dv + i] = w[i] * rms_norm(core[t, h, :])[i] * act(z[t, h*Dv + i]),
+// act SiLU, or sigmoid with `sigmoid_gate` (Qwen3.8-Flash-Next's gate),
 // z at proj[t, z_offset + ...]. One warp per (token, head) row, Dv <= 256
 // (up to 8 values per lane, kept in registers): a block per row spent most
 // of an 8K prefill's ~260K tiny blocks on scheduling and barriers.
@@ -243,8 +244,10 @@ constexpr int GATED_NORM_MAX_PER_LANE = 8;
 KESTREL_EXTERN void gdn_gated_norm(float* __restrict__ out, __nv_bfloat16* __restrict__ out_bf16,
                                    const float* __restrict__ core,
                                    const float* __restrict__ proj, int proj_stride, int z_offset,
-                                   const float* __restrict__ w, int hv, int dv, float eps, int rows) {
+                                   const float* __restrict__ w, int hv, int dv, float eps, int rows,
+                                   int sigmoid_gate) {
     pdl_begin();
+    auto act = [sigmoid_gate](float z) { return sigmoid_gate ? sigmoidf_exact(z) : siluf_exact(z); };
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= rows) return;
     const int t = row / hv, h = row % hv;
@@ -257,8 +260,8 @@ KESTREL_EXTERN void gdn_gated_norm(float* __restrict__ out, __nv_bfloat16* __res
         const float inv = rsqrtf(warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w) / dv + eps);
         const float4 zq = reinterpret_cast<const float4*>(proj + (size_t)t * proj_stride + z_offset + h * dv)[lane];
         const float4 wq = reinterpret_cast<const float4*>(w)[lane];
-        const float4 y = make_float4(wq.x * (a.x * inv) * siluf_exact(zq.x), wq.y * (a.y * inv) * siluf_exact(zq.y),
-                                     wq.z * (a.z * inv) * siluf_exact(zq.z), wq.w * (a.w * inv) * siluf_exact(zq.w));
+        const float4 y = make_float4(wq.x * (a.x * inv) * act(zq.x), wq.y * (a.y * inv) * act(zq.y),
+                                     wq.z * (a.z * inv) * act(zq.z), wq.w * (a.w * inv) * act(zq.w));
         reinterpret_cast<float4*>(out + (size_t)row * dv)[lane] = y;
         if (out_bf16 != nullptr)
             reinterpret_cast<uint2*>(out_bf16 + (size_t)row * dv)[lane] =
@@ -279,7 +282,7 @@ KESTREL_EXTERN void gdn_gated_norm(float* __restrict__ out, __nv_bfloat16* __res
     for (int j = 0; j < GATED_NORM_MAX_PER_LANE; ++j) {
         const int i = lane + 32 * j;
         if (i < dv) {
-            const float y = w[i] * (v[j] * inv) * siluf_exact(z[i]);
+            const float y = w[i] * (v[j] * inv) * act(z[i]);
             out[(size_t)row * dv + i] = y;
             if (out_bf16 != nullptr) out_bf16[(size_t)row * dv + i] = f32_to_bf16(y);
         }

@@ -329,7 +329,8 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
             for (int j = 0; j < TILES; ++j) total += *cluster.map_shared_rank(&head_ss[par], first_block + j);
             const float inv = 1.f / sqrtf(total / DV + a.eps);
             const int col = col0 + tid;
-            a.out[(size_t)t * a.hv * DV + h * DV + col] = a.norm_w[col] * (o * inv) * siluf_exact(z);
+            a.out[(size_t)t * a.hv * DV + h * DV + col] =
+                a.norm_w[col] * (o * inv) * (a.sigmoid_gate ? sigmoidf_exact(z) : siluf_exact(z));
         }
         const int ckpt = a.token_ckpt[t];
         if (ckpt >= 0) store(ckpt);

@@ -134,6 +134,8 @@ kernel_records! {
         pub hv: i32 => "int",
         pub q_scale: f32 => "float",
         pub eps: f32 => "float",
+        /// The gated norm's activation of z: 0 SiLU, 1 sigmoid (`GdnGate`).
+        pub sigmoid_gate: i32 => "int",
     }
 
     /// `gdn_recurrent`: the token-by-token delta rule after the conv.

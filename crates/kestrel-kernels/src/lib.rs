@@ -18,7 +18,7 @@ pub fn available() -> Result<(), &'static str> {
 }
 
 /// Every embedded module, by name (the `.cu` file stem).
-pub fn modules() -> [(&'static str, &'static [u8]); 16] {
+pub fn modules() -> [(&'static str, &'static [u8]); 17] {
     [
         ("dummy", DUMMY),
         ("elementwise", ELEMENTWISE),
@@ -36,6 +36,7 @@ pub fn modules() -> [(&'static str, &'static [u8]); 16] {
         ("gemv", GEMV),
         ("fp8", FP8),
         ("sample", SAMPLE),
+        ("flash_next", FLASH_NEXT),
     ]
 }
 

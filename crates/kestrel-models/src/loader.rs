@@ -311,6 +311,23 @@ impl<'a, B: Backend> Loader<'a, B> {
         .into())
     }
 
+    /// A small parameter's values on the host, in f32, shape checked: read
+    /// from the checkpoint, or drawn as [`Loader::materialize`] would draw
+    /// it in dummy mode.
+    pub fn host_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        match &self.source {
+            Source::Files(_) => Ok(self.tensor(name, shape)?.to_f32()),
+            Source::Dummy(d) => {
+                let init = Init::for_tensor(name, shape);
+                let seed = dummy::tensor_seed(d.seed, name);
+                let n: usize = shape.iter().product();
+                Ok((0..n as u64)
+                    .map(|i| dummy::dummy_value(seed, i, init.offset, init.scale))
+                    .collect())
+            }
+        }
+    }
+
     fn files(&self, name: &str) -> Result<&'a WeightFiles> {
         match &self.source {
             Source::Files(f) => Ok(f),

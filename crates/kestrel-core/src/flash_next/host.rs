@@ -4,7 +4,7 @@
 //! on copies of a device's tensors.
 
 use super::topk::top_k_set;
-use super::{HyperSpec, PleParams, PleSpec, QsaNorms, QsaSpec, TokenSelection};
+use super::{HostPleParams, HostQsaNorms, HyperSpec, PleSpec, QsaSpec, RowEdit, TokenSelection};
 use crate::{ForwardBatch, RopeSpec, StateSnapshot};
 
 fn sigmoid(x: f32) -> f32 {
@@ -108,7 +108,7 @@ pub fn ple_mix(
     streams: &[f32],
     key: &[f32],
     value: &[f32],
-    p: &PleParams,
+    p: &HostPleParams<'_>,
     spec: &PleSpec,
     state: &mut [f32],
     batch: &ForwardBatch,
@@ -123,8 +123,8 @@ pub fn ple_mix(
         batch.num_tokens(),
         "ple_mix: rows do not match the batch"
     );
-    let key_n = grouped_rms_norm(key, width, &p.norm_key, h, hs.eps);
-    let query_n = grouped_rms_norm(streams, width, &p.norm_query, h, hs.eps);
+    let key_n = grouped_rms_norm(key, width, p.norm_key, h, hs.eps);
+    let query_n = grouped_rms_norm(streams, width, p.norm_query, h, hs.eps);
     let scale = (h as f32).sqrt();
     let mut gated = vec![0.0f32; rows * width];
     for t in 0..rows {
@@ -138,8 +138,8 @@ pub fn ple_mix(
             }
         }
     }
-    let normed = grouped_rms_norm(&gated, width, &p.norm_conv, h, hs.eps);
-    let conv = dilated_conv_silu(&normed, width, &p.conv, spec, state, batch);
+    let normed = grouped_rms_norm(&gated, width, p.norm_conv, h, hs.eps);
+    let conv = dilated_conv_silu(&normed, width, p.conv, spec, state, batch);
     gated.iter_mut().zip(&conv).for_each(|(g, c)| *g += c);
     gated
 }
@@ -211,6 +211,16 @@ pub fn dilated_conv_silu(
     out
 }
 
+/// [`super::FlashNextOps::edit_rows`] on rows `cols` wide.
+pub fn edit_rows(data: &mut [f32], cols: usize, edit: RowEdit) {
+    match edit {
+        RowEdit::Zero(rows) => data[rows.start * cols..rows.end * cols].fill(0.0),
+        RowEdit::Copy { src, dst } => {
+            data.copy_within(src.start * cols..src.end * cols, dst * cols)
+        }
+    }
+}
+
 /// cos and sin of RoPE at `pos` (f32 angles, as transformers computes them).
 fn rope_at(rope: &RopeSpec, pos: usize) -> (Vec<f32>, Vec<f32>) {
     let dim = rope.rotary_dim as f32;
@@ -240,7 +250,7 @@ fn page_row(block_table: &[u32], block_size: usize, pos: usize) -> usize {
 /// The QSA indexer (see `FlashNextOps::qsa_select`).
 pub fn qsa_select(
     proj: &[f32],
-    norms: &QsaNorms,
+    norms: &HostQsaNorms<'_>,
     spec: &QsaSpec,
     keys: &mut [f32],
     block_size: usize,
@@ -276,7 +286,7 @@ pub fn qsa_select(
             }
             pooled.iter_mut().for_each(|a| *a /= r as f32);
             let bk = &mut block_keys[b * d..(b + 1) * d];
-            rms_norm_into(&pooled, &norms.k, spec.eps, bk);
+            rms_norm_into(&pooled, norms.k, spec.eps, bk);
             apply_rope(&mut bk[..spec.rope.rotary_dim], &rope_at(&spec.rope, b * r));
         }
         for i in 0..s.num_tokens {
@@ -285,7 +295,7 @@ pub fn qsa_select(
             let cs = rope_at(&spec.rope, pos);
             let mut q = vec![0.0f32; nh * d];
             for (qh, src) in q.chunks_exact_mut(d).zip(row.chunks_exact(d)) {
-                rms_norm_into(src, &norms.q, spec.eps, qh);
+                rms_norm_into(src, norms.q, spec.eps, qh);
                 apply_rope(&mut qh[..spec.rope.rotary_dim], &cs);
             }
             let complete = (pos + 1) / r;

@@ -9,13 +9,41 @@
 //! functions of [`host`]: correct on any backend, and slow on a GPU (each call
 //! copies its activations both ways). The CPU backend runs the same functions
 //! on its data without the copies. Small per-channel parameters (norm weights,
-//! conv taps) are passed as host slices in this first version; a device
-//! kernel would take them as weights instead.
+//! conv taps) come as [`Channels`]: host values for the host functions and a
+//! backend weight for device kernels.
 
 pub mod host;
 pub mod topk;
 
+use std::ops::Range;
+
 use crate::{AttentionSpec, AttentionWeights, Backend, ForwardBatch, RopeSpec};
+
+/// A per-channel parameter (a norm weight in plain form, conv taps): its
+/// values on the host, which the host implementations read, and the same
+/// values as a backend weight (a 1-D f32 vector), which device kernels read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Channels<W> {
+    pub host: Vec<f32>,
+    pub weight: W,
+}
+
+impl<W> Channels<W> {
+    /// `host` with its backend copy.
+    pub fn new<B: Backend<Weight = W>>(b: &B, host: Vec<f32>) -> crate::Result<Self> {
+        let weight = b.upload(&crate::HostTensor::from_f32(vec![host.len()], &host))?;
+        Ok(Channels { host, weight })
+    }
+}
+
+/// An in-place edit of some rows of a state pool (`FlashNextOps::edit_rows`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowEdit {
+    /// The rows set to zero.
+    Zero(Range<usize>),
+    /// Rows `src` copied to the rows from `dst` on (the ranges do not overlap).
+    Copy { src: Range<usize>, dst: usize },
+}
 
 /// Hyper-connection sizes: `streams` residual streams of `hidden` features,
 /// stored side by side in rows of `streams * hidden`.
@@ -59,9 +87,9 @@ impl QsaSpec {
 
 /// Plain-form norm weights of the indexer (`1 + w` already added).
 #[derive(Clone, Debug, PartialEq)]
-pub struct QsaNorms {
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
+pub struct QsaNorms<W> {
+    pub q: Channels<W>,
+    pub k: Channels<W>,
 }
 
 /// For every new token of a batch, the cache positions its attention reads,
@@ -85,6 +113,40 @@ impl TokenSelection {
     }
 }
 
+/// The host values of [`QsaNorms`], for the host implementations.
+pub struct HostQsaNorms<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+}
+
+impl<W> QsaNorms<W> {
+    pub fn host(&self) -> HostQsaNorms<'_> {
+        HostQsaNorms {
+            q: &self.q.host,
+            k: &self.k.host,
+        }
+    }
+}
+
+/// The host values of [`PleParams`], for the host implementations.
+pub struct HostPleParams<'a> {
+    pub norm_key: &'a [f32],
+    pub norm_query: &'a [f32],
+    pub norm_conv: &'a [f32],
+    pub conv: &'a [f32],
+}
+
+impl<W> PleParams<W> {
+    pub fn host(&self) -> HostPleParams<'_> {
+        HostPleParams {
+            norm_key: &self.norm_key.host,
+            norm_query: &self.norm_query.host,
+            norm_conv: &self.norm_conv.host,
+            conv: &self.conv.host,
+        }
+    }
+}
+
 /// The PLE layer's gate and conv sizes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PleSpec {
@@ -102,12 +164,12 @@ impl PleSpec {
 
 /// Plain-form norm weights and conv taps of a PLE layer.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PleParams {
-    pub norm_key: Vec<f32>,
-    pub norm_query: Vec<f32>,
-    pub norm_conv: Vec<f32>,
+pub struct PleParams<W> {
+    pub norm_key: Channels<W>,
+    pub norm_query: Channels<W>,
+    pub norm_conv: Channels<W>,
     /// `[streams * hidden, kernel]`, depthwise.
-    pub conv: Vec<f32>,
+    pub conv: Channels<W>,
 }
 
 pub trait FlashNextOps: Backend {
@@ -123,12 +185,12 @@ pub trait FlashNextOps: Backend {
     fn grouped_rms_norm(
         &self,
         x: &Self::Tensor,
-        w: &[f32],
+        w: &Channels<Self::Weight>,
         group: usize,
         eps: f32,
     ) -> Self::Tensor {
         let (rows, cols) = self.dims(x);
-        let out = host::grouped_rms_norm(&self.to_host(x), cols, w, group, eps);
+        let out = host::grouped_rms_norm(&self.to_host(x), cols, &w.host, group, eps);
         self.from_host(rows, cols, &out)
     }
 
@@ -175,7 +237,7 @@ pub trait FlashNextOps: Backend {
         streams: &Self::Tensor,
         key: &Self::Tensor,
         value: &Self::Tensor,
-        p: &PleParams,
+        p: &PleParams<Self::Weight>,
         spec: &PleSpec,
         state: &mut Self::Tensor,
         batch: &ForwardBatch,
@@ -187,7 +249,7 @@ pub trait FlashNextOps: Backend {
             &self.to_host(streams),
             &self.to_host(key),
             &self.to_host(value),
-            p,
+            &p.host(),
             spec,
             &mut st,
             batch,
@@ -204,7 +266,7 @@ pub trait FlashNextOps: Backend {
     fn qsa_select(
         &self,
         proj: &Self::Tensor,
-        norms: &QsaNorms,
+        norms: &QsaNorms<Self::Weight>,
         spec: &QsaSpec,
         keys: &mut Self::Tensor,
         block_size: usize,
@@ -212,7 +274,14 @@ pub trait FlashNextOps: Backend {
     ) -> TokenSelection {
         let (krows, kcols) = self.dims(keys);
         let mut k = self.to_host(keys);
-        let sel = host::qsa_select(&self.to_host(proj), norms, spec, &mut k, block_size, batch);
+        let sel = host::qsa_select(
+            &self.to_host(proj),
+            &norms.host(),
+            spec,
+            &mut k,
+            block_size,
+            batch,
+        );
         *keys = self.from_host(krows, kcols, &k);
         sel
     }
@@ -238,5 +307,14 @@ pub trait FlashNextOps: Backend {
             self.name()
         );
         self.attention(proj, w, spec, cache, layer, batch)
+    }
+
+    /// Zeroes or copies rows of a per-slot state pool in place (a sequence
+    /// starting over, a snapshot, a rollback).
+    fn edit_rows(&self, t: &mut Self::Tensor, edit: RowEdit) {
+        let (rows, cols) = self.dims(t);
+        let mut data = self.to_host(t);
+        host::edit_rows(&mut data, cols, edit);
+        *t = self.from_host(rows, cols, &data);
     }
 }

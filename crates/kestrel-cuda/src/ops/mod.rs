@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod flash_next;
 pub mod fp8;
 pub mod gdn;
 pub mod linear;

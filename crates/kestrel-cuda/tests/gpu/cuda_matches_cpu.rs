@@ -58,6 +58,7 @@ group_tests!(
     top_candidates_draw,
     mask_rows,
     precision_f32,
+    flash_next,
     fp8,
 );
 

@@ -24,7 +24,7 @@ pub const REL_TOL: f64 = 3e-2;
 
 pub const ARCHS: [&str; 4] = ["qwen3", "qwen3_moe", "qwen3_5_moe", "qwen3_next"];
 
-fn ids(v: &Value) -> Vec<u32> {
+pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
         .iter()
@@ -32,7 +32,7 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn argmax(row: &[f32]) -> u32 {
+pub fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
         if v > row[best] {
@@ -42,7 +42,8 @@ fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-fn read_reference(dir: &Path) -> Result<(Value, HashMap<String, Vec<f32>>), String> {
+/// A fixture's `reference.json` and the f32 tensors of its `reference.safetensors`.
+pub fn read_reference(dir: &Path) -> Result<(Value, HashMap<String, Vec<f32>>), String> {
     let meta: Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("reference.json"))
             .map_err(|e| format!("{}: {e}", dir.display()))?,

@@ -21,6 +21,7 @@ mod device;
 mod golden;
 
 mod cuda_matches_cpu;
+mod flash_next_fixture;
 mod fp8_fixtures;
 mod golden_fixtures;
 mod mixed_steps;

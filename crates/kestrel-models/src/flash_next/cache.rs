@@ -8,6 +8,7 @@
 
 use anyhow::Result;
 use kestrel_core::Backend;
+use kestrel_core::flash_next::{FlashNextOps, RowEdit};
 
 pub struct FlashNextCache<B: Backend> {
     /// KV pages of the attention layers and state slots of the GDN layers.
@@ -21,9 +22,12 @@ pub struct FlashNextCache<B: Backend> {
     pub block_size: usize,
     ple_state_rows: usize,
     eos: u32,
+    /// The backend's `FlashNextOps::edit_rows`: the engine holds this cache
+    /// knowing only `Backend`.
+    edit_rows: fn(&B, &mut B::Tensor, RowEdit),
 }
 
-impl<B: Backend> FlashNextCache<B> {
+impl<B: FlashNextOps> FlashNextCache<B> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         b: &B,
@@ -60,19 +64,20 @@ impl<B: Backend> FlashNextCache<B> {
             block_size,
             ple_state_rows: state_rows,
             eos,
+            edit_rows: <B as FlashNextOps>::edit_rows,
         })
     }
+}
 
+impl<B: Backend> FlashNextCache<B> {
     /// A sequence starts over in `slot`: GDN, PLE conv and n-gram context.
     pub fn zero_state(&mut self, b: &B, slot: u32) {
         b.zero_state(&mut self.base, slot);
-        let n = self.ple_state_rows;
+        let (n, slot) = (self.ple_state_rows, slot as usize);
         for t in &mut self.ple_conv {
-            edit_rows(b, t, |data, cols| {
-                data[slot as usize * n * cols..(slot as usize + 1) * n * cols].fill(0.0)
-            });
+            (self.edit_rows)(b, t, RowEdit::Zero(slot * n..(slot + 1) * n));
         }
-        self.ngram_context[slot as usize].fill(self.eos);
+        self.ngram_context[slot].fill(self.eos);
     }
 
     /// Snapshot all per-slot state of `src` into `dst`.
@@ -80,19 +85,15 @@ impl<B: Backend> FlashNextCache<B> {
         b.copy_state(&mut self.base, src, dst);
         let n = self.ple_state_rows;
         let (s, d) = (src as usize, dst as usize);
-        for t in &mut self.ple_conv {
-            edit_rows(b, t, |data, cols| {
-                data.copy_within(s * n * cols..(s + 1) * n * cols, d * n * cols)
-            });
+        if s != d {
+            for t in &mut self.ple_conv {
+                let edit = RowEdit::Copy {
+                    src: s * n..(s + 1) * n,
+                    dst: d * n,
+                };
+                (self.edit_rows)(b, t, edit);
+            }
         }
         self.ngram_context[d] = self.ngram_context[s].clone();
     }
-}
-
-/// Edits a state pool on the host (a copy each way on a device backend).
-fn edit_rows<B: Backend>(b: &B, t: &mut B::Tensor, f: impl FnOnce(&mut [f32], usize)) {
-    let (rows, cols) = b.dims(t);
-    let mut data = b.to_host(t);
-    f(&mut data, cols);
-    *t = b.from_host(rows, cols, &data);
 }

@@ -4,13 +4,13 @@
 //! output is added back to every stream with a learned per-stream weight.
 
 use anyhow::Result;
-use kestrel_core::flash_next::{FlashNextOps, HyperSpec};
+use kestrel_core::flash_next::{Channels, FlashNextOps, HyperSpec};
 
 use crate::loader::Loader;
 
 pub struct HyperConnection<B: FlashNextOps> {
     /// Grouped RMSNorm weight, plain form (`1 + w`), `[streams * hidden]`.
-    norm: Vec<f32>,
+    norm: Channels<B::Weight>,
     down: B::Weight,
     up: B::Weight,
     /// `None` for the final mixer, which only averages.
@@ -18,13 +18,18 @@ pub struct HyperConnection<B: FlashNextOps> {
     pub spec: HyperSpec,
 }
 
-/// A 1-D zero-centred norm weight as the plain host vector `1 + w`.
-pub fn host_norm<B: FlashNextOps>(l: &Loader<B>, name: &str, len: usize) -> Result<Vec<f32>> {
-    Ok(l.tensor(name, &[len])?
-        .to_f32()
+/// A 1-D zero-centred norm weight in the plain form `1 + w`.
+pub fn norm_channels<B: FlashNextOps>(
+    l: &Loader<B>,
+    name: &str,
+    len: usize,
+) -> Result<Channels<B::Weight>> {
+    let host = l
+        .host_f32(name, &[len])?
         .into_iter()
         .map(|w| 1.0 + w)
-        .collect())
+        .collect();
+    Ok(Channels::new(l.backend, host)?)
 }
 
 impl<B: FlashNextOps> HyperConnection<B> {
@@ -38,7 +43,7 @@ impl<B: FlashNextOps> HyperConnection<B> {
     ) -> Result<Self> {
         let w = spec.width();
         Ok(HyperConnection {
-            norm: host_norm(l, &format!("{p}hc_norm.weight"), w)?,
+            norm: norm_channels(l, &format!("{p}hc_norm.weight"), w)?,
             down: l.weight(&format!("{p}input_mix_weight_down.weight"), &[rank, w])?,
             up: l.weight(&format!("{p}input_mix_weight_up.weight"), &[w, rank])?,
             inject: if with_inject {

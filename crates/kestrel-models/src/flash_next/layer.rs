@@ -9,7 +9,7 @@ use kestrel_core::{ForwardBatch, MoeSpec, MoeWeights, RopeSpec};
 
 use super::cache::FlashNextCache;
 use super::config::FlashNextConfig;
-use super::hyper::{HyperConnection, host_norm};
+use super::hyper::{HyperConnection, norm_channels};
 use super::ple::Ple;
 use crate::blocks::{Attention, FeedForward, GatedDeltaNet};
 use crate::config::LayerKind;
@@ -19,7 +19,7 @@ use crate::loader::Loader;
 pub struct SparseAttention<B: FlashNextOps> {
     attn: Attention<B>,
     index_proj: B::Weight,
-    norms: QsaNorms,
+    norms: QsaNorms<B::Weight>,
     spec: QsaSpec,
 }
 
@@ -45,8 +45,8 @@ impl<B: FlashNextOps> SparseAttention<B> {
                 &[spec.proj_width(), cfg.base.hidden_size],
             )?,
             norms: QsaNorms {
-                q: host_norm(l, &format!("{ip}q_layernorm.weight"), q.head_dim)?,
-                k: host_norm(l, &format!("{ip}k_layernorm.weight"), q.head_dim)?,
+                q: norm_channels(l, &format!("{ip}q_layernorm.weight"), q.head_dim)?,
+                k: norm_channels(l, &format!("{ip}k_layernorm.weight"), q.head_dim)?,
             },
             attn,
             spec,

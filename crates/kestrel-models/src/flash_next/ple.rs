@@ -5,9 +5,9 @@
 
 use anyhow::Result;
 use kestrel_core::ForwardBatch;
-use kestrel_core::flash_next::{FlashNextOps, HyperSpec, PleParams, PleSpec};
+use kestrel_core::flash_next::{Channels, FlashNextOps, HyperSpec, PleParams, PleSpec};
 
-use super::hyper::host_norm;
+use super::hyper::norm_channels;
 use super::ngram::{NgramHasher, NgramTable};
 use crate::loader::Loader;
 
@@ -16,7 +16,7 @@ pub struct Ple<B: FlashNextOps> {
     table: NgramTable,
     key_proj: B::Weight,
     value_proj: B::Weight,
-    params: PleParams,
+    params: PleParams<B::Weight>,
     pub spec: PleSpec,
     /// This module's conv-state pool in the cache.
     pub state_index: usize,
@@ -35,17 +35,15 @@ impl<B: FlashNextOps> Ple<B> {
     ) -> Result<Self> {
         let (w, e) = (hyper.width(), embed_width(&hasher, &table));
         let (kernel, dilation) = conv;
-        let taps = l
-            .tensor(&format!("{p}conv1d.weight"), &[w, 1, kernel])?
-            .to_f32();
+        let taps = l.host_f32(&format!("{p}conv1d.weight"), &[w, 1, kernel])?;
         Ok(Ple {
             key_proj: l.weight(&format!("{p}key_proj.weight"), &[w, e])?,
             value_proj: l.weight(&format!("{p}value_proj.weight"), &[hyper.hidden, e])?,
             params: PleParams {
-                norm_key: host_norm(l, &format!("{p}norm_key.weight"), w)?,
-                norm_query: host_norm(l, &format!("{p}norm_query.weight"), w)?,
-                norm_conv: host_norm(l, &format!("{p}norm_conv.weight"), w)?,
-                conv: taps,
+                norm_key: norm_channels(l, &format!("{p}norm_key.weight"), w)?,
+                norm_query: norm_channels(l, &format!("{p}norm_query.weight"), w)?,
+                norm_conv: norm_channels(l, &format!("{p}norm_conv.weight"), w)?,
+                conv: Channels::new(l.backend, taps)?,
             },
             spec: PleSpec {
                 hyper,

@@ -83,6 +83,26 @@ impl Attend<'_> {
         }
     }
 
+    /// Every row of a layout whose rows are sequences of their own (each
+    /// with its own block table: sparse attention's selected slots), with
+    /// the splits a decode step of `seqs` sequences takes, so that a row's
+    /// sums do not depend on how many rows come with it. Rows run in
+    /// launches of at most `ROWS_PER_LAUNCH` (a prefill chunk brings
+    /// thousands, and each launch holds its partials).
+    pub fn decode_rows_of(&self, dim_index: usize, seqs: usize) {
+        const ROWS_PER_LAUNCH: usize = 1024;
+        let rows = self.l.tokens;
+        let splits = if self.cx.plan.batch_invariant {
+            BATCH_INVARIANT_SPLITS
+        } else {
+            let target = decode_target_blocks(self.cx.gpu);
+            decode_splits(target, seqs.clamp(1, rows.max(1)), self.decode_blocks_per_row())
+        };
+        for first in (0..rows).step_by(ROWS_PER_LAUNCH) {
+            self.decode_rows(dim_index, first, ROWS_PER_LAUNCH.min(rows - first), splits);
+        }
+    }
+
     /// Decode blocks of one query row and split: a block per (kv head,
     /// group of up to `DECODE_HEADS` q heads).
     fn decode_blocks_per_row(&self) -> usize {

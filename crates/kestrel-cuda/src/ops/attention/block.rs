@@ -161,7 +161,7 @@ impl DeviceBlockKeys {
 /// `heads` is `(hq, k_offset)`, the q heads to form (0: keys and values
 /// only) and the column where k starts (v follows it).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn norm_rope_write(
+pub(crate) fn norm_rope_write(
     cx: &Cx,
     proj: RowsAt,
     q_out: u64,
@@ -366,7 +366,7 @@ fn attend_rows(
 /// Rows of a device matrix of f32 in place: `rows` rows of `cols` values
 /// from the address `ptr`.
 #[derive(Clone, Copy)]
-pub(super) struct RowsAt {
+pub(crate) struct RowsAt {
     pub ptr: u64,
     pub rows: usize,
     pub cols: usize,

@@ -41,7 +41,7 @@ use kernels::{
     CHUNK, DECODE_CONV_KERNEL, DECODE_MAX_TOKENS, GATED_NORM_ROWS_PER_BLOCK, HEAD_DIM,
     MAX_CONV_KERNEL, MAX_HEAD_V_DIM,
 };
-use recurrent::{conv, decode, recurrent};
+use recurrent::{conv, decode, recurrent, sigmoid_gate};
 
 pub fn gated_delta_net(
     cx: &Cx,
@@ -116,6 +116,7 @@ pub fn gated_delta_net(
             Arg::I32(spec.head_v_dim as i32),
             Arg::F32(spec.norm_eps),
             Arg::I32(rows as i32),
+            Arg::I32(sigmoid_gate(spec)),
         ],
     );
     CudaTensor {

@@ -11,6 +11,11 @@ use crate::device::{blocks, ptr};
 use crate::launch::Arg;
 use crate::tensor::CudaTensor;
 
+/// The kernels' flag for the gated norm's activation.
+pub fn sigmoid_gate(spec: &kestrel_core::GdnSpec) -> i32 {
+    (spec.output_gate == kestrel_core::GdnGate::Sigmoid) as i32
+}
+
 /// The fused decode kernel: clusters of 8 blocks per (sequence, key head),
 /// each sequence's new tokens one after another (with their checkpoints).
 pub fn decode(cx: &Cx, io: &Io, f: &CudaFunction) -> CudaTensor {
@@ -40,6 +45,7 @@ pub fn decode(cx: &Cx, io: &Io, f: &CudaFunction) -> CudaTensor {
             hv: spec.num_v_heads as i32,
             q_scale: query_scale(spec.head_k_dim),
             eps: spec.norm_eps,
+            sigmoid_gate: sigmoid_gate(spec),
         })],
     );
     CudaTensor {

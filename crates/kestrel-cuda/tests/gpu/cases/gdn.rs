@@ -2,8 +2,8 @@
 //! the CUDA paths on carried state.
 
 use kestrel_core::{
-    Backend, BackendError, CacheSpec, ForwardBatch, GdnSpec, GdnWeights, HostTensor, Result,
-    SeqChunk,
+    Backend, BackendError, CacheSpec, ForwardBatch, GdnGate, GdnSpec, GdnWeights, HostTensor,
+    Result, SeqChunk,
 };
 
 use kestrel_cuda::Precision;
@@ -21,7 +21,10 @@ pub fn gated_delta_net(c: &mut Ctx) {
 }
 
 fn gdn_cases(c: &mut Ctx, prefix: &str, tol: f64) {
-    gdn_two_layers(c, prefix, tol);
+    gdn_two_layers(c, prefix, tol, GdnGate::Silu);
+    // Qwen3.8-Flash-Next's gate, through the chunked prefill's gated norm
+    // and the decode kernel.
+    gdn_two_layers(c, prefix, tol, GdnGate::Sigmoid);
     gated_delta_net_paths(c, prefix, tol);
     gdn_long_prefill(c, prefix, tol);
     super::gdn_verify::gdn_verify(c, prefix, tol);
@@ -29,8 +32,11 @@ fn gdn_cases(c: &mut Ctx, prefix: &str, tol: f64) {
 }
 
 /// Prefill, a mixed step, a state snapshot, and a reset, over two GDN layers.
-fn gdn_two_layers(c: &mut Ctx, prefix: &str, tol: f64) {
-    let spec = gdn_spec(2, 4, 128);
+fn gdn_two_layers(c: &mut Ctx, prefix: &str, tol: f64, gate: GdnGate) {
+    let spec = GdnSpec {
+        output_gate: gate,
+        ..gdn_spec(2, 4, 128)
+    };
     let cache = gdn_cache(spec, 4);
     // (batch, action before it): slots 1 and 3 run, 1 is snapshotted into 0, 3 is reset.
     let steps = vec![
@@ -80,7 +86,7 @@ fn gdn_two_layers(c: &mut Ctx, prefix: &str, tol: f64) {
     let cpu = run(&c.cpu, &spec, &cache, &steps, &inputs, &w);
     let gpu = run(&c.gpu, &spec, &cache, &steps, &inputs, &w);
     c.record(
-        &format!("{prefix}gated_delta_net Hk2 Hv4 D128 K4"),
+        &format!("{prefix}gated_delta_net Hk2 Hv4 D128 K4 {gate:?} gate"),
         tol,
         cpu,
         gpu,

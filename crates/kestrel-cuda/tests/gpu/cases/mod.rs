@@ -9,6 +9,7 @@
 mod attention;
 mod block_attention;
 mod elementwise;
+mod flash_next;
 mod fp8;
 mod gdn;
 mod gdn_snapshot;
@@ -30,6 +31,7 @@ use crate::data::Data;
 pub use attention::attention;
 pub use block_attention::{block_attention, block_attention_batch};
 pub use elementwise::{elementwise, embedding, norms};
+pub use flash_next::flash_next;
 pub use fp8::fp8;
 pub use gdn::gated_delta_net;
 pub use mask::mask_rows;
@@ -45,7 +47,7 @@ type Outputs = Vec<(String, Vec<f32>)>;
 pub type Group = fn(&mut Ctx);
 
 /// Every group, in the order the example runs them.
-pub const GROUPS: [(&str, Group); 17] = [
+pub const GROUPS: [(&str, Group); 18] = [
     ("embedding", embedding),
     ("elementwise", elementwise),
     ("norms", norms),
@@ -63,6 +65,7 @@ pub const GROUPS: [(&str, Group); 17] = [
     ("mask_rows", mask_rows),
     ("precision_f32", precision_f32),
     ("fp8", fp8),
+    ("flash_next", flash_next),
 ];
 
 /// The seed a run uses unless told otherwise (`kernel_check --seed`).

@@ -1,0 +1,100 @@
+//! `FlashNextOps` for the CUDA backend: every operation on the device.
+
+use kestrel_core::flash_next::{
+    Channels, FlashNextOps, HyperSpec, PleParams, PleSpec, QsaNorms, QsaSpec, RowEdit,
+    TokenSelection,
+};
+use kestrel_core::{AttentionSpec, AttentionWeights, Backend, ForwardBatch};
+
+use crate::{CudaBackend, CudaCache, CudaTensor, CudaWeight};
+
+impl FlashNextOps for CudaBackend {
+    fn repeat_streams(&self, x: &CudaTensor, streams: usize) -> CudaTensor {
+        super::repeat_streams(&self.cx(), x, streams)
+    }
+
+    fn grouped_rms_norm(
+        &self,
+        x: &CudaTensor,
+        w: &Channels<CudaWeight>,
+        group: usize,
+        eps: f32,
+    ) -> CudaTensor {
+        super::grouped_rms_norm(&self.cx(), x, w, group, eps)
+    }
+
+    fn hyper_low_rank_act(&self, x: &CudaTensor, streams: usize) -> CudaTensor {
+        super::scaled_silu(&self.cx(), x, streams as f32)
+    }
+
+    fn hyper_mix(&self, normed: &CudaTensor, gate: &CudaTensor, spec: &HyperSpec) -> CudaTensor {
+        super::mix(&self.cx(), normed, gate, spec)
+    }
+
+    fn hyper_inject(
+        &self,
+        x: &mut CudaTensor,
+        out: &CudaTensor,
+        inject: &CudaTensor,
+        spec: &HyperSpec,
+    ) {
+        super::inject(&self.cx(), x, out, inject, spec)
+    }
+
+    fn ple_mix(
+        &self,
+        streams: &CudaTensor,
+        key: &CudaTensor,
+        value: &CudaTensor,
+        p: &PleParams<CudaWeight>,
+        spec: &PleSpec,
+        state: &mut CudaTensor,
+        batch: &ForwardBatch,
+    ) -> CudaTensor {
+        super::ple_mix(&self.cx(), streams, key, value, p, spec, state, batch)
+    }
+
+    fn qsa_select(
+        &self,
+        proj: &CudaTensor,
+        norms: &QsaNorms<CudaWeight>,
+        spec: &QsaSpec,
+        keys: &mut CudaTensor,
+        block_size: usize,
+        batch: &ForwardBatch,
+    ) -> TokenSelection {
+        super::qsa::select(&self.cx(), proj, norms, spec, keys, block_size, batch)
+    }
+
+    /// A selection of every visible position is ordinary causal attention
+    /// (contexts within the indexer's budget): the paged kernels, prefill
+    /// ones included. Otherwise each row reads its own selected slots.
+    fn sparse_attention(
+        &self,
+        proj: &CudaTensor,
+        w: &AttentionWeights<CudaWeight>,
+        spec: &AttentionSpec,
+        cache: &mut CudaCache,
+        layer: usize,
+        batch: &ForwardBatch,
+        selection: &TokenSelection,
+    ) -> CudaTensor {
+        if selection.is_dense(batch) {
+            return self.attention(proj, w, spec, cache, layer, batch);
+        }
+        super::qsa::sparse_attention(
+            &self.cx(),
+            proj,
+            w,
+            spec,
+            cache,
+            layer,
+            batch,
+            selection,
+        )
+    }
+
+    fn edit_rows(&self, t: &mut CudaTensor, edit: RowEdit) {
+        super::edit_rows(&self.cx(), t, edit)
+    }
+}

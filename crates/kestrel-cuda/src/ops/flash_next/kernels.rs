@@ -1,0 +1,49 @@
+//! The kernels of `flash_next.cu`.
+
+use cudarc::driver::CudaFunction;
+use kestrel_core::Result;
+
+use crate::device::{Gpu, function};
+
+/// Threads of the elementwise and per-row kernels.
+pub const THREADS: u32 = 256;
+/// Threads (channels) per block of `ple_conv_add`.
+pub const CONV_THREADS: u32 = 128;
+/// Most past inputs `ple_conv_add` keeps per channel (`PLE_MAX_STATE`).
+pub const PLE_MAX_STATE: usize = 32;
+/// Warps (blocks of the indexer, one each) per block of `qsa_block_keys`
+/// and `qsa_scores`.
+pub const QSA_WARPS: usize = 8;
+/// Largest indexer head dim the QSA kernels take (8 values per lane).
+pub const QSA_MAX_HEAD_DIM: usize = 256;
+
+pub struct FlashNextKernels {
+    pub repeat_streams: CudaFunction,
+    pub grouped_rms_norm: CudaFunction,
+    pub scaled_silu: CudaFunction,
+    pub mix: CudaFunction,
+    pub inject: CudaFunction,
+    pub ple_gate: CudaFunction,
+    pub ple_conv_add: CudaFunction,
+    pub qsa_store_keys: CudaFunction,
+    pub qsa_block_keys: CudaFunction,
+    pub qsa_scores: CudaFunction,
+}
+
+impl FlashNextKernels {
+    pub fn load(gpu: &Gpu) -> Result<Self> {
+        let m = gpu.module(kestrel_kernels::FLASH_NEXT, "flash_next")?;
+        Ok(FlashNextKernels {
+            repeat_streams: function(&m, "hc_repeat_streams")?,
+            grouped_rms_norm: function(&m, "hc_grouped_rms_norm")?,
+            scaled_silu: function(&m, "hc_scaled_silu")?,
+            mix: function(&m, "hc_mix")?,
+            inject: function(&m, "hc_inject")?,
+            ple_gate: function(&m, "ple_gate")?,
+            ple_conv_add: function(&m, "ple_conv_add")?,
+            qsa_store_keys: function(&m, "qsa_store_keys")?,
+            qsa_block_keys: function(&m, "qsa_block_keys")?,
+            qsa_scores: function(&m, "qsa_scores")?,
+        })
+    }
+}

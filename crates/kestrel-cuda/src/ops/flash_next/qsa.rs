@@ -1,0 +1,315 @@
+//! QSA on the device: the indexer's keys, block keys and block scores, and
+//! attention over each token's selected positions.
+//!
+//! Selection: the raw keys are stored in their paged rows, every complete
+//! block of every sequence is pooled, normalised and rotated (recomputed each
+//! call; a cache of pooled keys is the next step), and the tokens with more
+//! complete blocks than the budget score them all. The scores come back to
+//! the host, which picks the top blocks with the reference's tie order
+//! (`kestrel_core::flash_next::topk`): the selection must not depend on how
+//! a device sorts. Tokens within the budget select everything without
+//! scoring.
+//!
+//! Attention: each token becomes a one-row sequence whose block table is the
+//! list of its selected cache slots (pages of one slot), so the split-KV
+//! decode kernels (or the generic kernel on f32 caches) read exactly those
+//! keys; its own key is the last one it selects, which the first attention
+//! kernel has just written.
+
+use kestrel_core::flash_next::{QsaNorms, QsaSpec, TokenSelection, topk::top_k_set};
+use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch, SeqChunk};
+
+use super::kernels::{QSA_MAX_HEAD_DIM, QSA_WARPS};
+use crate::cache::CudaCache;
+use crate::context::Cx;
+use crate::device::{blocks, ptr};
+use crate::launch::Arg;
+use crate::ops::attention::attend::Attend;
+use crate::ops::attention::block::{RowsAt, norm_rope_write};
+use crate::plan::FAST_HEAD_DIMS;
+use crate::precision::Precision;
+use crate::step::temporary_layout;
+use crate::tensor::{CudaTensor, CudaWeight};
+
+/// See `FlashNextOps::qsa_select`.
+pub fn select(
+    cx: &Cx,
+    proj: &CudaTensor,
+    norms: &QsaNorms<CudaWeight>,
+    spec: &QsaSpec,
+    keys: &mut CudaTensor,
+    block_size: usize,
+    batch: &ForwardBatch,
+) -> TokenSelection {
+    let (nh, d, r) = (spec.num_heads, spec.head_dim, spec.compress_ratio);
+    let t = batch.num_tokens();
+    assert_eq!(
+        (proj.rows, proj.cols),
+        (t, spec.proj_width()),
+        "qsa_select: projection [T, (heads + 1) * head_dim]"
+    );
+    assert_eq!(keys.cols, d, "qsa_select: key rows of head_dim");
+    assert!(
+        d <= QSA_MAX_HEAD_DIM && spec.rope.rotary_dim <= d,
+        "indexer head dim {d} (at most {QSA_MAX_HEAD_DIM}, rotary dims inside it)"
+    );
+    assert_eq!(norms.q.weight.numel(), d, "indexer q norm of head_dim");
+    assert_eq!(norms.k.weight.numel(), d, "indexer k norm of head_dim");
+    if t == 0 {
+        return TokenSelection::default();
+    }
+    let (gpu, s) = (cx.gpu, &cx.gpu.stream);
+    let l = cx.layout(batch, block_size);
+    gpu.launch(
+        &cx.k.flash_next.qsa_store_keys,
+        (t as u32, 1, 1),
+        128,
+        0,
+        &[
+            Arg::Ptr(ptr(&keys.buf, s)),
+            Arg::Ptr(ptr(&proj.buf, s)),
+            Arg::I32(proj.cols as i32),
+            Arg::I32((nh * d) as i32),
+            Arg::Ptr(l.slot_mapping()),
+            Arg::I32(d as i32),
+        ],
+    );
+
+    // Which tokens choose, and where their scores go.
+    let top = spec.top_blocks();
+    let mut scored = Vec::new(); // (token, first block key, blocks, score offset)
+    let mut bk_offset = vec![0i32];
+    let mut score_len = 0usize;
+    let mut row = 0;
+    for q in &batch.seqs {
+        let first = *bk_offset.last().unwrap();
+        for i in 0..q.num_tokens {
+            let complete = (q.cached_len + i + 1) / r;
+            if complete > top {
+                scored.push([row as i32, first, complete as i32, score_len as i32]);
+                score_len += complete;
+            }
+            row += 1;
+        }
+        bk_offset.push(first + (q.total_len() / r) as i32);
+    }
+    let mut positions = Vec::with_capacity(t);
+    let scores = if scored.is_empty() {
+        Vec::new()
+    } else {
+        let all_blocks = *bk_offset.last().unwrap() as usize;
+        let max_blocks = batch
+            .seqs
+            .iter()
+            .map(|q| q.total_len() / r)
+            .max()
+            .unwrap_or(0);
+        let bkeys = gpu.alloc::<f32>(all_blocks * d);
+        let bk_offset_dev = gpu.upload(&bk_offset);
+        gpu.launch(
+            &cx.k.flash_next.qsa_block_keys,
+            (
+                blocks(max_blocks, QSA_WARPS),
+                batch.seqs.len() as u32,
+                1,
+            ),
+            32 * QSA_WARPS as u32,
+            (QSA_WARPS * d * 4) as u32,
+            &[
+                Arg::Ptr(ptr(&bkeys, s)),
+                Arg::Ptr(ptr(&keys.buf, s)),
+                Arg::Ptr(l.seq_len()),
+                Arg::Ptr(l.table_offset()),
+                Arg::Ptr(l.block_tables()),
+                Arg::Ptr(ptr(&bk_offset_dev, s)),
+                Arg::Ptr(ptr(norms.k.weight.f32("indexer k norm"), s)),
+                Arg::I32(block_size as i32),
+                Arg::I32(r as i32),
+                Arg::I32(d as i32),
+                Arg::I32(spec.rope.rotary_dim as i32),
+                Arg::F32(spec.rope.theta),
+                Arg::F32(spec.eps),
+            ],
+        );
+        // The queries: the attention family's first kernel with no key heads
+        // (each head normalised, then RoPE at the token's position).
+        let q = gpu.alloc::<f32>(t * nh * d);
+        let q_norm = ptr(norms.q.weight.f32("indexer q norm"), s);
+        let index_spec = AttentionSpec {
+            num_q_heads: nh,
+            num_kv_heads: 0,
+            head_dim: d,
+            rope: spec.rope,
+            norm_eps: spec.eps,
+            output_gate: false,
+            scale: 1.0,
+        };
+        norm_rope_write(
+            cx,
+            RowsAt::all(proj, s),
+            ptr(&q, s),
+            (0, 0),
+            (q_norm, q_norm),
+            &l,
+            &index_spec,
+            (nh, 0),
+            false,
+        );
+        let rows = gpu.upload(&scored.concat());
+        let out = gpu.alloc::<f32>(score_len);
+        let max_scored = scored.iter().map(|u| u[2] as usize).max().unwrap_or(0);
+        gpu.launch(
+            &cx.k.flash_next.qsa_scores,
+            (blocks(max_scored, QSA_WARPS), scored.len() as u32, 1),
+            32 * QSA_WARPS as u32,
+            (nh * d * 4) as u32,
+            &[
+                Arg::Ptr(ptr(&out, s)),
+                Arg::Ptr(ptr(&q, s)),
+                Arg::Ptr(ptr(&bkeys, s)),
+                Arg::Ptr(ptr(&rows, s)),
+                Arg::I32(nh as i32),
+                Arg::I32(d as i32),
+            ],
+        );
+        gpu.download(&out, score_len)
+    };
+    let mut next = scored.iter().peekable();
+    let mut row = 0;
+    for q in &batch.seqs {
+        for i in 0..q.num_tokens {
+            let pos = q.cached_len + i;
+            let complete = (pos + 1) / r;
+            let chosen: Vec<usize> = match next.peek() {
+                Some(u) if u[0] as usize == row => {
+                    let u = next.next().unwrap();
+                    let at = u[3] as usize;
+                    let mut c = top_k_set(&scores[at..at + complete], top);
+                    c.sort_unstable();
+                    c
+                }
+                _ => (0..complete).collect(),
+            };
+            let mut sel: Vec<u32> = chosen
+                .iter()
+                .flat_map(|&b| (b * r..(b + 1) * r).map(|p| p as u32))
+                .collect();
+            sel.extend((complete * r..=pos).map(|p| p as u32));
+            positions.push(sel);
+            row += 1;
+        }
+    }
+    TokenSelection { positions }
+}
+
+/// See `FlashNextOps::sparse_attention`.
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_attention(
+    cx: &Cx,
+    proj: &CudaTensor,
+    w: &AttentionWeights<CudaWeight>,
+    spec: &AttentionSpec,
+    cache: &mut CudaCache,
+    layer: usize,
+    batch: &ForwardBatch,
+    selection: &TokenSelection,
+) -> CudaTensor {
+    let (hq, hkv, d) = (spec.num_q_heads, spec.num_kv_heads, spec.head_dim);
+    let t = batch.num_tokens();
+    assert_eq!(
+        (proj.rows, proj.cols),
+        (t, spec.proj_width()),
+        "sparse attention input [T, proj width]"
+    );
+    assert_eq!(
+        selection.positions.len(),
+        t,
+        "one selection per new token"
+    );
+    assert!(layer < cache.k.len(), "attention layer {layer} out of range");
+    assert!(
+        hkv > 0 && hq.is_multiple_of(hkv),
+        "{hq} q heads are not a multiple of {hkv} kv heads"
+    );
+    cache.check_pages(batch);
+    let (gpu, s) = (cx.gpu, &cx.gpu.stream);
+    let q_width = spec.q_width();
+    let out = gpu.alloc::<f32>(t * q_width);
+    if t == 0 {
+        return CudaTensor {
+            bf16: None,
+            rows: 0,
+            cols: q_width,
+            buf: out,
+        };
+    }
+    let block_size = cache.spec.block_size;
+    let l = cx.layout(batch, block_size);
+    let k_offset = q_width * if spec.output_gate { 2 } else { 1 };
+    let (k_cache, v_cache) = (ptr(&cache.k[layer], s), ptr(&cache.v[layer], s));
+    let f32_cache = cache.kv_precision == Precision::F32;
+    let q = gpu.alloc::<f32>(t * q_width);
+    norm_rope_write(
+        cx,
+        RowsAt::all(proj, s),
+        ptr(&q, s),
+        (k_cache, v_cache),
+        (
+            ptr(w.q_norm.f32("q_norm"), s),
+            ptr(w.k_norm.f32("k_norm"), s),
+        ),
+        &l,
+        spec,
+        (hq, k_offset),
+        f32_cache,
+    );
+    // Every token as a sequence of one row over its selected slots.
+    let mut rows = Vec::with_capacity(t);
+    let mut token = 0;
+    for q in &batch.seqs {
+        for i in 0..q.num_tokens {
+            let sel = &selection.positions[token];
+            let pos = q.cached_len + i;
+            assert!(
+                sel.last() == Some(&(pos as u32)),
+                "token at {pos} does not select itself last"
+            );
+            let slots: Vec<u32> = sel
+                .iter()
+                .map(|&p| {
+                    let p = p as usize;
+                    q.block_table[p / block_size] * block_size as u32 + (p % block_size) as u32
+                })
+                .collect();
+            rows.push(SeqChunk::new(1, sel.len() - 1, slots, 0));
+            token += 1;
+        }
+    }
+    let rows = ForwardBatch { seqs: rows };
+    let rl = temporary_layout(gpu, &rows, 1);
+    let a = Attend {
+        cx,
+        spec,
+        l: &rl,
+        out: ptr(&out, s),
+        q: ptr(&q, s),
+        k_cache,
+        v_cache,
+        block_size: 1,
+        proj: ptr(&proj.buf, s),
+        proj_stride: proj.cols,
+        gate_offset: if spec.output_gate { q_width as i32 } else { -1 },
+        f32_cache,
+        new_token: None,
+    };
+    match FAST_HEAD_DIMS.iter().position(|&x| x == d) {
+        Some(i) if !f32_cache => a.decode_rows_of(i, batch.seqs.len()),
+        _ => a.generic(),
+    }
+    CudaTensor {
+        bf16: None,
+        rows: t,
+        cols: q_width,
+        buf: out,
+    }
+}

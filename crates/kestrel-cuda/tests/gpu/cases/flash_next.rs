@@ -1,0 +1,153 @@
+//! Qwen3.8-Flash-Next's operations: the hyper-connection steps and the PLE
+//! gate and dilated conv with its state (checkpoints and a snapshot inside a
+//! pass, then a step that continues from them). The indexer and the sparse
+//! attention are checked at model level (`flash_next_fixture.rs`), where the
+//! selection they make is held to transformers' logits.
+
+use kestrel_core::flash_next::{Channels, FlashNextOps, HyperSpec, PleParams, PleSpec, RowEdit};
+use kestrel_core::{ForwardBatch, Result, SeqChunk, StateSnapshot};
+
+use super::{Ctx, Outputs, TOL_F32, out};
+
+/// Four streams of 640 (rows not a multiple of a block), as in the real
+/// model's shape family (4 x 2560), over 13 rows.
+pub fn flash_next(c: &mut Ctx) {
+    let spec = HyperSpec {
+        streams: 4,
+        hidden: 640,
+        eps: 1e-6,
+    };
+    let rows = 13;
+    let x = c.data.randn(rows * spec.hidden, 1.0);
+    let norm = c.data.uniform(spec.width(), 0.5, 1.5);
+    let gate = c.data.randn(rows * spec.width(), 2.0);
+    let sub = c.data.randn(rows * spec.hidden, 1.0);
+    let inject = c.data.randn(rows * spec.streams, 2.0);
+    fn hyper<B: FlashNextOps>(
+        b: &B,
+        spec: &HyperSpec,
+        rows: usize,
+        (x, norm, gate, sub, inject): (&[f32], &[f32], &[f32], &[f32], &[f32]),
+    ) -> Result<Outputs> {
+        let norm = Channels::new(b, norm.to_vec())?;
+        let mut streams = b.repeat_streams(&b.from_host(rows, spec.hidden, x), spec.streams);
+        let normed = b.grouped_rms_norm(&streams, &norm, spec.hidden, spec.eps);
+        let gate = b.from_host(rows, spec.width(), gate);
+        let act = b.hyper_low_rank_act(&gate, spec.streams);
+        let mixed = b.hyper_mix(&normed, &gate, spec);
+        let inject = b.from_host(rows, spec.streams, inject);
+        b.hyper_inject(&mut streams, &b.from_host(rows, spec.hidden, sub), &inject, spec);
+        Ok(vec![
+            out(b, "grouped_rms_norm", &normed),
+            out(b, "low_rank_act", &act),
+            out(b, "mix", &mixed),
+            out(b, "inject", &streams),
+        ])
+    }
+    let inputs = (&x[..], &norm[..], &gate[..], &sub[..], &inject[..]);
+    let (cpu, gpu) = (
+        hyper(&c.cpu, &spec, rows, inputs),
+        hyper(&c.gpu, &spec, rows, inputs),
+    );
+    c.record("flash_next hyper-connections 4x640", TOL_F32, cpu, gpu);
+    ple(c);
+}
+
+/// The PLE mix over three state slots: a step of two sequences (one with a
+/// snapshot after 5 of its 9 tokens, one with per-token checkpoints), then a
+/// step from the snapshot's and a checkpoint's slots; every output and the
+/// whole state pool compared.
+fn ple(c: &mut Ctx) {
+    let spec = PleSpec {
+        hyper: HyperSpec {
+            streams: 4,
+            hidden: 96,
+            eps: 1e-6,
+        },
+        conv_kernel: 4,
+        conv_dilation: 3,
+    };
+    let (width, len) = (spec.hyper.width(), spec.state_len());
+    let slots = 6;
+    let mut first = SeqChunk::new(9, 0, vec![0], 0);
+    first.state_snapshot = Some(StateSnapshot {
+        after: 5,
+        slot: Some(2),
+    });
+    let mut second = SeqChunk::new(3, 0, vec![1], 1);
+    second.state_checkpoints = vec![3, 4, 5];
+    let steps = [
+        ForwardBatch {
+            seqs: vec![first, second],
+        },
+        ForwardBatch {
+            seqs: vec![
+                SeqChunk::new(2, 5, vec![0], 2),
+                SeqChunk::new(1, 2, vec![1], 4),
+            ],
+        },
+    ];
+    let params = [
+        c.data.uniform(width, 0.5, 1.5),
+        c.data.uniform(width, 0.5, 1.5),
+        c.data.uniform(width, 0.5, 1.5),
+        c.data.randn(width * spec.conv_kernel, 0.5),
+    ];
+    let inputs: Vec<[Vec<f32>; 3]> = steps
+        .iter()
+        .map(|s| {
+            let t = s.num_tokens();
+            [
+                c.data.randn(t * width, 1.0),
+                c.data.randn(t * width, 1.0),
+                c.data.randn(t * spec.hyper.hidden, 1.0),
+            ]
+        })
+        .collect();
+    let initial = c.data.randn(slots * len * width, 1.0);
+    fn run<B: FlashNextOps>(
+        b: &B,
+        spec: &PleSpec,
+        steps: &[ForwardBatch],
+        inputs: &[[Vec<f32>; 3]],
+        params: &[Vec<f32>; 4],
+        initial: &[f32],
+    ) -> Result<Outputs> {
+        let (width, len) = (spec.hyper.width(), spec.state_len());
+        let p = PleParams {
+            norm_key: Channels::new(b, params[0].clone())?,
+            norm_query: Channels::new(b, params[1].clone())?,
+            norm_conv: Channels::new(b, params[2].clone())?,
+            conv: Channels::new(b, params[3].clone())?,
+        };
+        let mut state = b.from_host(initial.len() / width, width, initial);
+        // Slot 5 starts over; slot 1 starts from slot 0's state.
+        b.edit_rows(&mut state, RowEdit::Zero(5 * len..6 * len));
+        b.edit_rows(
+            &mut state,
+            RowEdit::Copy {
+                src: 0..len,
+                dst: len,
+            },
+        );
+        let mut outs = Vec::new();
+        for (i, (batch, [streams, key, value])) in steps.iter().zip(inputs).enumerate() {
+            let t = batch.num_tokens();
+            let o = b.ple_mix(
+                &b.from_host(t, width, streams),
+                &b.from_host(t, width, key),
+                &b.from_host(t, spec.hyper.hidden, value),
+                &p,
+                spec,
+                &mut state,
+                batch,
+            );
+            outs.push(out(b, &format!("step{i}"), &o));
+            outs.push(out(b, &format!("state after step{i}"), &state));
+        }
+        Ok(outs)
+    }
+    let cpu = run(&c.cpu, &spec, &steps, &inputs, &params, &initial);
+    let gpu = run(&c.gpu, &spec, &steps, &inputs, &params, &initial);
+    c.record("flash_next ple_mix 4x96 K4 dilation 3", 1e-4, cpu, gpu);
+}

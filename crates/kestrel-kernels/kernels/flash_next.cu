@@ -1,0 +1,229 @@
+// Qwen3.8-Flash-Next's own operations (`FlashNextOps`): the four-stream
+// hyper-connections (grouped RMSNorm, the low-rank gate's activation, the
+// stream mean, the inject), the PLE layer's per-stream gate and dilated causal
+// conv, and the QSA indexer's raw-key store, pooled block keys and block
+// scores. Exact math (no fast math): everything here feeds a sigmoid, a norm
+// or the indexer's top-k, whose choice of blocks decides what attention reads.
+// Where the host reference (`kestrel_core::flash_next::host`) forms a sum in a
+// fixed order that is cheap to keep (the conv, the block pooling), the kernel
+// keeps it with explicit roundings.
+#include "common.cuh"
+
+// out[t, s * cols + j] = x[t, j] for every stream s.
+// Grid (ceil(cols / 256), T), block 256.
+KESTREL_EXTERN void hc_repeat_streams(float* __restrict__ out, const float* __restrict__ x, int cols, int streams) {
+    pdl_begin();
+    const int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    const float v = x[(size_t)t * cols + j];
+    for (int s = 0; s < streams; ++s) out[((size_t)t * streams + s) * cols + j] = v;
+}
+
+// RMSNorm of every `group`-wide slice of rows `cols` wide:
+// out = (x * (1 / sqrt(mean(x^2) + eps))) * w, `w` as wide as a row.
+// Grid (cols / group, T), block 256.
+KESTREL_EXTERN void hc_grouped_rms_norm(float* __restrict__ out, const float* __restrict__ x,
+                                        const float* __restrict__ w, int cols, int group, float eps) {
+    pdl_begin();
+    __shared__ float scratch[32];
+    const size_t base = (size_t)blockIdx.y * cols + (size_t)blockIdx.x * group;
+    const float* xr = x + base;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < group; i += blockDim.x) ss = __fmaf_rn(xr[i], xr[i], ss);
+    const float inv = 1.f / sqrtf(block_sum(ss, scratch) / group + eps);
+    const float* wg = w + (size_t)blockIdx.x * group;
+    for (int i = threadIdx.x; i < group; i += blockDim.x) out[base + i] = (xr[i] * inv) * wg[i];
+}
+
+// out = silu(x / divisor), elementwise over n values. Grid ceil(n / 256), block 256.
+KESTREL_EXTERN void hc_scaled_silu(float* __restrict__ out, const float* __restrict__ x, int n, float divisor) {
+    pdl_begin();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = siluf_exact(x[i] / divisor);
+}
+
+// The sublayer input: out[t, j] = (sum over s of sigmoid(gate[t, s, j]) * normed[t, s, j]) / streams,
+// streams added in order. Grid (ceil(hidden / 256), T), block 256.
+KESTREL_EXTERN void hc_mix(float* __restrict__ out, const float* __restrict__ normed, const float* __restrict__ gate,
+                           int hidden, int streams) {
+    pdl_begin();
+    const int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= hidden) return;
+    float acc = 0.f;
+    for (int s = 0; s < streams; ++s) {
+        const size_t i = ((size_t)t * streams + s) * hidden + j;
+        acc = __fadd_rn(acc, __fmul_rn(sigmoidf_exact(gate[i]), normed[i]));
+    }
+    out[(size_t)t * hidden + j] = acc / (float)streams;
+}
+
+// x[t, s, j] += out[t, j] * (2 * sigmoid(inject[t, s] / streams)).
+// Grid (ceil(hidden / 256), T), block 256.
+KESTREL_EXTERN void hc_inject(float* __restrict__ x, const float* __restrict__ out, const float* __restrict__ inject,
+                              int hidden, int streams) {
+    pdl_begin();
+    const int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= hidden) return;
+    const float o = out[(size_t)t * hidden + j];
+    for (int s = 0; s < streams; ++s) {
+        const float w = 2.f * sigmoidf_exact(inject[(size_t)t * streams + s] / (float)streams);
+        float* d = x + ((size_t)t * streams + s) * hidden + j;
+        *d = __fadd_rn(*d, __fmul_rn(o, w));
+    }
+}
+
+// The PLE gate of one stream of one token: a = key_n . query_n / sqrt(hidden),
+// g = sign(a) * sqrt(max(|a|, 1e-6)), gated[t, s, :] = sigmoid(g) * value[t, :].
+// key_n and query_n are [T, streams * hidden] (normalised per stream).
+// Grid (streams, T), block 256.
+KESTREL_EXTERN void ple_gate(float* __restrict__ gated, const float* __restrict__ key_n,
+                             const float* __restrict__ query_n, const float* __restrict__ value, int hidden,
+                             int streams) {
+    pdl_begin();
+    __shared__ float scratch[32];
+    const int t = blockIdx.y, s = blockIdx.x;
+    const size_t row = ((size_t)t * streams + s) * hidden;
+    float d = 0.f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) d = __fmaf_rn(key_n[row + i], query_n[row + i], d);
+    const float a = block_sum(d, scratch) / sqrtf((float)hidden);
+    const float sign = a > 0.f ? 1.f : (a < 0.f ? -1.f : 0.f);
+    const float w = sigmoidf_exact(sqrtf(fmaxf(fabsf(a), 1e-6f)) * sign);
+    const float* v = value + (size_t)t * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) gated[row + i] = w * v[i];
+}
+
+// The PLE output: out = gated + silu(depthwise causal conv of `normed` with
+// `kernel` taps `dilation` apart), each sequence continuing from its slot's
+// `(kernel - 1) * dilation` past inputs in `state` ([slots * len, width],
+// oldest first). The window after token i also goes to `token_ckpt[i]` when
+// that is a slot (speculative checkpoints, the prefix cache's in-pass
+// snapshot), and the window after the last token back to the sequence's slot.
+// Taps are summed oldest input first, as the host does. A thread per
+// (sequence, channel): grid (ceil(width / 128), S), block 128.
+constexpr int PLE_MAX_STATE = 32;
+KESTREL_EXTERN void ple_conv_add(float* __restrict__ out, const float* __restrict__ gated,
+                                 const float* __restrict__ normed, const float* __restrict__ taps,
+                                 float* __restrict__ state, const int* __restrict__ seq_start,
+                                 const int* __restrict__ seq_slot, const int* __restrict__ token_ckpt, int width,
+                                 int kernel, int dilation) {
+    pdl_begin();
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
+    if (c >= width) return;
+    const int len = (kernel - 1) * dilation;
+    const int start = seq_start[s], n = seq_start[s + 1] - start;
+    const int64_t slot = seq_slot[s];
+    float past[PLE_MAX_STATE];
+    for (int r = 0; r < len; ++r) past[r] = state[(slot * len + r) * width + c];
+    // Input `row` of the sequence's run: past inputs, then the new ones.
+    auto input = [&](int row) { return row < len ? past[row] : normed[(size_t)(start + row - len) * width + c]; };
+    for (int i = 0; i < n; ++i) {
+        float acc = 0.f;
+        for (int j = 0; j < kernel; ++j)
+            acc = __fadd_rn(acc, __fmul_rn(taps[c * kernel + j], input(len + i - (kernel - 1 - j) * dilation)));
+        const size_t o = (size_t)(start + i) * width + c;
+        out[o] = __fadd_rn(gated[o], siluf_exact(acc));
+        const int64_t ckpt = token_ckpt[start + i];
+        if (ckpt >= 0)
+            for (int r = 0; r < len; ++r) state[(ckpt * len + r) * width + c] = input(i + 1 + r);
+    }
+    // Every read of `past` is done: the slot's own window last.
+    for (int r = 0; r < len; ++r) state[(slot * len + r) * width + c] = input(n + r);
+}
+
+// The indexer's raw key of every new token into its paged row:
+// keys[slot_mapping[t], :] = proj[t, key_col : key_col + d]. Grid T, block 128.
+KESTREL_EXTERN void qsa_store_keys(float* __restrict__ keys, const float* __restrict__ proj, int proj_stride,
+                                   int key_col, const int* __restrict__ slot_mapping, int d) {
+    pdl_begin();
+    const int t = blockIdx.x;
+    const int64_t slot = slot_mapping[t];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) keys[slot * d + i] = proj[(size_t)t * proj_stride + key_col + i];
+}
+
+// RoPE's cos and sin at `pos` for pair j, in the host's f32 arithmetic:
+// angle = pos * (1 / theta^(2j / rotary_dim)).
+__device__ __forceinline__ void qsa_rope(int pos, int j, int rotary_dim, float theta, float* c, float* s) {
+    const float inv_freq = 1.f / powf(theta, (float)(2 * j) / (float)rotary_dim);
+    const float angle = (float)pos * inv_freq;
+    *c = cosf(angle);
+    *s = sinf(angle);
+}
+
+// Pooled, normalised and rotated keys of every complete block of every
+// sequence: block b of sequence s is the f32 mean of the raw keys at
+// positions b * ratio .. (b + 1) * ratio (added in order, then divided), its
+// RMSNorm times `k_norm`, rotated at position b * ratio. Written to
+// bkeys[bk_offset[s] + b, :]. A warp per block, head dims up to 256:
+// grid (ceil(max blocks / 8), S), block 256, dynamic shared memory 8 * d floats.
+KESTREL_EXTERN void qsa_block_keys(float* __restrict__ bkeys, const float* __restrict__ keys,
+                                   const int* __restrict__ seq_len, const int* __restrict__ table_offset,
+                                   const int* __restrict__ block_tables, const int* __restrict__ bk_offset,
+                                   const float* __restrict__ k_norm, int block_size, int ratio, int d,
+                                   int rotary_dim, float theta, float eps) {
+    pdl_begin();
+    extern __shared__ float smem_bk[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int s = blockIdx.y, b = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (b >= seq_len[s] / ratio) return;
+    const int* table = block_tables + table_offset[s];
+    float* buf = smem_bk + warp * d;
+    float ss = 0.f;
+    for (int i = lane; i < d; i += 32) {
+        float acc = 0.f;
+        for (int p = b * ratio; p < (b + 1) * ratio; ++p) {
+            const int64_t row = (int64_t)table[p / block_size] * block_size + p % block_size;
+            acc = __fadd_rn(acc, keys[row * d + i]);
+        }
+        acc = acc / (float)ratio;
+        buf[i] = acc;
+        ss = __fmaf_rn(acc, acc, ss);
+    }
+    const float inv = 1.f / sqrtf(warp_sum(ss) / d + eps);
+    __syncwarp();
+    for (int i = lane; i < d; i += 32) buf[i] = (buf[i] * inv) * k_norm[i];
+    __syncwarp();
+    const int half = rotary_dim / 2;
+    float* dst = bkeys + ((size_t)bk_offset[s] + b) * d;
+    for (int i = lane; i < d; i += 32) {
+        float v = buf[i];
+        if (i < rotary_dim) {
+            const int j = i < half ? i : i - half;
+            float c, sn;
+            qsa_rope(b * ratio, j, rotary_dim, theta, &c, &sn);
+            v = i < half ? buf[i] * c + (-buf[i + half]) * sn : buf[i] * c + buf[i - half] * sn;
+        }
+        dst[i] = v;
+    }
+}
+
+// Block scores of the tokens that choose: for scored token u (token
+// `rows[4u]`, whose sequence's block keys start at `rows[4u + 1]`, with
+// `rows[4u + 2]` complete blocks, written from scores[rows[4u + 3]]),
+// score[b] = sum over heads h of relu(q[t, h] . bkey[b]) / sqrt(d), q already
+// normalised and rotated ([T, heads * d]). A warp per block, head dims up to
+// 256: grid (ceil(max blocks / 8), scored tokens), block 256, dynamic shared
+// memory heads * d floats (the token's queries).
+KESTREL_EXTERN void qsa_scores(float* __restrict__ scores, const float* __restrict__ q,
+                               const float* __restrict__ bkeys, const int* __restrict__ rows, int heads, int d) {
+    pdl_begin();
+    extern __shared__ float smem_q[];
+    const int u = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = rows[4 * u], first = rows[4 * u + 1], blocks = rows[4 * u + 2], out = rows[4 * u + 3];
+    for (int i = threadIdx.x; i < heads * d; i += blockDim.x) smem_q[i] = q[(size_t)t * heads * d + i];
+    __syncthreads();
+    const int b = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (b >= blocks) return;
+    const float* k = bkeys + ((size_t)first + b) * d;
+    float kv[8];
+#pragma unroll
+    for (int m = 0; m < 8; ++m) kv[m] = lane + 32 * m < d ? k[lane + 32 * m] : 0.f;
+    float total = 0.f;
+    for (int h = 0; h < heads; ++h) {
+        float dot = 0.f;
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+            if (lane + 32 * m < d) dot = __fmaf_rn(smem_q[h * d + lane + 32 * m], kv[m], dot);
+        total = __fadd_rn(total, fmaxf(warp_sum(dot), 0.f));
+    }
+    if (lane == 0) scores[out + b] = total / sqrtf((float)d);
+}
