@@ -104,18 +104,29 @@ where
         Ok(FlashNext::load(dir, backend)?.into())
     }
 
-    /// [`Model::load_dummy_as`]; Flash-Next has no dummy loading yet.
+    /// [`Model::load_dummy_as`]; Flash-Next's weights as stored (bf16),
+    /// its n-gram tables sparse files under the temporary folder
+    /// ([`crate::flash_next::dummy`]).
     pub fn load_dummy_as(
         config: &Path,
         backend: &B,
         seed: u64,
         form: impl Into<WeightForm>,
     ) -> Result<Self> {
-        // (A config file of one is refused by `Model::load_dummy_as`.)
-        if config.is_dir() && is_flash_next(config)? {
-            bail!("qwen4_exp (Qwen3.8-Flash-Next) has no dummy (file-less) loading yet");
+        let path = if config.is_dir() {
+            config.join("config.json")
+        } else {
+            config.to_path_buf()
+        };
+        if ModelConfig::from_file(&path)?.arch != Arch::Qwen4Exp {
+            return Ok(Model::load_dummy_as(config, backend, seed, form)?.into());
         }
-        Ok(Model::load_dummy_as(config, backend, seed, form)?.into())
+        if form.into() != WeightForm::from(Quantization::AsStored) {
+            bail!("qwen4_exp (Qwen3.8-Flash-Next) has dummy weights as stored (bf16) only");
+        }
+        let fn_config = crate::flash_next::FlashNextConfig::from_file(&path)?;
+        let dir = crate::flash_next::dummy::default_dir(&fn_config);
+        Ok(FlashNext::load_dummy(&path, backend, seed, &dir)?.into())
     }
 }
 

@@ -7,11 +7,11 @@
 //! indexer (QSA), and adds hashed n-gram embeddings (PLE) on some layers.
 //! These do not fit the shared [`crate::Decoder`], so the model has its own
 //! layer stack here; see `docs/flash-next.md`. The engine drives it through
-//! [`crate::Target`]. Not yet covered: the MTP head, dummy (file-less)
-//! loading and FP8 checkpoints.
+//! [`crate::Target`]. Not yet covered: the MTP head and FP8 checkpoints.
 
 pub mod cache;
 pub mod config;
+pub mod dummy;
 mod hyper;
 mod layer;
 pub mod ngram;
@@ -70,6 +70,28 @@ impl<B: FlashNextOps> FlashNext<B> {
         })
         .map(|(model, _)| model)
         .with_context(|| format!("cannot load model from {}", dir.display()))
+    }
+
+    /// The model of a `config.json` (a file, or a folder holding one) with
+    /// random weights of the real shapes drawn from `seed`, its n-gram tables
+    /// sparse files in `table_dir` ([`dummy`]): benchmarks of the full-size
+    /// model without its files.
+    pub fn load_dummy(config: &Path, backend: &B, seed: u64, table_dir: &Path) -> Result<Self> {
+        let path = if config.is_dir() {
+            config.join("config.json")
+        } else {
+            config.to_path_buf()
+        };
+        let config = FlashNextConfig::from_file(&path)?;
+        let tables = Arc::new(dummy::sparse_tables(&config, table_dir)?);
+        let mut absent = std::collections::HashSet::new();
+        if config.base.tie_word_embeddings {
+            absent.insert("lm_head.weight".to_string());
+        }
+        let weights = crate::loader::DummyWeights { seed, absent };
+        let loader = Loader::dummy(weights, backend, true);
+        Self::build(&loader, config, tables)
+            .with_context(|| format!("cannot build a dummy model from {}", path.display()))
     }
 
     fn build(l: &Loader<B>, config: FlashNextConfig, files: Arc<WeightFiles>) -> Result<Self> {

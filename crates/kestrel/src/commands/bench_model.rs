@@ -12,6 +12,7 @@
 
 mod bandwidth;
 mod dflash_draft;
+mod flash_next;
 mod mtp_draft;
 mod replay;
 mod replay_bench;
@@ -272,6 +273,12 @@ pub fn run(args: Args) -> Result<()> {
     };
     let fp8 = args.quantization.get() == Quantization::Fp8
         || matches!(QuantConfig::from_file(&config), Ok(Some(_)));
+    if source.dummy
+        && kestrel_models::ModelConfig::from_file(&config)
+            .is_ok_and(|c| c.arch == kestrel_models::Arch::Qwen4Exp)
+    {
+        return bench_flash_next(&args, &config);
+    }
     match backend::open(args.backend, args.device)? {
         Chosen::Cpu { .. } => {
             let b = Timed::new(CpuBackend::new());
@@ -302,6 +309,37 @@ pub fn run(args: Args) -> Result<()> {
                 kv: 2,
             };
             run::bench(&b, storage, &source, &args, Some(plan))
+        }
+    }
+}
+
+/// Qwen3.8-Flash-Next with dummy weights: its own prefill and decode loop
+/// ([`flash_next`]), bf16 weights as stored.
+fn bench_flash_next(args: &Args, config: &std::path::Path) -> Result<()> {
+    if args.quantization.get() != Quantization::AsStored {
+        bail!("qwen4_exp is benchmarked with its weights as stored (bf16) only");
+    }
+    let run = |b: &dyn Fn(&flash_next::Settings) -> Result<serde_json::Value>| -> Result<()> {
+        let report = b(&flash_next::Settings {
+            config,
+            prefills: &args.prefill,
+            prefill_runs: args.prefill_runs,
+            decode_batches: &args.decode_batch,
+            context: args.context,
+            steps: args.steps,
+            chunk: args.max_batched_tokens,
+        })?;
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+        }
+        Ok(())
+    };
+    match backend::open(args.backend, args.device)? {
+        Chosen::Cpu { .. } => run(&|s| flash_next::bench(&CpuBackend::new(), s, 4, None)),
+        Chosen::Cuda(cuda) => {
+            eprintln!("{}", cuda.plan());
+            let plan = serde_json::to_value(cuda.plan())?;
+            run(&|s| flash_next::bench(&cuda, s, 2, Some(plan.clone())))
         }
     }
 }

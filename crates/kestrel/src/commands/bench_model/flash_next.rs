@@ -1,0 +1,244 @@
+//! `bench-model` for Qwen3.8-Flash-Next (`qwen4_exp`) with dummy weights:
+//! prefill of each `--prefill` length (one sequence, one pass) and decode
+//! steps of each `--decode-batch` size after `--context` tokens, on its own
+//! layer stack (the shared decoder's instrumented loop does not run it).
+//! Figures per step and per layer, next to the floor of the bytes a decode
+//! step must read over the measured bandwidth.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use kestrel_core::flash_next::FlashNextOps;
+use kestrel_core::{ForwardBatch, SeqChunk};
+use kestrel_models::flash_next::{FlashNext, FlashNextConfig};
+use serde_json::json;
+
+const BLOCK_SIZE: usize = 16;
+
+/// Matrix elements a decode step reads for `batch` sequences: every dense
+/// product, the experts `batch` tokens pick (the expected number of distinct
+/// ones under uniform routing), the hyper-connection gates, the PLE
+/// projections and the lm_head. Norms and vectors are left out (tiny).
+pub fn decode_matrix_elems(c: &FlashNextConfig, batch: usize) -> f64 {
+    let b = &c.base;
+    let h = b.hidden_size as f64;
+    let streams = c.hc_count as f64;
+    let hc = 2.0 * c.hc_lowrank as f64 * streams * h + streams * streams * h;
+    let mut total = 0.0;
+    for kind in &b.layer_kinds {
+        total += match kind {
+            kestrel_models::LayerKind::FullAttention => {
+                let (hq, hkv, d) = (b.num_heads as f64, b.num_kv_heads as f64, b.head_dim as f64);
+                let q = if b.attn_output_gate { 2.0 } else { 1.0 } * hq * d;
+                let index = ((c.qsa.num_heads + 1) * c.qsa.head_dim) as f64;
+                h * (q + 2.0 * hkv * d + index) + hq * d * h
+            }
+            kestrel_models::LayerKind::LinearAttention => {
+                let la = b.linear_attn.as_ref().expect("GDN layers have their config");
+                let (hk, hv) = (la.num_k_heads as f64, la.num_v_heads as f64);
+                let (dk, dv) = (la.head_k_dim as f64, la.head_v_dim as f64);
+                let conv_dim = 2.0 * hk * dk + hv * dv;
+                h * (conv_dim + hv * dv + 2.0 * hv) + hv * dv * h
+            }
+        };
+        total += 2.0 * hc;
+        if let Some(m) = &b.moe {
+            let (e, k) = (m.num_experts as f64, m.top_k as f64);
+            let distinct = e * (1.0 - (1.0 - k / e).powi(batch as i32));
+            total += e * h + distinct * 3.0 * h * m.intermediate as f64;
+            if let Some(s) = m.shared_intermediate {
+                total += 3.0 * h * s as f64 + h;
+            }
+        }
+    }
+    if let Some(p) = &c.ple {
+        let e = p.embed_dim as f64;
+        total += p.layers.len() as f64 * (streams * h * e + h * e);
+    }
+    // The final mixer's gates and the lm_head.
+    total + 2.0 * c.hc_lowrank as f64 * streams * h + b.vocab_size as f64 * h
+}
+
+/// A batch of `seqs` sequences bringing `new` tokens each after `cached`,
+/// sequence `i` in slot `i` on pages `i * pages ..`.
+fn batch(seqs: usize, cached: usize, new: usize, pages: usize) -> ForwardBatch {
+    ForwardBatch {
+        seqs: (0..seqs)
+            .map(|i| {
+                let table = (i * pages..(i + 1) * pages).map(|p| p as u32).collect();
+                SeqChunk::new(new, cached, table, i as u32)
+            })
+            .collect(),
+    }
+}
+
+/// `n` token ids spread over the first `vocab` (at most 150,000: the
+/// tokenizer's ids, not the padded rows).
+fn ids(n: usize, salt: usize, vocab: usize) -> Vec<u32> {
+    let vocab = vocab.min(150_000);
+    (0..n).map(|i| ((i * 7919 + salt * 104_729) % vocab) as u32).collect()
+}
+
+/// Prefill `len` tokens of every sequence of `seqs`, `chunk` at a time.
+fn prefill<B: FlashNextOps>(
+    b: &B,
+    model: &FlashNext<B>,
+    cache: &mut kestrel_models::flash_next::FlashNextCache<B>,
+    seqs: usize,
+    len: usize,
+    chunk: usize,
+    pages: usize,
+) -> Result<()> {
+    let mut done = 0;
+    while done < len {
+        let n = chunk.min(len - done);
+        let step = batch(seqs, done, n, pages);
+        let vocab = model.config.base.vocab_size;
+        let tokens: Vec<u32> = (0..seqs).flat_map(|s| ids(n, s + done, vocab)).collect();
+        model.forward(b, &tokens, &step, cache)?;
+        done += n;
+    }
+    b.synchronize()?;
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// What to run.
+pub struct Settings<'a> {
+    pub config: &'a Path,
+    pub prefills: &'a [usize],
+    pub prefill_runs: usize,
+    pub decode_batches: &'a [usize],
+    /// Tokens each decoding sequence holds before the timed steps.
+    pub context: usize,
+    pub steps: usize,
+    /// Tokens per sequence in each prefill step of the context.
+    pub chunk: usize,
+}
+
+/// The figures as JSON; `elem_bytes` is the size of a weight element.
+pub fn bench<B: FlashNextOps>(
+    b: &B,
+    s: &Settings,
+    elem_bytes: usize,
+    plan: Option<serde_json::Value>,
+) -> Result<serde_json::Value> {
+    let Settings {
+        config,
+        prefills,
+        prefill_runs,
+        decode_batches,
+        context,
+        steps,
+        chunk,
+    } = *s;
+    let path = if config.is_dir() {
+        config.join("config.json")
+    } else {
+        config.to_path_buf()
+    };
+    let cfg = FlashNextConfig::from_file(&path)?;
+    let dir = kestrel_models::flash_next::dummy::default_dir(&cfg);
+    let start = Instant::now();
+    let model = FlashNext::load_dummy(&path, b, 0, &dir)?;
+    b.synchronize()?;
+    eprintln!(
+        "qwen4_exp: {} layers, dummy weights in {:.1} s, n-gram tables mapped from {}",
+        cfg.base.num_layers,
+        start.elapsed().as_secs_f64(),
+        dir.display()
+    );
+    let layers = cfg.base.num_layers as f64;
+    let bandwidth = b.measure_bandwidth_gbs();
+    let mut prefill_out = Vec::new();
+    for &len in prefills {
+        let pages = len.div_ceil(BLOCK_SIZE);
+        let mut times = Vec::new();
+        for run in 0..prefill_runs + 1 {
+            let mut cache = model.new_cache(b, pages, BLOCK_SIZE, 1)?;
+            cache.zero_state(b, 0);
+            b.synchronize()?;
+            let t = Instant::now();
+            prefill(b, &model, &mut cache, 1, len, len, pages)?;
+            // The first run warms the kernels and the tables' pages.
+            if run > 0 {
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let ms = median(times);
+        eprintln!(
+            "prefill {len:>6} tokens: {ms:9.2} ms ({:.0} tok/s, {:.3} ms a layer)",
+            len as f64 / ms * 1e3,
+            ms / layers
+        );
+        prefill_out.push(json!({"tokens": len, "ms": ms, "ms_per_layer": ms / layers}));
+    }
+    let mut decode_out = Vec::new();
+    for &seqs in decode_batches {
+        if seqs == 0 || steps == 0 {
+            bail!("decode batches and steps must be at least 1");
+        }
+        let pages = (context + steps + 4).div_ceil(BLOCK_SIZE);
+        let mut cache = model.new_cache(b, seqs * pages, BLOCK_SIZE, seqs)?;
+        for s in 0..seqs {
+            cache.zero_state(b, s as u32);
+        }
+        prefill(b, &model, &mut cache, seqs, context, chunk, pages)?;
+        let mut pos = context;
+        let mut run = |n: usize, pos: &mut usize| -> Result<f64> {
+            let t = Instant::now();
+            for _ in 0..n {
+                let step = batch(seqs, *pos, 1, pages);
+                let tokens: Vec<u32> = (0..seqs)
+                    .flat_map(|s| ids(1, *pos * 31 + s, cfg.base.vocab_size))
+                    .collect();
+                let hidden = model.forward(b, &tokens, &step, &mut cache)?;
+                let rows: Vec<usize> = (0..seqs).collect();
+                b.argmax_rows(&model.logits(b, &hidden, &rows), cfg.base.vocab_size);
+                *pos += 1;
+            }
+            b.synchronize()?;
+            Ok(t.elapsed().as_secs_f64() * 1e3 / n as f64)
+        };
+        run(2, &mut pos)?;
+        let ms = run(steps, &mut pos)?;
+        let bytes = decode_matrix_elems(&cfg, seqs) * elem_bytes as f64;
+        let floor_ms = bandwidth.map(|gbs| bytes / (gbs * 1e9) * 1e3);
+        eprintln!(
+            "decode batch {seqs} at {context}: {ms:8.3} ms a step, {:8.1} tok/s, {:.3} ms a layer; \
+             {:.2} GB of weights a step{}",
+            seqs as f64 / ms * 1e3,
+            ms / layers,
+            bytes / 1e9,
+            floor_ms.map_or(String::new(), |f| format!(
+                ", floor {f:.3} ms ({:.1} % of it)",
+                f / ms * 100.0
+            ))
+        );
+        decode_out.push(json!({
+            "batch": seqs,
+            "context": context,
+            "ms_per_step": ms,
+            "tok_per_s": seqs as f64 / ms * 1e3,
+            "ms_per_layer": ms / layers,
+            "weight_bytes_per_step": bytes,
+            "floor_ms": floor_ms,
+        }));
+    }
+    Ok(json!({
+        "model": path.display().to_string(),
+        "arch": "qwen4_exp",
+        "backend": b.name(),
+        "plan": plan,
+        "layers": cfg.base.num_layers,
+        "bandwidth_gbs": bandwidth,
+        "prefill": prefill_out,
+        "decode": decode_out,
+        "ngram_tables": dir.display().to_string(),
+    }))
+}
