@@ -3,7 +3,7 @@
 //! rounding. The CPU backend runs these directly; the trait defaults run them
 //! on copies of a device's tensors.
 
-use super::topk::top_k_set;
+use super::selection::ScoreLayout;
 use super::{HostPleParams, HostQsaNorms, HyperSpec, PleSpec, QsaSpec, RowEdit, TokenSelection};
 use crate::{ForwardBatch, RopeSpec, StateSnapshot};
 
@@ -263,8 +263,6 @@ pub fn qsa_select(
         batch.num_tokens() * cols,
         "qsa_select: projection width"
     );
-    let scale = (d as f32).sqrt();
-    let mut positions = Vec::with_capacity(batch.num_tokens());
     let mut start = 0;
     for s in &batch.seqs {
         for i in 0..s.num_tokens {
@@ -272,52 +270,48 @@ pub fn qsa_select(
             let dst = page_row(&s.block_table, block_size, s.cached_len + i);
             keys[dst * d..(dst + 1) * d].copy_from_slice(&row[nh * d..]);
         }
+        start += s.num_tokens;
+    }
+    let layout = ScoreLayout::new(spec, batch);
+    let mut scores = vec![0.0f32; layout.score_len];
+    if !layout.scored.is_empty() {
         // Pooled, normalised and rotated keys of every complete block.
-        let blocks = s.total_len() / r;
-        let mut block_keys = vec![0.0f32; blocks * d];
-        for b in 0..blocks {
-            let mut pooled = vec![0.0f32; d];
-            for p in b * r..(b + 1) * r {
-                let src = page_row(&s.block_table, block_size, p);
-                pooled
-                    .iter_mut()
-                    .zip(&keys[src * d..(src + 1) * d])
-                    .for_each(|(a, k)| *a += k);
+        let mut block_keys = Vec::with_capacity(layout.block_keys[batch.seqs.len()] * d);
+        for s in &batch.seqs {
+            for b in 0..s.total_len() / r {
+                let mut pooled = vec![0.0f32; d];
+                for p in b * r..(b + 1) * r {
+                    let src = page_row(&s.block_table, block_size, p);
+                    pooled
+                        .iter_mut()
+                        .zip(&keys[src * d..(src + 1) * d])
+                        .for_each(|(a, k)| *a += k);
+                }
+                pooled.iter_mut().for_each(|a| *a /= r as f32);
+                let mut bk = vec![0.0f32; d];
+                rms_norm_into(&pooled, norms.k, spec.eps, &mut bk);
+                apply_rope(&mut bk[..spec.rope.rotary_dim], &rope_at(&spec.rope, b * r));
+                block_keys.extend(bk);
             }
-            pooled.iter_mut().for_each(|a| *a /= r as f32);
-            let bk = &mut block_keys[b * d..(b + 1) * d];
-            rms_norm_into(&pooled, norms.k, spec.eps, bk);
-            apply_rope(&mut bk[..spec.rope.rotary_dim], &rope_at(&spec.rope, b * r));
         }
-        for i in 0..s.num_tokens {
-            let pos = s.cached_len + i;
-            let row = &proj[(start + i) * cols..(start + i + 1) * cols];
-            let cs = rope_at(&spec.rope, pos);
+        let scale = (d as f32).sqrt();
+        let positions = batch.positions();
+        for u in &layout.scored {
+            let row = &proj[u.row * cols..(u.row + 1) * cols];
+            let cs = rope_at(&spec.rope, positions[u.row] as usize);
             let mut q = vec![0.0f32; nh * d];
             for (qh, src) in q.chunks_exact_mut(d).zip(row.chunks_exact(d)) {
                 rms_norm_into(src, norms.q, spec.eps, qh);
                 apply_rope(&mut qh[..spec.rope.rotary_dim], &cs);
             }
-            let complete = (pos + 1) / r;
-            let scores: Vec<f32> = (0..complete)
-                .map(|b| {
-                    let k = &block_keys[b * d..(b + 1) * d];
-                    let relu_sum: f32 = q.chunks_exact(d).map(|qh| dot(qh, k).max(0.0)).sum();
-                    relu_sum / scale
-                })
-                .collect();
-            let mut chosen = top_k_set(&scores, spec.top_blocks());
-            chosen.sort_unstable();
-            let mut sel: Vec<u32> = chosen
-                .iter()
-                .flat_map(|&b| (b * r..(b + 1) * r).map(|p| p as u32))
-                .collect();
-            sel.extend((complete * r..=pos).map(|p| p as u32));
-            positions.push(sel);
+            for b in 0..u.blocks {
+                let k = &block_keys[(u.first_key + b) * d..(u.first_key + b + 1) * d];
+                let relu_sum: f32 = q.chunks_exact(d).map(|qh| dot(qh, k).max(0.0)).sum();
+                scores[u.at + b] = relu_sum / scale;
+            }
         }
-        start += s.num_tokens;
     }
-    TokenSelection { positions }
+    layout.selection(spec, batch, &scores)
 }
 
 #[cfg(test)]

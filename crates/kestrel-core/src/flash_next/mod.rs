@@ -13,6 +13,7 @@
 //! backend weight for device kernels.
 
 pub mod host;
+pub mod selection;
 pub mod topk;
 
 use std::ops::Range;

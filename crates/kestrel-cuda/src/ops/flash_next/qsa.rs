@@ -5,10 +5,11 @@
 //! block of every sequence is pooled, normalised and rotated (recomputed each
 //! call; a cache of pooled keys is the next step), and the tokens with more
 //! complete blocks than the budget score them all. The scores come back to
-//! the host, which picks the top blocks with the reference's tie order
-//! (`kestrel_core::flash_next::topk`): the selection must not depend on how
-//! a device sorts. Tokens within the budget select everything without
-//! scoring.
+//! the host, where the bookkeeping the CPU backend runs too
+//! (`kestrel_core::flash_next::selection`: which tokens score, where, and
+//! the top blocks in the reference's tie order) turns them into the
+//! selection: it must not depend on how a device sorts. Tokens within the
+//! budget select everything without scoring.
 //!
 //! Attention: each token becomes a one-row sequence whose block table is the
 //! list of its selected cache slots (pages of one slot), so the split-KV
@@ -16,7 +17,8 @@
 //! keys; its own key is the last one it selects, which the first attention
 //! kernel has just written.
 
-use kestrel_core::flash_next::{QsaNorms, QsaSpec, TokenSelection, topk::top_k_set};
+use kestrel_core::flash_next::selection::ScoreLayout;
+use kestrel_core::flash_next::{QsaNorms, QsaSpec, TokenSelection};
 use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch, SeqChunk};
 
 use super::kernels::{QSA_MAX_HEAD_DIM, QSA_WARPS};
@@ -75,29 +77,11 @@ pub fn select(
         ],
     );
 
-    // Which tokens choose, and where their scores go.
-    let top = spec.top_blocks();
-    let mut scored = Vec::new(); // (token, first block key, blocks, score offset)
-    let mut bk_offset = vec![0i32];
-    let mut score_len = 0usize;
-    let mut row = 0;
-    for q in &batch.seqs {
-        let first = *bk_offset.last().unwrap();
-        for i in 0..q.num_tokens {
-            let complete = (q.cached_len + i + 1) / r;
-            if complete > top {
-                scored.push([row as i32, first, complete as i32, score_len as i32]);
-                score_len += complete;
-            }
-            row += 1;
-        }
-        bk_offset.push(first + (q.total_len() / r) as i32);
-    }
-    let mut positions = Vec::with_capacity(t);
-    let scores = if scored.is_empty() {
+    let layout = ScoreLayout::new(spec, batch);
+    let scores = if layout.scored.is_empty() {
         Vec::new()
     } else {
-        let all_blocks = *bk_offset.last().unwrap() as usize;
+        let all_blocks = layout.block_keys[batch.seqs.len()];
         let max_blocks = batch
             .seqs
             .iter()
@@ -105,7 +89,8 @@ pub fn select(
             .max()
             .unwrap_or(0);
         let bkeys = gpu.alloc::<f32>(all_blocks * d);
-        let bk_offset_dev = gpu.upload(&bk_offset);
+        let offsets: Vec<i32> = layout.block_keys.iter().map(|&o| o as i32).collect();
+        let bk_offset = gpu.upload(&offsets);
         gpu.launch(
             &cx.k.flash_next.qsa_block_keys,
             (
@@ -121,7 +106,7 @@ pub fn select(
                 Arg::Ptr(l.seq_len()),
                 Arg::Ptr(l.table_offset()),
                 Arg::Ptr(l.block_tables()),
-                Arg::Ptr(ptr(&bk_offset_dev, s)),
+                Arg::Ptr(ptr(&bk_offset, s)),
                 Arg::Ptr(ptr(norms.k.weight.f32("indexer k norm"), s)),
                 Arg::I32(block_size as i32),
                 Arg::I32(r as i32),
@@ -155,12 +140,18 @@ pub fn select(
             (nh, 0),
             false,
         );
-        let rows = gpu.upload(&scored.concat());
-        let out = gpu.alloc::<f32>(score_len);
-        let max_scored = scored.iter().map(|u| u[2] as usize).max().unwrap_or(0);
+        // Per scored token: [row, first block key, blocks, score offset].
+        let rows: Vec<i32> = layout
+            .scored
+            .iter()
+            .flat_map(|u| [u.row, u.first_key, u.blocks, u.at].map(|v| v as i32))
+            .collect();
+        let rows = gpu.upload(&rows);
+        let out = gpu.alloc::<f32>(layout.score_len);
+        let max_scored = layout.scored.iter().map(|u| u.blocks).max().unwrap_or(0);
         gpu.launch(
             &cx.k.flash_next.qsa_scores,
-            (blocks(max_scored, QSA_WARPS), scored.len() as u32, 1),
+            (blocks(max_scored, QSA_WARPS), layout.scored.len() as u32, 1),
             32 * QSA_WARPS as u32,
             (nh * d * 4) as u32,
             &[
@@ -172,34 +163,9 @@ pub fn select(
                 Arg::I32(d as i32),
             ],
         );
-        gpu.download(&out, score_len)
+        gpu.download(&out, layout.score_len)
     };
-    let mut next = scored.iter().peekable();
-    let mut row = 0;
-    for q in &batch.seqs {
-        for i in 0..q.num_tokens {
-            let pos = q.cached_len + i;
-            let complete = (pos + 1) / r;
-            let chosen: Vec<usize> = match next.peek() {
-                Some(u) if u[0] as usize == row => {
-                    let u = next.next().unwrap();
-                    let at = u[3] as usize;
-                    let mut c = top_k_set(&scores[at..at + complete], top);
-                    c.sort_unstable();
-                    c
-                }
-                _ => (0..complete).collect(),
-            };
-            let mut sel: Vec<u32> = chosen
-                .iter()
-                .flat_map(|&b| (b * r..(b + 1) * r).map(|p| p as u32))
-                .collect();
-            sel.extend((complete * r..=pos).map(|p| p as u32));
-            positions.push(sel);
-            row += 1;
-        }
-    }
-    TokenSelection { positions }
+    layout.selection(spec, batch, &scores)
 }
 
 /// See `FlashNextOps::sparse_attention`.
@@ -263,27 +229,19 @@ pub fn sparse_attention(
         (hq, k_offset),
         f32_cache,
     );
-    // Every token as a sequence of one row over its selected slots.
+    // Every token as a sequence of one row over its selected slots; its own
+    // key, just written, is the last.
+    let positions = batch.positions();
     let mut rows = Vec::with_capacity(t);
-    let mut token = 0;
-    for q in &batch.seqs {
-        for i in 0..q.num_tokens {
-            let sel = &selection.positions[token];
-            let pos = q.cached_len + i;
-            assert!(
-                sel.last() == Some(&(pos as u32)),
-                "token at {pos} does not select itself last"
-            );
-            let slots: Vec<u32> = sel
-                .iter()
-                .map(|&p| {
-                    let p = p as usize;
-                    q.block_table[p / block_size] * block_size as u32 + (p % block_size) as u32
-                })
-                .collect();
-            rows.push(SeqChunk::new(1, sel.len() - 1, slots, 0));
-            token += 1;
-        }
+    for (row, slots) in selection.slots(batch, block_size).into_iter().enumerate() {
+        let sel = &selection.positions[row];
+        assert_eq!(
+            sel.last(),
+            Some(&positions[row]),
+            "token at {} does not select itself last",
+            positions[row]
+        );
+        rows.push(SeqChunk::new(1, slots.len() - 1, slots, 0));
     }
     let rows = ForwardBatch { seqs: rows };
     let rl = temporary_layout(gpu, &rows, 1);
