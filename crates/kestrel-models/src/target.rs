@@ -39,6 +39,14 @@ pub trait FlashNextStep<B: Backend>: Send {
         batch: &ForwardBatch,
         cache: &mut FlashNextCache<B>,
     ) -> Result<B::Tensor>;
+    fn step_logits(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut FlashNextCache<B>,
+        rows: &[usize],
+    ) -> Result<B::Tensor>;
     fn logits(&self, b: &B, hidden: &B::Tensor, rows: &[usize]) -> B::Tensor;
 }
 
@@ -66,6 +74,16 @@ where
         cache: &mut FlashNextCache<B>,
     ) -> Result<B::Tensor> {
         FlashNext::forward(self, b, ids, batch, cache)
+    }
+    fn step_logits(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut FlashNextCache<B>,
+        rows: &[usize],
+    ) -> Result<B::Tensor> {
+        FlashNext::step_logits(self, b, ids, batch, cache, rows)
     }
     fn logits(&self, b: &B, hidden: &B::Tensor, rows: &[usize]) -> B::Tensor {
         FlashNext::logits(self, b, hidden, rows)
@@ -213,10 +231,10 @@ impl<B: Backend> Target<B> {
             (Target::Decoder(m), TargetCache::Decoder(c)) => {
                 Ok(m.decoder.step_logits(b, ids, batch, c, rows))
             }
-            (t, c) => {
-                let hidden = t.forward(b, ids, batch, c)?;
-                Ok(t.logits(b, &hidden, rows))
+            (Target::FlashNext(m), TargetCache::FlashNext(c)) => {
+                m.step_logits(b, ids, batch, c, rows)
             }
+            _ => anyhow::bail!("a model was handed another model's cache"),
         }
     }
 

@@ -69,7 +69,28 @@ impl<B: FlashNextOps> FlashNextCache<B> {
     }
 }
 
+/// What a layer reads and writes besides the backend cache: the indexer
+/// keys and the PLE conv pools. Borrowed apart from `base`, which a step
+/// hands to the backend (`Backend::run_step`).
+pub struct Pools<'a, B: Backend> {
+    pub indexer_keys: &'a mut [B::Tensor],
+    pub ple_conv: &'a mut [B::Tensor],
+    pub block_size: usize,
+}
+
 impl<B: Backend> FlashNextCache<B> {
+    /// The backend cache and the layers' pools, borrowed apart.
+    pub fn split(&mut self) -> (&mut B::Cache, Pools<'_, B>) {
+        (
+            &mut self.base,
+            Pools {
+                indexer_keys: &mut self.indexer_keys,
+                ple_conv: &mut self.ple_conv,
+                block_size: self.block_size,
+            },
+        )
+    }
+
     /// A sequence starts over in `slot`: GDN, PLE conv and n-gram context.
     pub fn zero_state(&mut self, b: &B, slot: u32) {
         b.zero_state(&mut self.base, slot);

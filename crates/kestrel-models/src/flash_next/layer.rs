@@ -7,7 +7,7 @@ use anyhow::Result;
 use kestrel_core::flash_next::{FlashNextOps, HyperSpec, QsaNorms, QsaSpec};
 use kestrel_core::{ForwardBatch, MoeSpec, MoeWeights, RopeSpec};
 
-use super::cache::FlashNextCache;
+use super::cache::Pools;
 use super::config::FlashNextConfig;
 use super::hyper::{HyperConnection, norm_channels};
 use super::ple::Ple;
@@ -57,18 +57,18 @@ impl<B: FlashNextOps> SparseAttention<B> {
         &self,
         b: &B,
         x: &B::Tensor,
-        cache: &mut FlashNextCache<B>,
+        base: &mut B::Cache,
+        pools: &mut Pools<'_, B>,
         batch: &ForwardBatch,
     ) -> B::Tensor {
         let layer = self.attn.cache_layer;
         let index = b.matmul(x, &self.index_proj);
-        let block_size = cache.block_size;
         let selection = b.qsa_select(
             &index,
             &self.norms,
             &self.spec,
-            &mut cache.indexer_keys[layer],
-            block_size,
+            &mut pools.indexer_keys[layer],
+            pools.block_size,
             batch,
         );
         let proj = b.matmul(x, &self.attn.proj);
@@ -76,7 +76,7 @@ impl<B: FlashNextOps> SparseAttention<B> {
             &proj,
             &self.attn.weights,
             &self.attn.spec,
-            &mut cache.base,
+            base,
             layer,
             batch,
             &selection,
@@ -163,16 +163,17 @@ impl<B: FlashNextOps> FlashNextLayer<B> {
         b: &B,
         x: &mut B::Tensor,
         history: &[u32],
-        cache: &mut FlashNextCache<B>,
+        base: &mut B::Cache,
+        pools: &mut Pools<'_, B>,
         batch: &ForwardBatch,
     ) -> Result<()> {
         if let Some(ple) = &self.ple {
-            ple.forward(b, x, history, &mut cache.ple_conv[ple.state_index], batch)?;
+            ple.forward(b, x, history, &mut pools.ple_conv[ple.state_index], batch)?;
         }
         let (input, inject) = self.attn_hc.mix(b, x);
         let out = match &self.mixer {
-            Mixer::Sparse(a) => a.forward(b, &input, cache, batch),
-            Mixer::GatedDeltaNet(g) => g.forward_input(b, &input, &mut cache.base, batch),
+            Mixer::Sparse(a) => a.forward(b, &input, base, pools, batch),
+            Mixer::GatedDeltaNet(g) => g.forward_input(b, &input, base, batch),
         };
         let inject = inject.expect("layer hyper-connections inject");
         b.hyper_inject(x, &out, &inject, &self.attn_hc.spec);

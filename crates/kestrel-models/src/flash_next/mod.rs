@@ -209,6 +209,35 @@ impl<B: FlashNextOps> FlashNext<B> {
         batch: &ForwardBatch,
         cache: &mut FlashNextCache<B>,
     ) -> Result<B::Tensor> {
+        self.step(b, ids, batch, cache, None)
+    }
+
+    /// Logits of `rows` of the step's new tokens: [`Self::logits`] of
+    /// [`Self::forward`]'s states, computed inside the step (so that a
+    /// decode step's lm_head takes the decode products too).
+    pub fn step_logits(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut FlashNextCache<B>,
+        rows: &[usize],
+    ) -> Result<B::Tensor> {
+        self.step(b, ids, batch, cache, Some(rows))
+    }
+
+    /// One forward step as one `Backend::run_step` (a device stages the
+    /// step's layout once for every layer and picks its decode kernels for
+    /// decode-shaped steps): the hidden states of every new token, or the
+    /// logits of `rows`.
+    fn step(
+        &self,
+        b: &B,
+        ids: &[u32],
+        batch: &ForwardBatch,
+        cache: &mut FlashNextCache<B>,
+        rows: Option<&[usize]>,
+    ) -> Result<B::Tensor> {
         if ids.len() != batch.num_tokens() {
             bail!(
                 "{} ids for a batch of {} tokens",
@@ -240,13 +269,28 @@ impl<B: FlashNextOps> FlashNext<B> {
                 start += s.num_tokens;
             }
         }
-        let mut x = b.repeat_streams(&b.embedding(&self.embed, ids), self.hyper.streams);
-        for (i, layer) in self.layers.iter().enumerate() {
-            layer
-                .forward(b, &mut x, &history, cache, batch)
-                .with_context(|| format!("layer {i}"))?;
+        let (base, mut pools) = cache.split();
+        let mut failure = None;
+        let out = b.run_step(ids, batch, base, None, &mut |base| {
+            let mut x = b.repeat_streams(&b.embedding(&self.embed, ids), self.hyper.streams);
+            for (i, layer) in self.layers.iter().enumerate() {
+                // The step must return a tensor: a failed layer's error is
+                // kept and the rest skipped.
+                if let Err(e) = layer.forward(b, &mut x, &history, base, &mut pools, batch) {
+                    failure = Some(e.context(format!("layer {i}")));
+                    return x;
+                }
+            }
+            let hidden = self.mixer.mix(b, &x).0;
+            match rows {
+                Some(rows) => self.logits(b, &hidden, rows),
+                None => hidden,
+            }
+        });
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(out),
         }
-        Ok(self.mixer.mix(b, &x).0)
     }
 
     /// Logits of the selected rows of `hidden`.

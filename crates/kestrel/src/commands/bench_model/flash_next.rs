@@ -197,9 +197,9 @@ pub fn bench<B: FlashNextOps>(
                 let tokens: Vec<u32> = (0..seqs)
                     .flat_map(|s| ids(1, *pos * 31 + s, cfg.base.vocab_size))
                     .collect();
-                let hidden = model.forward(b, &tokens, &step, &mut cache)?;
                 let rows: Vec<usize> = (0..seqs).collect();
-                b.argmax_rows(&model.logits(b, &hidden, &rows), cfg.base.vocab_size);
+                let logits = model.step_logits(b, &tokens, &step, &mut cache, &rows)?;
+                b.argmax_rows(&logits, cfg.base.vocab_size);
                 *pos += 1;
             }
             b.synchronize()?;
