@@ -176,6 +176,21 @@ impl WeightFiles {
     }
 
     /// The tensor with whatever shape it has.
+    /// Tells the kernel that `name`'s pages are read at random (a table read
+    /// by rows): no read-ahead around a fault and no mapping of the pages
+    /// around it, so a row makes one or two pages resident instead of the
+    /// window around it. Best effort: a kernel that refuses the advice only
+    /// costs memory.
+    pub fn advise_random(&self, name: &str) -> Result<()> {
+        let e = self.entry(name)?;
+        let page = 4096;
+        let start = e.start / page * page;
+        let _ = self.files[e.file]
+            .map
+            .advise_range(memmap2::Advice::Random, start, e.end - start);
+        Ok(())
+    }
+
     pub fn get_any(&self, name: &str) -> Result<HostTensor<'_>> {
         let e = self.entry(name)?;
         Ok(HostTensor {

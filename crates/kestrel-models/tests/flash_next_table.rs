@@ -98,3 +98,48 @@ fn a_mapped_multi_gigabyte_table_serves_rows_without_loading_the_file() {
         "a table of another size is refused"
     );
 }
+
+/// Rows read at random make one or two pages resident each, not the window
+/// that read-ahead and fault-around would map around every fault (64 KiB by
+/// default on Linux): the table's mapping is advised as random.
+#[test]
+fn random_rows_make_about_their_own_pages_resident() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_len = ROWS * DIM * 2;
+    let mut header = format!(
+        "{{\"{NAME}\":{{\"dtype\":\"BF16\",\"shape\":[{ROWS},{DIM}],\"data_offsets\":[0,{data_len}]}}}}"
+    );
+    while !(header.len() + 8).is_multiple_of(8) {
+        header.push(' ');
+    }
+    let path = dir.path().join("model.safetensors");
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(header.as_bytes()).unwrap();
+    f.set_len(8 + header.len() as u64 + data_len as u64).unwrap();
+    drop(f);
+    let files = Arc::new(WeightFiles::open(dir.path()).unwrap());
+    let table = NgramTable::open(
+        files,
+        "layers.0.ple.ple_embedding.ngram_embedding.",
+        ROWS,
+        DIM,
+        1,
+    )
+    .unwrap();
+    // Rows far apart (a multiplicative hash), one at a time as tokens come.
+    let n = 2000u64;
+    let before = resident_bytes();
+    for i in 0..n {
+        let row = (i * 2_654_435_761) % ROWS as u64;
+        assert!(table.gather(&[row]).unwrap().iter().all(|&v| v == 0.0));
+    }
+    if let (Some(b), Some(a)) = (before, resident_bytes()) {
+        let per_row = a.saturating_sub(b) / n;
+        eprintln!("{per_row} resident bytes per random row");
+        assert!(
+            per_row <= 3 * 4096,
+            "{per_row} bytes resident per row read: the mapping reads around each row"
+        );
+    }
+}

@@ -187,6 +187,8 @@ impl NgramTable {
         let mut dtype = None;
         for name in &shards {
             let (dt, _) = files.describe(name, &[rows_per_shard, dim])?;
+            // Tokens hash to rows all over the table.
+            files.advise_random(name)?;
             if dtype.is_some_and(|d| d != dt) {
                 bail!("{name}: n-gram shards differ in dtype");
             }
