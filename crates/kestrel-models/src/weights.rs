@@ -183,11 +183,10 @@ impl WeightFiles {
     /// costs memory.
     pub fn advise_random(&self, name: &str) -> Result<()> {
         let e = self.entry(name)?;
-        let page = 4096;
-        let start = e.start / page * page;
+        // memmap2 widens the range to whole pages of the system's size.
         let _ = self.files[e.file]
             .map
-            .advise_range(memmap2::Advice::Random, start, e.end - start);
+            .advise_range(memmap2::Advice::Random, e.start, e.end - e.start);
         Ok(())
     }
 
