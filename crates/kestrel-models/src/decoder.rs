@@ -355,6 +355,29 @@ impl<B: Backend> Decoder<B> {
     }
 }
 
+/// The backend caches (KV pages of the attention layers, recurrent-state
+/// slots of the Gated DeltaNet layers) of a model of `cfg`, for
+/// `num_blocks` pages and `num_slots` slots; Flash-Next's layers keep the
+/// same ones.
+pub fn cache_spec(
+    cfg: &ModelConfig,
+    num_blocks: usize,
+    block_size: usize,
+    num_slots: usize,
+) -> CacheSpec {
+    let attn = attention_spec(cfg);
+    CacheSpec {
+        attn_layers: cfg.num_attention_layers(),
+        num_blocks,
+        block_size,
+        num_kv_heads: attn.num_kv_heads,
+        head_dim: attn.head_dim,
+        gdn_layers: cfg.num_linear_layers(),
+        num_state_slots: num_slots,
+        gdn: gdn_spec(cfg),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kestrel_core::SeqChunk;
@@ -423,28 +446,5 @@ mod tests {
         assert_ne!(key(&[1], &[0]), key(&[1, 1], &[0, 1]));
         assert!(key(&[1, 1], &[1]).is_none());
         assert_eq!(key(&[1, 1], &[0, 1]), key(&[1, 1], &[0, 1]));
-    }
-}
-
-/// The backend caches (KV pages of the attention layers, recurrent-state
-/// slots of the Gated DeltaNet layers) of a model of `cfg`, for
-/// `num_blocks` pages and `num_slots` slots; Flash-Next's layers keep the
-/// same ones.
-pub fn cache_spec(
-    cfg: &ModelConfig,
-    num_blocks: usize,
-    block_size: usize,
-    num_slots: usize,
-) -> CacheSpec {
-    let attn = attention_spec(cfg);
-    CacheSpec {
-        attn_layers: cfg.num_attention_layers(),
-        num_blocks,
-        block_size,
-        num_kv_heads: attn.num_kv_heads,
-        head_dim: attn.head_dim,
-        gdn_layers: cfg.num_linear_layers(),
-        num_state_slots: num_slots,
-        gdn: gdn_spec(cfg),
     }
 }

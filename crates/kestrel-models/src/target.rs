@@ -15,7 +15,9 @@ use crate::decoder::cache_spec;
 use crate::flash_next::{FlashNext, FlashNextCache};
 use crate::{Arch, Model, ModelConfig, Quantization, WeightForm};
 
-/// The model the engine drives.
+/// The model the engine drives (one per engine, so the variants' sizes do
+/// not matter).
+#[allow(clippy::large_enum_variant)]
 pub enum Target<B: Backend> {
     Decoder(Model<B>),
     FlashNext(Box<dyn FlashNextStep<B>>),

@@ -23,11 +23,14 @@ pub fn flash_next(c: &mut Ctx) {
     let gate = c.data.randn(rows * spec.width(), 2.0);
     let sub = c.data.randn(rows * spec.hidden, 1.0);
     let inject = c.data.randn(rows * spec.streams, 2.0);
+    /// The inputs: hidden rows, norm weight, gate logits, a sublayer's
+    /// output, inject logits.
+    type HyperInputs<'a> = [&'a [f32]; 5];
     fn hyper<B: FlashNextOps>(
         b: &B,
         spec: &HyperSpec,
         rows: usize,
-        (x, norm, gate, sub, inject): (&[f32], &[f32], &[f32], &[f32], &[f32]),
+        [x, norm, gate, sub, inject]: HyperInputs<'_>,
     ) -> Result<Outputs> {
         let norm = Channels::new(b, norm.to_vec())?;
         let mut streams = b.repeat_streams(&b.from_host(rows, spec.hidden, x), spec.streams);
@@ -44,7 +47,7 @@ pub fn flash_next(c: &mut Ctx) {
             out(b, "inject", &streams),
         ])
     }
-    let inputs = (&x[..], &norm[..], &gate[..], &sub[..], &inject[..]);
+    let inputs = [&x[..], &norm[..], &gate[..], &sub[..], &inject[..]];
     let (cpu, gpu) = (
         hyper(&c.cpu, &spec, rows, inputs),
         hyper(&c.gpu, &spec, rows, inputs),
