@@ -137,6 +137,7 @@ KESTREL_EXTERN void qsa_store_keys(float* __restrict__ keys, const float* __rest
     pdl_begin();
     const int t = blockIdx.x;
     const int64_t slot = slot_mapping[t];
+    if (slot < 0) return;  // a token without a page (the attention kernels report it)
     for (int i = threadIdx.x; i < d; i += blockDim.x) keys[slot * d + i] = proj[(size_t)t * proj_stride + key_col + i];
 }
 

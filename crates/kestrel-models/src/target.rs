@@ -8,12 +8,12 @@
 
 use std::path::Path;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use kestrel_core::{Backend, FlashNextOps, ForwardBatch};
 
 use crate::decoder::cache_spec;
 use crate::flash_next::{FlashNext, FlashNextCache};
-use crate::{Arch, Model, ModelConfig, Quantization, WeightForm};
+use crate::{Arch, Model, ModelConfig, WeightForm};
 
 /// The model the engine drives (one per engine, so the variants' sizes do
 /// not matter).
@@ -112,20 +112,19 @@ where
     FlashNext<B>: Send + 'static,
 {
     /// Loads a model folder of any supported architecture, in the form
-    /// `form` says ([`Model::load_as`]; Flash-Next as stored).
+    /// `form` says ([`Model::load_as`]; Flash-Next as stored, its lm_head
+    /// optionally FP8).
     pub fn load_as(dir: &Path, backend: &B, form: impl Into<WeightForm>) -> Result<Self> {
         let form = form.into();
         if !is_flash_next(dir)? {
             return Ok(Model::load_as(dir, backend, form)?.0.into());
         }
-        if form != WeightForm::from(Quantization::AsStored) {
-            bail!("qwen4_exp (Qwen3.8-Flash-Next) loads its weights as stored only");
-        }
-        Ok(FlashNext::load(dir, backend)?.into())
+        Ok(FlashNext::load_as(dir, backend, form)?.into())
     }
 
-    /// [`Model::load_dummy_as`]; Flash-Next's weights as stored (bf16),
-    /// its n-gram tables sparse files under the temporary folder
+    /// [`Model::load_dummy_as`]; Flash-Next's weights as stored (bf16, the
+    /// lm_head optionally FP8), its n-gram tables sparse files under the
+    /// temporary folder
     /// ([`crate::flash_next::dummy`]).
     pub fn load_dummy_as(
         config: &Path,
@@ -141,12 +140,9 @@ where
         if ModelConfig::from_file(&path)?.arch != Arch::Qwen4Exp {
             return Ok(Model::load_dummy_as(config, backend, seed, form)?.into());
         }
-        if form.into() != WeightForm::from(Quantization::AsStored) {
-            bail!("qwen4_exp (Qwen3.8-Flash-Next) has dummy weights as stored (bf16) only");
-        }
         let fn_config = crate::flash_next::FlashNextConfig::from_file(&path)?;
         let dir = crate::flash_next::dummy::default_dir(&fn_config);
-        Ok(FlashNext::load_dummy(&path, backend, seed, &dir)?.into())
+        Ok(FlashNext::load_dummy_as(&path, backend, seed, &dir, form)?.into())
     }
 }
 

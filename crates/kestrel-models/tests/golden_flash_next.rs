@@ -250,3 +250,44 @@ fn flash_next_state_copied_after_a_prefix_continues_bit_for_bit() {
     let err = max_abs_diff(&hit, &reference[prefix * vocab..]);
     assert!(err <= LOGIT_TOL, "max |diff| {err}");
 }
+
+/// `--lm-head-dtype fp8` on Flash-Next: the head is the checkpoint's,
+/// quantised with the official block rule (its rows are the dequantised
+/// codes), and the logits move by the head's rounding only;
+/// `--quantization fp8` is refused with a message.
+#[test]
+fn flash_next_fp8_lm_head_is_the_quantised_head_and_nothing_else_changes() {
+    use kestrel_core::{Backend, HostTensor};
+    use kestrel_models::{Quantization, WeightForm};
+
+    let f = load();
+    let b = CpuBackend::new();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/qwen4_exp/model");
+    let form = WeightForm {
+        quantization: Quantization::AsStored,
+        lm_head_fp8: true,
+    };
+    let fp8_head = FlashNext::load_as(&dir, &b, form).unwrap();
+    let vocab = f.model.config.base.vocab_size;
+    let all: Vec<u32> = (0..vocab as u32).collect();
+    let rows = |w| b.to_host(&b.embedding(w, &all));
+    let stored = rows(f.model.lm_head());
+    let h = stored.len() / vocab;
+    let want = kestrel_models::fp8::quantize(&HostTensor::from_f32(vec![vocab, h], &stored))
+        .dequantize()
+        .to_f32();
+    assert_eq!(rows(fp8_head.lm_head()), want, "head");
+    let case = &f.meta["teacher_forced"][1];
+    let tokens = ids(&case["input_ids"]);
+    let got = {
+        let mut runner = FlashNextRunner::new(&b, &fp8_head, tokens.len()).unwrap();
+        runner.feed_all_logits(&tokens).unwrap()
+    };
+    let reference = logits_in_chunks(&f, &tokens, &[tokens.len()]);
+    let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = max_abs_diff(&got, &reference);
+    eprintln!("fp8 lm_head: max |logit diff| {err:.2e} of max |logit| {scale:.2e}");
+    assert!(err > 0.0 && err < 0.1 * scale, "{err} of {scale}");
+    let refused = FlashNext::load_as(&dir, &b, Quantization::Fp8).err().expect("refused");
+    assert!(format!("{refused:#}").contains("--lm-head-dtype fp8"), "{refused:#}");
+}

@@ -36,7 +36,7 @@ use crate::config::LayerKind;
 use crate::loader::Loader;
 use crate::pipeline::{self, LoadMode, LoadPlan};
 use crate::weights::WeightFiles;
-use crate::{Quantization, fp8};
+use crate::{Quantization, WeightForm, fp8};
 
 pub struct FlashNext<B: FlashNextOps> {
     pub config: FlashNextConfig,
@@ -53,6 +53,13 @@ impl<B: FlashNextOps> FlashNext<B> {
     /// Loads `config.json` and the safetensors of a model folder. The n-gram
     /// tables stay in the memory-mapped files.
     pub fn load(dir: &Path, backend: &B) -> Result<Self> {
+        Self::load_as(dir, backend, Quantization::AsStored)
+    }
+
+    /// [`Self::load`] in the form `form` says: the weights as stored, and
+    /// optionally the lm_head quantised to block-FP8 (`--lm-head-dtype fp8`).
+    pub fn load_as(dir: &Path, backend: &B, form: impl Into<WeightForm>) -> Result<Self> {
+        let form = check_form(form.into())?;
         let config_path = dir.join("config.json");
         let config = FlashNextConfig::from_file(&config_path)?;
         if fp8::QuantConfig::from_file(&config_path)?.is_some() {
@@ -62,7 +69,7 @@ impl<B: FlashNextOps> FlashNext<B> {
         let plan = LoadPlan {
             zero_centred_norms: true,
             mode: LoadMode::Upload,
-            form: Quantization::AsStored.into(),
+            form,
         };
         let shared = Arc::clone(&files);
         pipeline::load(&files, backend, plan, move |l| {
@@ -77,6 +84,18 @@ impl<B: FlashNextOps> FlashNext<B> {
     /// sparse files in `table_dir` ([`dummy`]): benchmarks of the full-size
     /// model without its files.
     pub fn load_dummy(config: &Path, backend: &B, seed: u64, table_dir: &Path) -> Result<Self> {
+        Self::load_dummy_as(config, backend, seed, table_dir, Quantization::AsStored)
+    }
+
+    /// [`Self::load_dummy`] in the form `form` says ([`Self::load_as`]).
+    pub fn load_dummy_as(
+        config: &Path,
+        backend: &B,
+        seed: u64,
+        table_dir: &Path,
+        form: impl Into<WeightForm>,
+    ) -> Result<Self> {
+        let form = check_form(form.into())?;
         let path = if config.is_dir() {
             config.join("config.json")
         } else {
@@ -89,7 +108,7 @@ impl<B: FlashNextOps> FlashNext<B> {
             absent.insert("lm_head.weight".to_string());
         }
         let weights = crate::loader::DummyWeights { seed, absent };
-        let loader = Loader::dummy(weights, backend, true);
+        let loader = Loader::dummy(weights, backend, true).with_quantization(form);
         Self::build(&loader, config, tables)
             .with_context(|| format!("cannot build a dummy model from {}", path.display()))
     }
@@ -297,4 +316,17 @@ impl<B: FlashNextOps> FlashNext<B> {
     pub fn logits(&self, b: &B, hidden: &B::Tensor, rows: &[usize]) -> B::Tensor {
         b.matmul(&b.gather_rows(hidden, rows), self.lm_head())
     }
+}
+
+/// The forms Flash-Next loads in: its weights as stored (which of its own
+/// tensors an FP8 checkpoint quantises is not known here), the lm_head
+/// optionally FP8.
+fn check_form(form: WeightForm) -> Result<WeightForm> {
+    if form.quantization != Quantization::AsStored {
+        bail!(
+            "qwen4_exp (Qwen3.8-Flash-Next) loads its weights as stored; --quantization fp8 \
+             is not available for it (--lm-head-dtype fp8 is)"
+        );
+    }
+    Ok(form)
 }

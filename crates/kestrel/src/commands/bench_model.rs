@@ -314,11 +314,9 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// Qwen3.8-Flash-Next with dummy weights: its own prefill and decode loop
-/// ([`flash_next`]), bf16 weights as stored.
+/// ([`flash_next`]), weights as stored (the lm_head optionally FP8).
 fn bench_flash_next(args: &Args, config: &std::path::Path) -> Result<()> {
-    if args.quantization.get() != Quantization::AsStored {
-        bail!("qwen4_exp is benchmarked with its weights as stored (bf16) only");
-    }
+    let form = args.quantization.form();
     let run = |b: &dyn Fn(&flash_next::Settings) -> Result<serde_json::Value>| -> Result<()> {
         let report = b(&flash_next::Settings {
             config,
@@ -328,6 +326,7 @@ fn bench_flash_next(args: &Args, config: &std::path::Path) -> Result<()> {
             context: args.context,
             steps: args.steps,
             chunk: args.max_batched_tokens,
+            form,
         })?;
         if let Some(path) = &args.json {
             std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
@@ -335,11 +334,12 @@ fn bench_flash_next(args: &Args, config: &std::path::Path) -> Result<()> {
         Ok(())
     };
     match backend::open(args.backend, args.device)? {
-        Chosen::Cpu { .. } => run(&|s| flash_next::bench(&CpuBackend::new(), s, 4, None)),
+        Chosen::Cpu { .. } => run(&|s| flash_next::bench(&CpuBackend::new(), s, (4, 4), None)),
         Chosen::Cuda(cuda) => {
             eprintln!("{}", cuda.plan());
             let plan = serde_json::to_value(cuda.plan())?;
-            run(&|s| flash_next::bench(&cuda, s, 2, Some(plan.clone())))
+            let head = if form.lm_head_fp8 { 1 } else { 2 };
+            run(&|s| flash_next::bench(&cuda, s, (2, head), Some(plan.clone())))
         }
     }
 }

@@ -11,6 +11,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use kestrel_core::flash_next::FlashNextOps;
 use kestrel_core::{ForwardBatch, SeqChunk};
+use kestrel_models::WeightForm;
 use kestrel_models::flash_next::{FlashNext, FlashNextConfig};
 use serde_json::json;
 
@@ -18,9 +19,9 @@ const BLOCK_SIZE: usize = 16;
 
 /// Matrix elements a decode step reads for `batch` sequences: every dense
 /// product, the experts `batch` tokens pick (the expected number of distinct
-/// ones under uniform routing), the hyper-connection gates, the PLE
-/// projections and the lm_head. Norms and vectors are left out (tiny).
-pub fn decode_matrix_elems(c: &FlashNextConfig, batch: usize) -> f64 {
+/// ones under uniform routing), the hyper-connection gates and the PLE
+/// projections; then the lm_head's. Norms and vectors are left out (tiny).
+pub fn decode_matrix_elems(c: &FlashNextConfig, batch: usize) -> (f64, f64) {
     let b = &c.base;
     let h = b.hidden_size as f64;
     let streams = c.hc_count as f64;
@@ -56,8 +57,11 @@ pub fn decode_matrix_elems(c: &FlashNextConfig, batch: usize) -> f64 {
         let e = p.embed_dim as f64;
         total += p.layers.len() as f64 * (streams * h * e + h * e);
     }
-    // The final mixer's gates and the lm_head.
-    total + 2.0 * c.hc_lowrank as f64 * streams * h + b.vocab_size as f64 * h
+    // The final mixer's gates; the lm_head.
+    (
+        total + 2.0 * c.hc_lowrank as f64 * streams * h,
+        b.vocab_size as f64 * h,
+    )
 }
 
 /// A batch of `seqs` sequences bringing `new` tokens each after `cached`,
@@ -119,13 +123,15 @@ pub struct Settings<'a> {
     pub steps: usize,
     /// Tokens per sequence in each prefill step of the context.
     pub chunk: usize,
+    pub form: WeightForm,
 }
 
-/// The figures as JSON; `elem_bytes` is the size of a weight element.
+/// The figures as JSON; `elem_bytes` is the size of a weight element and of
+/// an lm_head element.
 pub fn bench<B: FlashNextOps>(
     b: &B,
     s: &Settings,
-    elem_bytes: usize,
+    elem_bytes: (usize, usize),
     plan: Option<serde_json::Value>,
 ) -> Result<serde_json::Value> {
     let Settings {
@@ -136,6 +142,7 @@ pub fn bench<B: FlashNextOps>(
         context,
         steps,
         chunk,
+        form,
     } = *s;
     let path = if config.is_dir() {
         config.join("config.json")
@@ -145,7 +152,7 @@ pub fn bench<B: FlashNextOps>(
     let cfg = FlashNextConfig::from_file(&path)?;
     let dir = kestrel_models::flash_next::dummy::default_dir(&cfg);
     let start = Instant::now();
-    let model = FlashNext::load_dummy(&path, b, 0, &dir)?;
+    let model = FlashNext::load_dummy_as(&path, b, 0, &dir, form)?;
     b.synchronize()?;
     eprintln!(
         "qwen4_exp: {} layers, dummy weights in {:.1} s, n-gram tables mapped from {}",
@@ -207,7 +214,8 @@ pub fn bench<B: FlashNextOps>(
         };
         run(2, &mut pos)?;
         let ms = run(steps, &mut pos)?;
-        let bytes = decode_matrix_elems(&cfg, seqs) * elem_bytes as f64;
+        let (body, head) = decode_matrix_elems(&cfg, seqs);
+        let bytes = body * elem_bytes.0 as f64 + head * elem_bytes.1 as f64;
         let floor_ms = bandwidth.map(|gbs| bytes / (gbs * 1e9) * 1e3);
         eprintln!(
             "decode batch {seqs} at {context}: {ms:8.3} ms a step, {:8.1} tok/s, {:.3} ms a layer; \
@@ -236,6 +244,7 @@ pub fn bench<B: FlashNextOps>(
         "backend": b.name(),
         "plan": plan,
         "layers": cfg.base.num_layers,
+        "lm_head_fp8": form.lm_head_fp8,
         "bandwidth_gbs": bandwidth,
         "prefill": prefill_out,
         "decode": decode_out,
