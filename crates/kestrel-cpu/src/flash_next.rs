@@ -3,8 +3,8 @@
 //! attention is the paged attention restricted to the selected positions.
 
 use kestrel_core::flash_next::{
-    Channels, FlashNextOps, HyperSpec, PleParams, PleSpec, QsaNorms, QsaSpec, RowEdit,
-    TokenSelection, host,
+    Channels, FlashNextOps, HyperSpec, IndexerKeys, PleParams, PleSpec, QsaNorms, QsaSpec,
+    RowEdit, TokenSelection, host,
 };
 use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch};
 
@@ -73,18 +73,26 @@ impl FlashNextOps for CpuBackend {
         proj: &CpuTensor,
         norms: &QsaNorms<CpuWeight>,
         spec: &QsaSpec,
-        keys: &mut CpuTensor,
+        keys: &mut IndexerKeys<CpuTensor>,
         block_size: usize,
         batch: &ForwardBatch,
     ) -> TokenSelection {
-        host::qsa_select(
+        // The host function works on the vectors, moved out and back.
+        let mut host_keys = IndexerKeys {
+            raw: std::mem::take(&mut keys.raw.data),
+            pooled: std::mem::take(&mut keys.pooled.data),
+        };
+        let sel = host::qsa_select(
             &proj.data,
             &norms.host(),
             spec,
-            &mut keys.data,
+            &mut host_keys,
             block_size,
             batch,
-        )
+        );
+        keys.raw.data = host_keys.raw;
+        keys.pooled.data = host_keys.pooled;
+        sel
     }
 
     fn edit_rows(&self, t: &mut CpuTensor, edit: RowEdit) {

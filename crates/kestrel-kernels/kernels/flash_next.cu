@@ -1,8 +1,8 @@
 // Qwen3.8-Flash-Next's own operations (`FlashNextOps`): the four-stream
 // hyper-connections (grouped RMSNorm, the low-rank gate's activation, the
 // stream mean, the inject), the PLE layer's per-stream gate and dilated causal
-// conv, and the QSA indexer's raw-key store, pooled block keys and block
-// scores. Exact math (no fast math): everything here feeds a sigmoid, a norm
+// conv, and the QSA indexer's raw-key store, pooled keys of the blocks a step
+// completes and block scores. Exact math (no fast math): everything here feeds a sigmoid, a norm
 // or the indexer's top-k, whose choice of blocks decides what attention reads.
 // Where the host reference (`kestrel_core::flash_next::host`) forms a sum in a
 // fixed order that is cheap to keep (the conv, the block pooling), the kernel
@@ -150,71 +150,81 @@ __device__ __forceinline__ void qsa_rope(int pos, int j, int rotary_dim, float t
     *s = sinf(angle);
 }
 
-// Pooled, normalised and rotated keys of every complete block of every
-// sequence: block b of sequence s is the f32 mean of the raw keys at
-// positions b * ratio .. (b + 1) * ratio (added in order, then divided), its
-// RMSNorm times `k_norm`, rotated at position b * ratio. Written to
-// bkeys[bk_offset[s] + b, :]. A warp per block, head dims up to 256:
-// grid (ceil(max blocks / 8), S), block 256, dynamic shared memory 8 * d floats.
-KESTREL_EXTERN void qsa_block_keys(float* __restrict__ bkeys, const float* __restrict__ keys,
-                                   const int* __restrict__ seq_len, const int* __restrict__ table_offset,
-                                   const int* __restrict__ block_tables, const int* __restrict__ bk_offset,
-                                   const float* __restrict__ k_norm, int block_size, int ratio, int d,
-                                   int rotary_dim, float theta, float eps) {
+// Row of the pooled-key store holding block b of a sequence (pages of
+// `block_size` positions, `block_size / ratio` pooled rows each).
+__device__ __forceinline__ int64_t qsa_pooled_row(const int* table, int block_size, int ratio, int b) {
+    const int first = b * ratio;
+    return (int64_t)table[first / block_size] * (block_size / ratio) + first % block_size / ratio;
+}
+
+// The pooled, normalised and rotated key of each block this step completes:
+// block b (`blocks[2i + 1]`) of sequence `blocks[2i]` is the f32 mean of the
+// raw keys at positions b * ratio .. (b + 1) * ratio (added in order, then
+// divided), its RMSNorm times `k_norm`, rotated at position b * ratio, written
+// to its row of `pooled`. A warp per block, head dims up to 256: grid
+// ceil(blocks / 8), block 256, dynamic shared memory 8 * d floats.
+KESTREL_EXTERN void qsa_pool_blocks(float* __restrict__ pooled, const float* __restrict__ keys,
+                                    const int* __restrict__ blocks, int count,
+                                    const int* __restrict__ table_offset, const int* __restrict__ block_tables,
+                                    const float* __restrict__ k_norm, int block_size, int ratio, int d,
+                                    int rotary_dim, float theta, float eps) {
     pdl_begin();
     extern __shared__ float smem_bk[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int s = blockIdx.y, b = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (b >= seq_len[s] / ratio) return;
+    const int i = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (i >= count) return;
+    const int s = blocks[2 * i], b = blocks[2 * i + 1];
     const int* table = block_tables + table_offset[s];
     float* buf = smem_bk + warp * d;
     float ss = 0.f;
-    for (int i = lane; i < d; i += 32) {
+    for (int j = lane; j < d; j += 32) {
         float acc = 0.f;
         for (int p = b * ratio; p < (b + 1) * ratio; ++p) {
             const int64_t row = (int64_t)table[p / block_size] * block_size + p % block_size;
-            acc = __fadd_rn(acc, keys[row * d + i]);
+            acc = __fadd_rn(acc, keys[row * d + j]);
         }
         acc = acc / (float)ratio;
-        buf[i] = acc;
+        buf[j] = acc;
         ss = __fmaf_rn(acc, acc, ss);
     }
     const float inv = 1.f / sqrtf(warp_sum(ss) / d + eps);
     __syncwarp();
-    for (int i = lane; i < d; i += 32) buf[i] = (buf[i] * inv) * k_norm[i];
+    for (int j = lane; j < d; j += 32) buf[j] = (buf[j] * inv) * k_norm[j];
     __syncwarp();
     const int half = rotary_dim / 2;
-    float* dst = bkeys + ((size_t)bk_offset[s] + b) * d;
-    for (int i = lane; i < d; i += 32) {
-        float v = buf[i];
-        if (i < rotary_dim) {
-            const int j = i < half ? i : i - half;
+    float* dst = pooled + qsa_pooled_row(table, block_size, ratio, b) * d;
+    for (int j = lane; j < d; j += 32) {
+        float v = buf[j];
+        if (j < rotary_dim) {
+            const int k = j < half ? j : j - half;
             float c, sn;
-            qsa_rope(b * ratio, j, rotary_dim, theta, &c, &sn);
-            v = i < half ? buf[i] * c + (-buf[i + half]) * sn : buf[i] * c + buf[i - half] * sn;
+            qsa_rope(b * ratio, k, rotary_dim, theta, &c, &sn);
+            v = j < half ? buf[j] * c + (-buf[j + half]) * sn : buf[j] * c + buf[j - half] * sn;
         }
-        dst[i] = v;
+        dst[j] = v;
     }
 }
 
 // Block scores of the tokens that choose: for scored token u (token
-// `rows[4u]`, whose sequence's block keys start at `rows[4u + 1]`, with
-// `rows[4u + 2]` complete blocks, written from scores[rows[4u + 3]]),
-// score[b] = sum over heads h of relu(q[t, h] . bkey[b]) / sqrt(d), q already
-// normalised and rotated ([T, heads * d]). A warp per block, head dims up to
-// 256: grid (ceil(max blocks / 8), scored tokens), block 256, dynamic shared
-// memory heads * d floats (the token's queries).
+// `rows[4u]` of sequence `rows[4u + 1]`, with `rows[4u + 2]` complete blocks,
+// written from scores[rows[4u + 3]]), score[b] = sum over heads h of
+// relu(q[t, h] . pooled key of block b) / sqrt(d), q already normalised and
+// rotated ([T, heads * d]). A warp per block, head dims up to 256: grid
+// (ceil(max blocks / 8), scored tokens), block 256, dynamic shared memory
+// heads * d floats (the token's queries).
 KESTREL_EXTERN void qsa_scores(float* __restrict__ scores, const float* __restrict__ q,
-                               const float* __restrict__ bkeys, const int* __restrict__ rows, int heads, int d) {
+                               const float* __restrict__ pooled, const int* __restrict__ rows,
+                               const int* __restrict__ table_offset, const int* __restrict__ block_tables,
+                               int block_size, int ratio, int heads, int d) {
     pdl_begin();
     extern __shared__ float smem_q[];
     const int u = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t = rows[4 * u], first = rows[4 * u + 1], blocks = rows[4 * u + 2], out = rows[4 * u + 3];
+    const int t = rows[4 * u], seq = rows[4 * u + 1], blocks = rows[4 * u + 2], out = rows[4 * u + 3];
     for (int i = threadIdx.x; i < heads * d; i += blockDim.x) smem_q[i] = q[(size_t)t * heads * d + i];
     __syncthreads();
     const int b = blockIdx.x * (blockDim.x >> 5) + warp;
     if (b >= blocks) return;
-    const float* k = bkeys + ((size_t)first + b) * d;
+    const float* k = pooled + qsa_pooled_row(block_tables + table_offset[seq], block_size, ratio, b) * d;
     float kv[8];
 #pragma unroll
     for (int m = 0; m < 8; ++m) kv[m] = lane + 32 * m < d ? k[lane + 32 * m] : 0.f;

@@ -4,7 +4,9 @@
 //! on copies of a device's tensors.
 
 use super::selection::ScoreLayout;
-use super::{HostPleParams, HostQsaNorms, HyperSpec, PleSpec, QsaSpec, RowEdit, TokenSelection};
+use super::{
+    HostPleParams, HostQsaNorms, HyperSpec, IndexerKeys, PleSpec, QsaSpec, RowEdit, TokenSelection,
+};
 use crate::{ForwardBatch, RopeSpec, StateSnapshot};
 
 fn sigmoid(x: f32) -> f32 {
@@ -252,7 +254,7 @@ pub fn qsa_select(
     proj: &[f32],
     norms: &HostQsaNorms<'_>,
     spec: &QsaSpec,
-    keys: &mut [f32],
+    keys: &mut IndexerKeys<Vec<f32>>,
     block_size: usize,
     batch: &ForwardBatch,
 ) -> TokenSelection {
@@ -263,52 +265,54 @@ pub fn qsa_select(
         batch.num_tokens() * cols,
         "qsa_select: projection width"
     );
+    assert!(
+        block_size.is_multiple_of(r),
+        "pages of {block_size} positions are not whole blocks of {r}"
+    );
     let mut start = 0;
     for s in &batch.seqs {
         for i in 0..s.num_tokens {
             let row = &proj[(start + i) * cols..(start + i + 1) * cols];
             let dst = page_row(&s.block_table, block_size, s.cached_len + i);
-            keys[dst * d..(dst + 1) * d].copy_from_slice(&row[nh * d..]);
+            keys.raw[dst * d..(dst + 1) * d].copy_from_slice(&row[nh * d..]);
         }
         start += s.num_tokens;
     }
     let layout = ScoreLayout::new(spec, batch);
-    let mut scores = vec![0.0f32; layout.score_len];
-    if !layout.scored.is_empty() {
-        // Pooled, normalised and rotated keys of every complete block.
-        let mut block_keys = Vec::with_capacity(layout.block_keys[batch.seqs.len()] * d);
-        for s in &batch.seqs {
-            for b in 0..s.total_len() / r {
-                let mut pooled = vec![0.0f32; d];
-                for p in b * r..(b + 1) * r {
-                    let src = page_row(&s.block_table, block_size, p);
-                    pooled
-                        .iter_mut()
-                        .zip(&keys[src * d..(src + 1) * d])
-                        .for_each(|(a, k)| *a += k);
-                }
-                pooled.iter_mut().for_each(|a| *a /= r as f32);
-                let mut bk = vec![0.0f32; d];
-                rms_norm_into(&pooled, norms.k, spec.eps, &mut bk);
-                apply_rope(&mut bk[..spec.rope.rotary_dim], &rope_at(&spec.rope, b * r));
-                block_keys.extend(bk);
-            }
+    // The pooled, normalised and rotated key of every block completed now.
+    for &(seq, b) in &layout.completed {
+        let s = &batch.seqs[seq];
+        let mut pooled = vec![0.0f32; d];
+        for p in b * r..(b + 1) * r {
+            let src = page_row(&s.block_table, block_size, p);
+            pooled
+                .iter_mut()
+                .zip(&keys.raw[src * d..(src + 1) * d])
+                .for_each(|(a, k)| *a += k);
         }
-        let scale = (d as f32).sqrt();
-        let positions = batch.positions();
-        for u in &layout.scored {
-            let row = &proj[u.row * cols..(u.row + 1) * cols];
-            let cs = rope_at(&spec.rope, positions[u.row] as usize);
-            let mut q = vec![0.0f32; nh * d];
-            for (qh, src) in q.chunks_exact_mut(d).zip(row.chunks_exact(d)) {
-                rms_norm_into(src, norms.q, spec.eps, qh);
-                apply_rope(&mut qh[..spec.rope.rotary_dim], &cs);
-            }
-            for b in 0..u.blocks {
-                let k = &block_keys[(u.first_key + b) * d..(u.first_key + b + 1) * d];
-                let relu_sum: f32 = q.chunks_exact(d).map(|qh| dot(qh, k).max(0.0)).sum();
-                scores[u.at + b] = relu_sum / scale;
-            }
+        pooled.iter_mut().for_each(|a| *a /= r as f32);
+        let dst = spec.pooled_row(&s.block_table, block_size, b);
+        let bk = &mut keys.pooled[dst * d..(dst + 1) * d];
+        rms_norm_into(&pooled, norms.k, spec.eps, bk);
+        apply_rope(&mut bk[..spec.rope.rotary_dim], &rope_at(&spec.rope, b * r));
+    }
+    let mut scores = vec![0.0f32; layout.score_len];
+    let scale = (d as f32).sqrt();
+    let positions = batch.positions();
+    for u in &layout.scored {
+        let row = &proj[u.row * cols..(u.row + 1) * cols];
+        let cs = rope_at(&spec.rope, positions[u.row] as usize);
+        let mut q = vec![0.0f32; nh * d];
+        for (qh, src) in q.chunks_exact_mut(d).zip(row.chunks_exact(d)) {
+            rms_norm_into(src, norms.q, spec.eps, qh);
+            apply_rope(&mut qh[..spec.rope.rotary_dim], &cs);
+        }
+        let table = &batch.seqs[u.seq].block_table;
+        for b in 0..u.blocks {
+            let k = spec.pooled_row(table, block_size, b);
+            let k = &keys.pooled[k * d..(k + 1) * d];
+            let relu_sum: f32 = q.chunks_exact(d).map(|qh| dot(qh, k).max(0.0)).sum();
+            scores[u.at + b] = relu_sum / scale;
         }
     }
     layout.selection(spec, batch, &scores)

@@ -86,6 +86,28 @@ impl QsaSpec {
     }
 }
 
+/// One attention layer's indexer store, rows addressed through the block
+/// tables: `raw` holds every paged position's key (`[pages * block_size,
+/// head_dim]`), `pooled` every complete block's pooled, normalised and
+/// rotated key (`[pages * block_size / compress_ratio, head_dim]`), written
+/// when the block's last position is. Both follow the pages, so a prefix
+/// cache that shares pages shares them; a rejected draft that completed a
+/// block leaves a key that the accepted token at that position rewrites.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexerKeys<T> {
+    pub raw: T,
+    pub pooled: T,
+}
+
+impl QsaSpec {
+    /// Row of `pooled` holding block `b` of a sequence with `block_table`.
+    pub fn pooled_row(&self, block_table: &[u32], block_size: usize, b: usize) -> usize {
+        let first = b * self.compress_ratio;
+        block_table[first / block_size] as usize * (block_size / self.compress_ratio)
+            + first % block_size / self.compress_ratio
+    }
+}
+
 /// Plain-form norm weights of the indexer (`1 + w` already added).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QsaNorms<W> {
@@ -259,31 +281,35 @@ pub trait FlashNextOps: Backend {
         self.from_host(rows, spec.hyper.width(), &out)
     }
 
-    /// Stores each new token's raw indexer key in `keys` (one row per paged
-    /// cache position, addressed through the batch's block tables with
-    /// `block_size` positions per page) and picks, for every new token, the
-    /// `budget / compress_ratio` best complete blocks of its visible
-    /// positions plus the incomplete tail block.
+    /// Stores each new token's raw indexer key and the pooled key of every
+    /// block a new token completes in `keys` (see [`IndexerKeys`]; pages of
+    /// `block_size` positions through the batch's block tables) and picks,
+    /// for every new token, the `budget / compress_ratio` best complete
+    /// blocks of its visible positions plus the incomplete tail block.
     fn qsa_select(
         &self,
         proj: &Self::Tensor,
         norms: &QsaNorms<Self::Weight>,
         spec: &QsaSpec,
-        keys: &mut Self::Tensor,
+        keys: &mut IndexerKeys<Self::Tensor>,
         block_size: usize,
         batch: &ForwardBatch,
     ) -> TokenSelection {
-        let (krows, kcols) = self.dims(keys);
-        let mut k = self.to_host(keys);
+        let (raw_dims, pooled_dims) = (self.dims(&keys.raw), self.dims(&keys.pooled));
+        let mut host_keys = IndexerKeys {
+            raw: self.to_host(&keys.raw),
+            pooled: self.to_host(&keys.pooled),
+        };
         let sel = host::qsa_select(
             &self.to_host(proj),
             &norms.host(),
             spec,
-            &mut k,
+            &mut host_keys,
             block_size,
             batch,
         );
-        *keys = self.from_host(krows, kcols, &k);
+        keys.raw = self.from_host(raw_dims.0, raw_dims.1, &host_keys.raw);
+        keys.pooled = self.from_host(pooled_dims.0, pooled_dims.1, &host_keys.pooled);
         sel
     }
 

@@ -13,8 +13,9 @@ use crate::ForwardBatch;
 pub struct ScoredToken {
     /// Its row among the step's new tokens.
     pub row: usize,
-    /// The first of its sequence's block keys (see [`ScoreLayout::block_keys`]).
-    pub first_key: usize,
+    /// Its sequence's index in the batch (whose block table holds its
+    /// blocks' pooled keys).
+    pub seq: usize,
     /// Its complete blocks: scores `at .. at + blocks`.
     pub blocks: usize,
     pub at: usize,
@@ -24,29 +25,28 @@ pub struct ScoredToken {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScoreLayout {
     pub scored: Vec<ScoredToken>,
-    /// Each sequence's first pooled block key and, last, their total
-    /// (`[S + 1]`): every complete block of a sequence, in order.
-    pub block_keys: Vec<usize>,
     /// All scores, one scored token after another.
     pub score_len: usize,
+    /// The blocks this step completes, `(sequence, block)`, in order: their
+    /// pooled keys are made before any score is.
+    pub completed: Vec<(usize, usize)>,
 }
 
 impl ScoreLayout {
     pub fn new(spec: &QsaSpec, batch: &ForwardBatch) -> Self {
         let (r, top) = (spec.compress_ratio, spec.top_blocks());
-        let mut l = ScoreLayout {
-            block_keys: vec![0],
-            ..ScoreLayout::default()
-        };
+        let mut l = ScoreLayout::default();
         let mut row = 0;
-        for q in &batch.seqs {
-            let first_key = *l.block_keys.last().unwrap();
+        for (seq, q) in batch.seqs.iter().enumerate() {
             for i in 0..q.num_tokens {
                 let blocks = (q.cached_len + i + 1) / r;
+                if (q.cached_len + i + 1).is_multiple_of(r) {
+                    l.completed.push((seq, blocks - 1));
+                }
                 if blocks > top {
                     l.scored.push(ScoredToken {
                         row,
-                        first_key,
+                        seq,
                         blocks,
                         at: l.score_len,
                     });
@@ -54,7 +54,6 @@ impl ScoreLayout {
                 }
                 row += 1;
             }
-            l.block_keys.push(first_key + q.total_len() / r);
         }
         l
     }
@@ -154,12 +153,13 @@ mod tests {
         assert_eq!(
             l.scored,
             [
-                ScoredToken { row: 1, first_key: 0, blocks: 3, at: 0 },
-                ScoredToken { row: 2, first_key: 0, blocks: 3, at: 3 },
+                ScoredToken { row: 1, seq: 0, blocks: 3, at: 0 },
+                ScoredToken { row: 2, seq: 0, blocks: 3, at: 3 },
             ]
         );
-        assert_eq!(l.block_keys, [0, 3, 4]);
         assert_eq!(l.score_len, 6);
+        // Position 11 completes block 2 of sequence 0, position 3 block 0 of 1.
+        assert_eq!(l.completed, [(0, 2), (1, 0)]);
         // Token 11 keeps blocks 0 and 2, token 12 blocks 1 and 2.
         let sel = l.selection(&spec(), &batch, &[3.0, 1.0, 2.0, 0.0, 5.0, 4.0]);
         assert_eq!(sel.positions[0], (0..=10).collect::<Vec<u32>>());

@@ -8,13 +8,15 @@
 
 use anyhow::Result;
 use kestrel_core::Backend;
-use kestrel_core::flash_next::{FlashNextOps, RowEdit};
+use kestrel_core::flash_next::{FlashNextOps, IndexerKeys, RowEdit};
 
 pub struct FlashNextCache<B: Backend> {
     /// KV pages of the attention layers and state slots of the GDN layers.
     pub base: B::Cache,
-    /// Per attention layer: `[num_blocks * block_size, indexer head_dim]`.
-    pub indexer_keys: Vec<B::Tensor>,
+    /// Per attention layer: the raw and pooled indexer keys
+    /// ([`IndexerKeys`]: `num_blocks * block_size` and
+    /// `num_blocks * block_size / compress_ratio` rows of the indexer head dim).
+    pub indexer_keys: Vec<IndexerKeys<B::Tensor>>,
     /// Per PLE module: `[slots * state_len, streams * hidden]`.
     pub ple_conv: Vec<B::Tensor>,
     /// Per slot: the last `ngram_size - 1` tokens, EOS before the first.
@@ -32,7 +34,7 @@ impl<B: FlashNextOps> FlashNextCache<B> {
     pub(crate) fn new(
         b: &B,
         base: B::Cache,
-        indexer: (usize, usize),
+        indexer: (usize, usize, usize),
         ple: (usize, usize, usize),
         ngram_context: usize,
         eos: u32,
@@ -40,14 +42,18 @@ impl<B: FlashNextOps> FlashNextCache<B> {
         block_size: usize,
         slots: usize,
     ) -> Result<Self> {
-        let (attn_layers, key_dim) = indexer;
+        let (attn_layers, key_dim, ratio) = indexer;
         let (ple_modules, state_rows, width) = ple;
-        let keys = |_| {
-            b.from_host(
-                num_blocks * block_size,
-                key_dim,
-                &vec![0.0; num_blocks * block_size * key_dim],
-            )
+        if attn_layers > 0 && !block_size.is_multiple_of(ratio) {
+            anyhow::bail!(
+                "qwen4_exp needs pages of whole indexer blocks: a block size of {block_size} \
+                 is not a multiple of the compress ratio {ratio}"
+            );
+        }
+        let rows = |n: usize| b.from_host(n, key_dim, &vec![0.0; n * key_dim]);
+        let keys = |_| IndexerKeys {
+            raw: rows(num_blocks * block_size),
+            pooled: rows(num_blocks * block_size / ratio),
         };
         let conv = |_| {
             b.from_host(
@@ -73,7 +79,7 @@ impl<B: FlashNextOps> FlashNextCache<B> {
 /// keys and the PLE conv pools. Borrowed apart from `base`, which a step
 /// hands to the backend (`Backend::run_step`).
 pub struct Pools<'a, B: Backend> {
-    pub indexer_keys: &'a mut [B::Tensor],
+    pub indexer_keys: &'a mut [IndexerKeys<B::Tensor>],
     pub ple_conv: &'a mut [B::Tensor],
     pub block_size: usize,
 }

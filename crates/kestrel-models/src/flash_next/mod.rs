@@ -209,7 +209,11 @@ impl<B: FlashNextOps> FlashNext<B> {
         FlashNextCache::new(
             b,
             base,
-            (cfg.num_attention_layers(), self.config.qsa.head_dim),
+            (
+                cfg.num_attention_layers(),
+                self.config.qsa.head_dim,
+                self.config.qsa.compress_ratio,
+            ),
             (ple_modules, state_rows, self.hyper.width()),
             ple.as_ref().map_or(0, |p| p.ngram_size - 1),
             ple.as_ref().map_or(0, |p| p.eos_token_id),

@@ -1,8 +1,8 @@
 //! `FlashNextOps` for the CUDA backend: every operation on the device.
 
 use kestrel_core::flash_next::{
-    Channels, FlashNextOps, HyperSpec, PleParams, PleSpec, QsaNorms, QsaSpec, RowEdit,
-    TokenSelection,
+    Channels, FlashNextOps, HyperSpec, IndexerKeys, PleParams, PleSpec, QsaNorms, QsaSpec,
+    RowEdit, TokenSelection,
 };
 use kestrel_core::{AttentionSpec, AttentionWeights, Backend, ForwardBatch};
 
@@ -59,7 +59,7 @@ impl FlashNextOps for CudaBackend {
         proj: &CudaTensor,
         norms: &QsaNorms<CudaWeight>,
         spec: &QsaSpec,
-        keys: &mut CudaTensor,
+        keys: &mut IndexerKeys<CudaTensor>,
         block_size: usize,
         batch: &ForwardBatch,
     ) -> TokenSelection {

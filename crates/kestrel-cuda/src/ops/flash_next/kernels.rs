@@ -11,7 +11,7 @@ pub const THREADS: u32 = 256;
 pub const CONV_THREADS: u32 = 128;
 /// Most past inputs `ple_conv_add` keeps per channel (`PLE_MAX_STATE`).
 pub const PLE_MAX_STATE: usize = 32;
-/// Warps (blocks of the indexer, one each) per block of `qsa_block_keys`
+/// Warps (blocks of the indexer, one each) per block of `qsa_pool_blocks`
 /// and `qsa_scores`.
 pub const QSA_WARPS: usize = 8;
 /// Largest indexer head dim the QSA kernels take (8 values per lane).
@@ -26,7 +26,7 @@ pub struct FlashNextKernels {
     pub ple_gate: CudaFunction,
     pub ple_conv_add: CudaFunction,
     pub qsa_store_keys: CudaFunction,
-    pub qsa_block_keys: CudaFunction,
+    pub qsa_pool_blocks: CudaFunction,
     pub qsa_scores: CudaFunction,
 }
 
@@ -42,7 +42,7 @@ impl FlashNextKernels {
             ple_gate: function(&m, "ple_gate")?,
             ple_conv_add: function(&m, "ple_conv_add")?,
             qsa_store_keys: function(&m, "qsa_store_keys")?,
-            qsa_block_keys: function(&m, "qsa_block_keys")?,
+            qsa_pool_blocks: function(&m, "qsa_pool_blocks")?,
             qsa_scores: function(&m, "qsa_scores")?,
         })
     }

@@ -1,10 +1,10 @@
 //! QSA on the device: the indexer's keys, block keys and block scores, and
 //! attention over each token's selected positions.
 //!
-//! Selection: the raw keys are stored in their paged rows, every complete
-//! block of every sequence is pooled, normalised and rotated (recomputed each
-//! call; a cache of pooled keys is the next step), and the tokens with more
-//! complete blocks than the budget score them all. The scores come back to
+//! Selection: the raw keys are stored in their paged rows, each block a new
+//! token completes is pooled, normalised and rotated into its paged row of
+//! the pooled store (a warp per block), and the tokens with more complete
+//! blocks than the budget score them all from that store. The scores come back to
 //! the host, where the bookkeeping the CPU backend runs too
 //! (`kestrel_core::flash_next::selection`: which tokens score, where, and
 //! the top blocks in the reference's tie order) turns them into the
@@ -18,7 +18,7 @@
 //! kernel has just written.
 
 use kestrel_core::flash_next::selection::ScoreLayout;
-use kestrel_core::flash_next::{QsaNorms, QsaSpec, TokenSelection};
+use kestrel_core::flash_next::{IndexerKeys, QsaNorms, QsaSpec, TokenSelection};
 use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch, SeqChunk};
 
 use super::kernels::{QSA_MAX_HEAD_DIM, QSA_WARPS};
@@ -39,7 +39,7 @@ pub fn select(
     proj: &CudaTensor,
     norms: &QsaNorms<CudaWeight>,
     spec: &QsaSpec,
-    keys: &mut CudaTensor,
+    keys: &mut IndexerKeys<CudaTensor>,
     block_size: usize,
     batch: &ForwardBatch,
 ) -> TokenSelection {
@@ -50,7 +50,15 @@ pub fn select(
         (t, spec.proj_width()),
         "qsa_select: projection [T, (heads + 1) * head_dim]"
     );
-    assert_eq!(keys.cols, d, "qsa_select: key rows of head_dim");
+    assert_eq!(
+        (keys.raw.cols, keys.pooled.cols),
+        (d, d),
+        "qsa_select: key rows of head_dim"
+    );
+    assert!(
+        block_size.is_multiple_of(r),
+        "pages of {block_size} positions are not whole blocks of {r}"
+    );
     assert!(
         d <= QSA_MAX_HEAD_DIM && spec.rope.rotary_dim <= d,
         "indexer head dim {d} (at most {QSA_MAX_HEAD_DIM}, rotary dims inside it)"
@@ -68,7 +76,7 @@ pub fn select(
         128,
         0,
         &[
-            Arg::Ptr(ptr(&keys.buf, s)),
+            Arg::Ptr(ptr(&keys.raw.buf, s)),
             Arg::Ptr(ptr(&proj.buf, s)),
             Arg::I32(proj.cols as i32),
             Arg::I32((nh * d) as i32),
@@ -76,46 +84,42 @@ pub fn select(
             Arg::I32(d as i32),
         ],
     );
-
     let layout = ScoreLayout::new(spec, batch);
+    let table_args = [Arg::Ptr(l.table_offset()), Arg::Ptr(l.block_tables())];
+    if !layout.completed.is_empty() {
+        let completed: Vec<i32> = layout
+            .completed
+            .iter()
+            .flat_map(|&(seq, b)| [seq as i32, b as i32])
+            .collect();
+        let completed_dev = gpu.upload(&completed);
+        let mut args = vec![
+            Arg::Ptr(ptr(&keys.pooled.buf, s)),
+            Arg::Ptr(ptr(&keys.raw.buf, s)),
+            Arg::Ptr(ptr(&completed_dev, s)),
+            Arg::I32(layout.completed.len() as i32),
+        ];
+        args.extend(table_args);
+        args.extend([
+            Arg::Ptr(ptr(norms.k.weight.f32("indexer k norm"), s)),
+            Arg::I32(block_size as i32),
+            Arg::I32(r as i32),
+            Arg::I32(d as i32),
+            Arg::I32(spec.rope.rotary_dim as i32),
+            Arg::F32(spec.rope.theta),
+            Arg::F32(spec.eps),
+        ]);
+        gpu.launch(
+            &cx.k.flash_next.qsa_pool_blocks,
+            (blocks(layout.completed.len(), QSA_WARPS), 1, 1),
+            32 * QSA_WARPS as u32,
+            (QSA_WARPS * d * 4) as u32,
+            &args,
+        );
+    }
     let scores = if layout.scored.is_empty() {
         Vec::new()
     } else {
-        let all_blocks = layout.block_keys[batch.seqs.len()];
-        let max_blocks = batch
-            .seqs
-            .iter()
-            .map(|q| q.total_len() / r)
-            .max()
-            .unwrap_or(0);
-        let bkeys = gpu.alloc::<f32>(all_blocks * d);
-        let offsets: Vec<i32> = layout.block_keys.iter().map(|&o| o as i32).collect();
-        let bk_offset = gpu.upload(&offsets);
-        gpu.launch(
-            &cx.k.flash_next.qsa_block_keys,
-            (
-                blocks(max_blocks, QSA_WARPS),
-                batch.seqs.len() as u32,
-                1,
-            ),
-            32 * QSA_WARPS as u32,
-            (QSA_WARPS * d * 4) as u32,
-            &[
-                Arg::Ptr(ptr(&bkeys, s)),
-                Arg::Ptr(ptr(&keys.buf, s)),
-                Arg::Ptr(l.seq_len()),
-                Arg::Ptr(l.table_offset()),
-                Arg::Ptr(l.block_tables()),
-                Arg::Ptr(ptr(&bk_offset, s)),
-                Arg::Ptr(ptr(norms.k.weight.f32("indexer k norm"), s)),
-                Arg::I32(block_size as i32),
-                Arg::I32(r as i32),
-                Arg::I32(d as i32),
-                Arg::I32(spec.rope.rotary_dim as i32),
-                Arg::F32(spec.rope.theta),
-                Arg::F32(spec.eps),
-            ],
-        );
         // The queries: the attention family's first kernel with no key heads
         // (each head normalised, then RoPE at the token's position).
         let q = gpu.alloc::<f32>(t * nh * d);
@@ -140,28 +144,34 @@ pub fn select(
             (nh, 0),
             false,
         );
-        // Per scored token: [row, first block key, blocks, score offset].
+        // Per scored token: [row, sequence, blocks, score offset].
         let rows: Vec<i32> = layout
             .scored
             .iter()
-            .flat_map(|u| [u.row, u.first_key, u.blocks, u.at].map(|v| v as i32))
+            .flat_map(|u| [u.row, u.seq, u.blocks, u.at].map(|v| v as i32))
             .collect();
         let rows = gpu.upload(&rows);
         let out = gpu.alloc::<f32>(layout.score_len);
         let max_scored = layout.scored.iter().map(|u| u.blocks).max().unwrap_or(0);
+        let mut args = vec![
+            Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&q, s)),
+            Arg::Ptr(ptr(&keys.pooled.buf, s)),
+            Arg::Ptr(ptr(&rows, s)),
+        ];
+        args.extend(table_args);
+        args.extend([
+            Arg::I32(block_size as i32),
+            Arg::I32(r as i32),
+            Arg::I32(nh as i32),
+            Arg::I32(d as i32),
+        ]);
         gpu.launch(
             &cx.k.flash_next.qsa_scores,
             (blocks(max_scored, QSA_WARPS), layout.scored.len() as u32, 1),
             32 * QSA_WARPS as u32,
             (nh * d * 4) as u32,
-            &[
-                Arg::Ptr(ptr(&out, s)),
-                Arg::Ptr(ptr(&q, s)),
-                Arg::Ptr(ptr(&bkeys, s)),
-                Arg::Ptr(ptr(&rows, s)),
-                Arg::I32(nh as i32),
-                Arg::I32(d as i32),
-            ],
+            &args,
         );
         gpu.download(&out, layout.score_len)
     };
