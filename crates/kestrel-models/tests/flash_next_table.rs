@@ -20,6 +20,24 @@ fn resident_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// `dir/model.safetensors` holding the table as a hole of its full size:
+/// the open file and where its data starts.
+fn sparse_table(dir: &std::path::Path) -> (std::fs::File, u64) {
+    let data_len = ROWS * DIM * 2;
+    let mut header = format!(
+        "{{\"{NAME}\":{{\"dtype\":\"BF16\",\"shape\":[{ROWS},{DIM}],\"data_offsets\":[0,{data_len}]}}}}"
+    );
+    while !(header.len() + 8).is_multiple_of(8) {
+        header.push(' ');
+    }
+    let mut f = std::fs::File::create(dir.join("model.safetensors")).unwrap();
+    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(header.as_bytes()).unwrap();
+    let data_start = 8 + header.len() as u64;
+    f.set_len(data_start + data_len as u64).unwrap();
+    (f, data_start)
+}
+
 fn row_value(row: usize, col: usize) -> f32 {
     (row % 1000) as f32 + col as f32 / 256.0
 }
@@ -28,19 +46,8 @@ fn row_value(row: usize, col: usize) -> f32 {
 fn a_mapped_multi_gigabyte_table_serves_rows_without_loading_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let data_len = ROWS * DIM * 2;
-    let mut header = format!(
-        "{{\"{NAME}\":{{\"dtype\":\"BF16\",\"shape\":[{ROWS},{DIM}],\"data_offsets\":[0,{data_len}]}}}}"
-    );
-    while !(header.len() + 8).is_multiple_of(8) {
-        header.push(' ');
-    }
-    let path = dir.path().join("model.safetensors");
-    let mut f = std::fs::File::create(&path).unwrap();
-    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
-    f.write_all(header.as_bytes()).unwrap();
-    let data_start = 8 + header.len() as u64;
-    // A hole for the data, then a few rows written where they belong.
-    f.set_len(data_start + data_len as u64).unwrap();
+    let (mut f, data_start) = sparse_table(dir.path());
+    // A few rows written where they belong.
     let rows = [0usize, 17, 4_000_000, ROWS - 1];
     for &r in &rows {
         let bytes: Vec<u8> = (0..DIM)
@@ -105,19 +112,7 @@ fn a_mapped_multi_gigabyte_table_serves_rows_without_loading_the_file() {
 #[test]
 fn random_rows_make_about_their_own_pages_resident() {
     let dir = tempfile::tempdir().unwrap();
-    let data_len = ROWS * DIM * 2;
-    let mut header = format!(
-        "{{\"{NAME}\":{{\"dtype\":\"BF16\",\"shape\":[{ROWS},{DIM}],\"data_offsets\":[0,{data_len}]}}}}"
-    );
-    while !(header.len() + 8).is_multiple_of(8) {
-        header.push(' ');
-    }
-    let path = dir.path().join("model.safetensors");
-    let mut f = std::fs::File::create(&path).unwrap();
-    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
-    f.write_all(header.as_bytes()).unwrap();
-    f.set_len(8 + header.len() as u64 + data_len as u64).unwrap();
-    drop(f);
+    drop(sparse_table(dir.path()));
     let files = Arc::new(WeightFiles::open(dir.path()).unwrap());
     let table = NgramTable::open(
         files,

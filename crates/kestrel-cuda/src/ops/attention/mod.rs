@@ -89,7 +89,7 @@ pub fn attention(
     let l = cx.layout(batch, cache.spec.block_size);
     let s = &gpu.stream;
     let q_width = spec.q_width();
-    let k_offset = q_width * if spec.output_gate { 2 } else { 1 };
+    let k_offset = k_offset(spec);
     let v_offset = k_offset + spec.kv_width();
     let (k_cache, v_cache) = (ptr(&cache.k[layer], s), ptr(&cache.v[layer], s));
 
@@ -106,20 +106,7 @@ pub fn attention(
     let q = (!fused).then(|| gpu.alloc::<f32>(t * q_width));
     let q_ptr = q.as_ref().map_or(0, |q| ptr(q, s));
     if !fused {
-        block::norm_rope_write(
-            cx,
-            block::RowsAt::all(proj, s),
-            q_ptr,
-            (k_cache, v_cache),
-            (
-                ptr(w.q_norm.f32("q_norm"), s),
-                ptr(w.k_norm.f32("k_norm"), s),
-            ),
-            &l,
-            spec,
-            (hq, k_offset),
-            f32_cache,
-        );
+        write_new_keys(cx, proj, q_ptr, (k_cache, v_cache), w, &l, spec, f32_cache);
     }
 
     let out = gpu.alloc::<f32>(t * q_width);
@@ -156,4 +143,41 @@ pub fn attention(
         cols: q_width,
         buf: out,
     }
+}
+
+/// Column of `proj` where the keys start (after q and, with an output gate,
+/// the gate).
+fn k_offset(spec: &AttentionSpec) -> usize {
+    spec.q_width() * if spec.output_gate { 2 } else { 1 }
+}
+
+/// The first attention kernel on every new token of the layout `l`: q
+/// normalised and rotated into `q`, k and v (k normalised and rotated)
+/// written into the cache pages `caches`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_new_keys(
+    cx: &Cx,
+    proj: &CudaTensor,
+    q: u64,
+    caches: (u64, u64),
+    w: &AttentionWeights<CudaWeight>,
+    l: &crate::step::StepLayout,
+    spec: &AttentionSpec,
+    f32_cache: bool,
+) {
+    let s = &cx.gpu.stream;
+    block::norm_rope_write(
+        cx,
+        block::RowsAt::all(proj, s),
+        q,
+        caches,
+        (
+            ptr(w.q_norm.f32("q_norm"), s),
+            ptr(w.k_norm.f32("k_norm"), s),
+        ),
+        l,
+        spec,
+        (spec.num_q_heads, k_offset(spec)),
+        f32_cache,
+    );
 }

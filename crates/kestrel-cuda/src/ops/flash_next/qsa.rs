@@ -27,6 +27,7 @@ use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
 use crate::ops::attention::attend::Attend;
+use crate::ops::attention::write_new_keys;
 use crate::ops::attention::block::{RowsAt, norm_rope_write};
 use crate::plan::FAST_HEAD_DIMS;
 use crate::precision::Precision;
@@ -221,24 +222,11 @@ pub fn sparse_attention(
     }
     let block_size = cache.spec.block_size;
     let l = cx.layout(batch, block_size);
-    let k_offset = q_width * if spec.output_gate { 2 } else { 1 };
     let (k_cache, v_cache) = (ptr(&cache.k[layer], s), ptr(&cache.v[layer], s));
     let f32_cache = cache.kv_precision == Precision::F32;
     let q = gpu.alloc::<f32>(t * q_width);
-    norm_rope_write(
-        cx,
-        RowsAt::all(proj, s),
-        ptr(&q, s),
-        (k_cache, v_cache),
-        (
-            ptr(w.q_norm.f32("q_norm"), s),
-            ptr(w.k_norm.f32("k_norm"), s),
-        ),
-        &l,
-        spec,
-        (hq, k_offset),
-        f32_cache,
-    );
+    let caches = (k_cache, v_cache);
+    write_new_keys(cx, proj, ptr(&q, s), caches, w, &l, spec, f32_cache);
     // Every token as a sequence of one row over its selected slots; its own
     // key, just written, is the last.
     let positions = batch.positions();
