@@ -8,6 +8,7 @@
 // fixed order that is cheap to keep (the conv, the block pooling), the kernel
 // keeps it with explicit roundings.
 #include "common.cuh"
+#include "kestrel_abi.h"
 
 // out[t, s * cols + j] = x[t, j] for every stream s.
 // Grid (ceil(cols / 256), T), block 256.
@@ -100,7 +101,6 @@ KESTREL_EXTERN void ple_gate(float* __restrict__ gated, const float* __restrict_
 // snapshot), and the window after the last token back to the sequence's slot.
 // Taps are summed oldest input first, as the host does. A thread per
 // (sequence, channel): grid (ceil(width / 128), S), block 128.
-constexpr int PLE_MAX_STATE = 32;
 KESTREL_EXTERN void ple_conv_add(float* __restrict__ out, const float* __restrict__ gated,
                                  const float* __restrict__ normed, const float* __restrict__ taps,
                                  float* __restrict__ state, const int* __restrict__ seq_start,
@@ -161,8 +161,9 @@ __device__ __forceinline__ int64_t qsa_pooled_row(const int* table, int block_si
 // block b (`blocks[2i + 1]`) of sequence `blocks[2i]` is the f32 mean of the
 // raw keys at positions b * ratio .. (b + 1) * ratio (added in order, then
 // divided), its RMSNorm times `k_norm`, rotated at position b * ratio, written
-// to its row of `pooled`. A warp per block, head dims up to 256: grid
-// ceil(blocks / 8), block 256, dynamic shared memory 8 * d floats.
+// to its row of `pooled`. A warp per block, head dims up to QSA_MAX_HEAD_DIM:
+// grid ceil(blocks / QSA_WARPS), block 32 * QSA_WARPS, dynamic shared memory
+// QSA_WARPS * d floats.
 KESTREL_EXTERN void qsa_pool_blocks(float* __restrict__ pooled, const float* __restrict__ keys,
                                     const int* __restrict__ blocks, int count,
                                     const int* __restrict__ table_offset, const int* __restrict__ block_tables,
@@ -209,9 +210,9 @@ KESTREL_EXTERN void qsa_pool_blocks(float* __restrict__ pooled, const float* __r
 // `rows[4u]` of sequence `rows[4u + 1]`, with `rows[4u + 2]` complete blocks,
 // written from scores[rows[4u + 3]]), score[b] = sum over heads h of
 // relu(q[t, h] . pooled key of block b) / sqrt(d), q already normalised and
-// rotated ([T, heads * d]). A warp per block, head dims up to 256: grid
-// (ceil(max blocks / 8), scored tokens), block 256, dynamic shared memory
-// heads * d floats (the token's queries).
+// rotated ([T, heads * d]). A warp per block, head dims up to
+// QSA_MAX_HEAD_DIM: grid (ceil(max blocks / QSA_WARPS), scored tokens), block
+// 32 * QSA_WARPS, dynamic shared memory heads * d floats (the token's queries).
 KESTREL_EXTERN void qsa_scores(float* __restrict__ scores, const float* __restrict__ q,
                                const float* __restrict__ pooled, const int* __restrict__ rows,
                                const int* __restrict__ table_offset, const int* __restrict__ block_tables,
@@ -225,14 +226,15 @@ KESTREL_EXTERN void qsa_scores(float* __restrict__ scores, const float* __restri
     const int b = blockIdx.x * (blockDim.x >> 5) + warp;
     if (b >= blocks) return;
     const float* k = pooled + qsa_pooled_row(block_tables + table_offset[seq], block_size, ratio, b) * d;
-    float kv[8];
+    constexpr int PER_LANE = QSA_MAX_HEAD_DIM / 32;
+    float kv[PER_LANE];
 #pragma unroll
-    for (int m = 0; m < 8; ++m) kv[m] = lane + 32 * m < d ? k[lane + 32 * m] : 0.f;
+    for (int m = 0; m < PER_LANE; ++m) kv[m] = lane + 32 * m < d ? k[lane + 32 * m] : 0.f;
     float total = 0.f;
     for (int h = 0; h < heads; ++h) {
         float dot = 0.f;
 #pragma unroll
-        for (int m = 0; m < 8; ++m)
+        for (int m = 0; m < PER_LANE; ++m)
             if (lane + 32 * m < d) dot = __fmaf_rn(smem_q[h * d + lane + 32 * m], kv[m], dot);
         total = __fadd_rn(total, fmaxf(warp_sum(dot), 0.f));
     }

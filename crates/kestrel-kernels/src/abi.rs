@@ -104,6 +104,12 @@ shared_constants! {
     pub const GDN_DECODE_CONV_KERNEL: usize = 4;
     /// State columns per block of the token-by-token GDN recurrence.
     pub const GDN_COLS_PER_BLOCK: usize = 32;
+    /// Most past inputs per channel the PLE conv kernel keeps (Flash-Next).
+    pub const PLE_MAX_STATE: usize = 32;
+    /// Warps (indexer blocks, one each) per block of the QSA kernels.
+    pub const QSA_WARPS: usize = 8;
+    /// Largest indexer head dim of the QSA kernels (8 values a lane).
+    pub const QSA_MAX_HEAD_DIM: usize = 256;
 }
 
 kernel_records! {

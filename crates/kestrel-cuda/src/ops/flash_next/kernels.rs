@@ -9,13 +9,7 @@ use crate::device::{Gpu, function};
 pub const THREADS: u32 = 256;
 /// Threads (channels) per block of `ple_conv_add`.
 pub const CONV_THREADS: u32 = 128;
-/// Most past inputs `ple_conv_add` keeps per channel (`PLE_MAX_STATE`).
-pub const PLE_MAX_STATE: usize = 32;
-/// Warps (blocks of the indexer, one each) per block of `qsa_pool_blocks`
-/// and `qsa_scores`.
-pub const QSA_WARPS: usize = 8;
-/// Largest indexer head dim the QSA kernels take (8 values per lane).
-pub const QSA_MAX_HEAD_DIM: usize = 256;
+pub use kestrel_kernels::abi::{PLE_MAX_STATE, QSA_MAX_HEAD_DIM, QSA_WARPS};
 
 pub struct FlashNextKernels {
     pub repeat_streams: CudaFunction,
