@@ -58,8 +58,8 @@ group_tests!(
     top_candidates_draw,
     mask_rows,
     precision_f32,
-    flash_next,
     fp8,
+    flash_next,
 );
 
 #[test]
