@@ -531,3 +531,43 @@ async fn corrupt_transfer_is_rejected_and_renamed_file_is_moved_back() {
         "renamed file was not moved back"
     );
 }
+
+/// A DFlash drafter is pulled as any repository is (`kestrel pull
+/// z-lab/Qwen3.6-35B-A3B-DFlash`): the z-lab layout (a `config.json` with
+/// `dflash_config` and the drafter's safetensors, no tokenizer) arrives
+/// byte for byte, each file checked against the listing's SHA-256, and a
+/// second pull fetches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dflash_drafter_repository_is_pulled_and_verified() {
+    let drafter = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/dflash/drafter");
+    let files: BTreeMap<String, Vec<u8>> = ["config.json", "model.safetensors"]
+        .iter()
+        .map(|n| (n.to_string(), std::fs::read(drafter.join(n)).unwrap()))
+        .collect();
+    let config: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
+    assert!(config["dflash_config"]["mask_token_id"].is_u64(), "a z-lab drafter config");
+    let (hf, _) = start_hub(Hub {
+        files: files.clone(),
+        ..Default::default()
+    })
+    .await;
+    let (ms, _) = start_hub(Hub {
+        down: true,
+        ..Default::default()
+    })
+    .await;
+    let dest = tempfile::tempdir().unwrap();
+    let s = download(&request(dest.path(), hf, ms, None, Source::Auto, 2))
+        .await
+        .unwrap();
+    assert_eq!(s.fetched.len(), 2);
+    for (name, bytes) in &files {
+        assert_eq!(&std::fs::read(dest.path().join(name)).unwrap(), bytes, "{name}");
+    }
+    let manifest = Manifest::from_dir(&drafter, None, None).unwrap();
+    assert!(verify_dir(dest.path(), &manifest).unwrap().is_clean());
+    let again = download(&request(dest.path(), hf, ms, None, Source::Auto, 2))
+        .await
+        .unwrap();
+    assert!(again.fetched.is_empty() && again.already_ok == 2);
+}
