@@ -3,8 +3,8 @@
 //! attention is the paged attention restricted to the selected positions.
 
 use kestrel_core::flash_next::{
-    Channels, FlashNextOps, HyperSpec, IndexerKeys, PleParams, PleSpec, QsaNorms, QsaSpec,
-    RowEdit, TokenSelection, host,
+    Channels, FlashNextOps, HyperSpec, IndexerKeys, PleParams, PleSpec, QsaNorms, QsaSpec, RowEdit,
+    TokenSelection, host,
 };
 use kestrel_core::{AttentionSpec, AttentionWeights, ForwardBatch};
 

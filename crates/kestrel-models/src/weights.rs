@@ -184,9 +184,10 @@ impl WeightFiles {
     pub fn advise_random(&self, name: &str) -> Result<()> {
         let e = self.entry(name)?;
         // memmap2 widens the range to whole pages of the system's size.
-        let _ = self.files[e.file]
-            .map
-            .advise_range(memmap2::Advice::Random, e.start, e.end - e.start);
+        let _ =
+            self.files[e.file]
+                .map
+                .advise_range(memmap2::Advice::Random, e.start, e.end - e.start);
         Ok(())
     }
 

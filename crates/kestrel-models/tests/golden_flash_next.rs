@@ -262,7 +262,8 @@ fn flash_next_fp8_lm_head_is_the_quantised_head_and_nothing_else_changes() {
 
     let f = load();
     let b = CpuBackend::new();
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/qwen4_exp/model");
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/qwen4_exp/model");
     let form = WeightForm {
         quantization: Quantization::AsStored,
         lm_head_fp8: true,
@@ -288,6 +289,11 @@ fn flash_next_fp8_lm_head_is_the_quantised_head_and_nothing_else_changes() {
     let err = max_abs_diff(&got, &reference);
     eprintln!("fp8 lm_head: max |logit diff| {err:.2e} of max |logit| {scale:.2e}");
     assert!(err > 0.0 && err < 0.1 * scale, "{err} of {scale}");
-    let refused = FlashNext::load_as(&dir, &b, Quantization::Fp8).err().expect("refused");
-    assert!(format!("{refused:#}").contains("--lm-head-dtype fp8"), "{refused:#}");
+    let refused = FlashNext::load_as(&dir, &b, Quantization::Fp8)
+        .err()
+        .expect("refused");
+    assert!(
+        format!("{refused:#}").contains("--lm-head-dtype fp8"),
+        "{refused:#}"
+    );
 }

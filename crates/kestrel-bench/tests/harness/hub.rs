@@ -545,7 +545,10 @@ async fn a_dflash_drafter_repository_is_pulled_and_verified() {
         .map(|n| (n.to_string(), std::fs::read(drafter.join(n)).unwrap()))
         .collect();
     let config: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
-    assert!(config["dflash_config"]["mask_token_id"].is_u64(), "a z-lab drafter config");
+    assert!(
+        config["dflash_config"]["mask_token_id"].is_u64(),
+        "a z-lab drafter config"
+    );
     let (hf, _) = start_hub(Hub {
         files: files.clone(),
         ..Default::default()
@@ -562,7 +565,11 @@ async fn a_dflash_drafter_repository_is_pulled_and_verified() {
         .unwrap();
     assert_eq!(s.fetched.len(), 2);
     for (name, bytes) in &files {
-        assert_eq!(&std::fs::read(dest.path().join(name)).unwrap(), bytes, "{name}");
+        assert_eq!(
+            &std::fs::read(dest.path().join(name)).unwrap(),
+            bytes,
+            "{name}"
+        );
     }
     let manifest = Manifest::from_dir(&drafter, None, None).unwrap();
     assert!(verify_dir(dest.path(), &manifest).unwrap().is_clean());

@@ -61,7 +61,12 @@ impl ScoreLayout {
     /// The selection once `scores` (`score_len` of them) are known: each
     /// scored token's best `top_blocks` blocks, every other token all of its
     /// complete blocks; then the incomplete tail, the token included.
-    pub fn selection(&self, spec: &QsaSpec, batch: &ForwardBatch, scores: &[f32]) -> TokenSelection {
+    pub fn selection(
+        &self,
+        spec: &QsaSpec,
+        batch: &ForwardBatch,
+        scores: &[f32],
+    ) -> TokenSelection {
         assert_eq!(scores.len(), self.score_len, "one score per scored block");
         let r = spec.compress_ratio;
         let mut scored = self.scored.iter().peekable();
@@ -153,8 +158,18 @@ mod tests {
         assert_eq!(
             l.scored,
             [
-                ScoredToken { row: 1, seq: 0, blocks: 3, at: 0 },
-                ScoredToken { row: 2, seq: 0, blocks: 3, at: 3 },
+                ScoredToken {
+                    row: 1,
+                    seq: 0,
+                    blocks: 3,
+                    at: 0
+                },
+                ScoredToken {
+                    row: 2,
+                    seq: 0,
+                    blocks: 3,
+                    at: 3
+                },
             ]
         );
         assert_eq!(l.score_len, 6);

@@ -31,12 +31,23 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "logit counts differ");
     a.iter()
         .zip(b)
-        .map(|(x, y)| if x.is_finite() { (x - y).abs() } else { f32::INFINITY })
+        .map(|(x, y)| {
+            if x.is_finite() {
+                (x - y).abs()
+            } else {
+                f32::INFINITY
+            }
+        })
         .fold(0.0, f32::max)
 }
 
 /// Logits of every position of `tokens`, fed in chunks of the given sizes.
-fn logits_in_chunks(gpu: &CudaBackend, model: &FlashNext<CudaBackend>, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
+fn logits_in_chunks(
+    gpu: &CudaBackend,
+    model: &FlashNext<CudaBackend>,
+    tokens: &[u32],
+    chunks: &[usize],
+) -> Vec<f32> {
     let mut runner = FlashNextRunner::new(gpu, model, tokens.len()).unwrap();
     let mut out = Vec::new();
     let mut start = 0;
@@ -105,7 +116,12 @@ fn f32_greedy_continuations_match_transformers() {
                 got.push(t);
                 logits = runner.feed_last_logits(&[t]).unwrap();
             }
-            assert_eq!(got, expected, "greedy continuation of a {}-token prompt", prompt.len());
+            assert_eq!(
+                got,
+                expected,
+                "greedy continuation of a {}-token prompt",
+                prompt.len()
+            );
         }
     });
 }

@@ -71,8 +71,8 @@ pub fn sparse_tables(config: &FlashNextConfig, dir: &Path) -> Result<WeightFiles
     let path = dir.join("model.safetensors");
     let size = head.len() as u64 + data;
     // Only the length and the header are compared: the data is never read.
-    let reusable = fs::metadata(&path).is_ok_and(|m| m.len() == size)
-        && header_matches(&path, &head)?;
+    let reusable =
+        fs::metadata(&path).is_ok_and(|m| m.len() == size) && header_matches(&path, &head)?;
     if !reusable {
         let mut f =
             File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;

@@ -96,7 +96,11 @@ impl Attend<'_> {
             BATCH_INVARIANT_SPLITS
         } else {
             let target = decode_target_blocks(self.cx.gpu);
-            decode_splits(target, seqs.clamp(1, rows.max(1)), self.decode_blocks_per_row())
+            decode_splits(
+                target,
+                seqs.clamp(1, rows.max(1)),
+                self.decode_blocks_per_row(),
+            )
         };
         for first in (0..rows).step_by(ROWS_PER_LAUNCH) {
             self.decode_rows(dim_index, first, ROWS_PER_LAUNCH.min(rows - first), splits);

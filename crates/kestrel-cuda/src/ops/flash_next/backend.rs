@@ -1,8 +1,8 @@
 //! `FlashNextOps` for the CUDA backend: every operation on the device.
 
 use kestrel_core::flash_next::{
-    Channels, FlashNextOps, HyperSpec, IndexerKeys, PleParams, PleSpec, QsaNorms, QsaSpec,
-    RowEdit, TokenSelection,
+    Channels, FlashNextOps, HyperSpec, IndexerKeys, PleParams, PleSpec, QsaNorms, QsaSpec, RowEdit,
+    TokenSelection,
 };
 use kestrel_core::{AttentionSpec, AttentionWeights, Backend, ForwardBatch};
 
@@ -82,16 +82,7 @@ impl FlashNextOps for CudaBackend {
         if selection.is_dense(batch) {
             return self.attention(proj, w, spec, cache, layer, batch);
         }
-        super::qsa::sparse_attention(
-            &self.cx(),
-            proj,
-            w,
-            spec,
-            cache,
-            layer,
-            batch,
-            selection,
-        )
+        super::qsa::sparse_attention(&self.cx(), proj, w, spec, cache, layer, batch, selection)
     }
 
     fn edit_rows(&self, t: &mut CudaTensor, edit: RowEdit) {

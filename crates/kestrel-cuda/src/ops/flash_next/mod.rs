@@ -5,8 +5,8 @@
 //! Each hyper-connection step is its own small kernel for now (a norm, an
 //! activation, the mean, the inject); fusing them is the next speed step.
 
-pub mod kernels;
 mod backend;
+pub mod kernels;
 pub mod qsa;
 
 use kestrel_core::ForwardBatch;
@@ -190,7 +190,14 @@ pub fn ple_mix(
     let hs = &spec.hyper;
     let (rows, width) = (batch.num_tokens(), hs.width());
     assert_eq!(
-        (streams.rows, streams.cols, key.rows, key.cols, value.rows, value.cols),
+        (
+            streams.rows,
+            streams.cols,
+            key.rows,
+            key.cols,
+            value.rows,
+            value.cols
+        ),
         (rows, width, rows, width, rows, hs.hidden),
         "ple_mix: streams and keys [T, streams * hidden], value [T, hidden]"
     );

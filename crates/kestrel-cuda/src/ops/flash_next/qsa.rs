@@ -27,8 +27,8 @@ use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
 use crate::ops::attention::attend::Attend;
-use crate::ops::attention::write_new_keys;
 use crate::ops::attention::block::{RowsAt, norm_rope_write};
+use crate::ops::attention::write_new_keys;
 use crate::plan::FAST_HEAD_DIMS;
 use crate::precision::Precision;
 use crate::step::temporary_layout;
@@ -198,12 +198,11 @@ pub fn sparse_attention(
         (t, spec.proj_width()),
         "sparse attention input [T, proj width]"
     );
-    assert_eq!(
-        selection.positions.len(),
-        t,
-        "one selection per new token"
+    assert_eq!(selection.positions.len(), t, "one selection per new token");
+    assert!(
+        layer < cache.k.len(),
+        "attention layer {layer} out of range"
     );
-    assert!(layer < cache.k.len(), "attention layer {layer} out of range");
     assert!(
         hkv > 0 && hq.is_multiple_of(hkv),
         "{hq} q heads are not a multiple of {hkv} kv heads"

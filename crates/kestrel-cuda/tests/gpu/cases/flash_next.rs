@@ -39,7 +39,12 @@ pub fn flash_next(c: &mut Ctx) {
         let act = b.hyper_low_rank_act(&gate, spec.streams);
         let mixed = b.hyper_mix(&normed, &gate, spec);
         let inject = b.from_host(rows, spec.streams, inject);
-        b.hyper_inject(&mut streams, &b.from_host(rows, spec.hidden, sub), &inject, spec);
+        b.hyper_inject(
+            &mut streams,
+            &b.from_host(rows, spec.hidden, sub),
+            &inject,
+            spec,
+        );
         Ok(vec![
             out(b, "grouped_rms_norm", &normed),
             out(b, "low_rank_act", &act),

@@ -36,7 +36,10 @@ pub fn decode_matrix_elems(c: &FlashNextConfig, batch: usize) -> (f64, f64) {
                 h * (q + 2.0 * hkv * d + index) + hq * d * h
             }
             kestrel_models::LayerKind::LinearAttention => {
-                let la = b.linear_attn.as_ref().expect("GDN layers have their config");
+                let la = b
+                    .linear_attn
+                    .as_ref()
+                    .expect("GDN layers have their config");
                 let (hk, hv) = (la.num_k_heads as f64, la.num_v_heads as f64);
                 let (dk, dv) = (la.head_k_dim as f64, la.head_v_dim as f64);
                 let conv_dim = 2.0 * hk * dk + hv * dv;
@@ -81,7 +84,9 @@ fn batch(seqs: usize, cached: usize, new: usize, pages: usize) -> ForwardBatch {
 /// tokenizer's ids, not the padded rows).
 fn ids(n: usize, salt: usize, vocab: usize) -> Vec<u32> {
     let vocab = vocab.min(150_000);
-    (0..n).map(|i| ((i * 7919 + salt * 104_729) % vocab) as u32).collect()
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 104_729) % vocab) as u32)
+        .collect()
 }
 
 /// Prefill `len` tokens of every sequence of `seqs`, `chunk` at a time.
