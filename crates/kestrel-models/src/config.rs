@@ -5,7 +5,7 @@
 //! (`rope_theta` at the top level or inside `rope_parameters`), and the expert
 //! count as `num_experts` or `num_local_experts`; both are read.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
@@ -153,6 +153,16 @@ struct RawText {
 
 fn default_eps() -> f64 {
     1e-6
+}
+
+/// The `config.json` a command names: the file itself, or the one in the
+/// folder it names.
+pub fn config_file(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    }
 }
 
 impl ModelConfig {

@@ -39,7 +39,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use kestrel_core::Backend;
 
-pub use config::{Arch, LayerKind, ModelConfig};
+pub use config::{Arch, LayerKind, ModelConfig, config_file};
 pub use decoder::Decoder;
 pub use dflash::{DflashConfig, DflashDrafter, DraftContext};
 pub use draft_head::DraftHead;
@@ -124,11 +124,7 @@ impl<B: Backend> Model<B> {
         seed: u64,
         form: impl Into<WeightForm>,
     ) -> Result<Self> {
-        let path = if config.is_dir() {
-            config.join("config.json")
-        } else {
-            config.to_path_buf()
-        };
+        let path = crate::config::config_file(config);
         let config = ModelConfig::from_file(&path)?;
         refuse_flash_next(&config)?;
         let mut absent = std::collections::HashSet::new();

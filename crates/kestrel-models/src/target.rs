@@ -132,17 +132,11 @@ where
         seed: u64,
         form: impl Into<WeightForm>,
     ) -> Result<Self> {
-        let path = if config.is_dir() {
-            config.join("config.json")
-        } else {
-            config.to_path_buf()
-        };
+        let path = crate::config::config_file(config);
         if ModelConfig::from_file(&path)?.arch != Arch::Qwen4Exp {
             return Ok(Model::load_dummy_as(config, backend, seed, form)?.into());
         }
-        let fn_config = crate::flash_next::FlashNextConfig::from_file(&path)?;
-        let dir = crate::flash_next::dummy::default_dir(&fn_config);
-        Ok(FlashNext::load_dummy_as(&path, backend, seed, &dir, form)?.into())
+        Ok(FlashNext::load_dummy_as(&path, backend, seed, None, form)?.into())
     }
 }
 

@@ -110,11 +110,7 @@ impl<B: Backend> DflashDrafter<B> {
     /// A drafter of `config` (a drafter `config.json`, or its folder) with
     /// random weights, for timing at real shapes without a checkpoint.
     pub fn dummy(config: &Path, backend: &B, target: &Decoder<B>, seed: u64) -> Result<Self> {
-        let path = if config.is_dir() {
-            config.join("config.json")
-        } else {
-            config.to_path_buf()
-        };
+        let path = crate::config::config_file(config);
         let build = || -> Result<Self> {
             let config = DflashConfig::from_file(&path)?;
             config.check_target(&target.config)?;

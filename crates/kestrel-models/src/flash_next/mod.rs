@@ -80,29 +80,22 @@ impl<B: FlashNextOps> FlashNext<B> {
     }
 
     /// The model of a `config.json` (a file, or a folder holding one) with
-    /// random weights of the real shapes drawn from `seed`, its n-gram tables
-    /// sparse files in `table_dir` ([`dummy`]): benchmarks of the full-size
-    /// model without its files.
-    pub fn load_dummy(config: &Path, backend: &B, seed: u64, table_dir: &Path) -> Result<Self> {
-        Self::load_dummy_as(config, backend, seed, table_dir, Quantization::AsStored)
-    }
-
-    /// [`Self::load_dummy`] in the form `form` says ([`Self::load_as`]).
+    /// random weights of the real shapes drawn from `seed`, in the form
+    /// `form` says ([`Self::load_as`]), its n-gram tables sparse files in
+    /// `table_dir` (default [`dummy::default_dir`]): benchmarks of the
+    /// full-size model without its files.
     pub fn load_dummy_as(
         config: &Path,
         backend: &B,
         seed: u64,
-        table_dir: &Path,
+        table_dir: Option<&Path>,
         form: impl Into<WeightForm>,
     ) -> Result<Self> {
         let form = check_form(form.into())?;
-        let path = if config.is_dir() {
-            config.join("config.json")
-        } else {
-            config.to_path_buf()
-        };
+        let path = crate::config::config_file(config);
         let config = FlashNextConfig::from_file(&path)?;
-        let tables = Arc::new(dummy::sparse_tables(&config, table_dir)?);
+        let table_dir = table_dir.map_or_else(|| dummy::default_dir(&config), Path::to_path_buf);
+        let tables = Arc::new(dummy::sparse_tables(&config, &table_dir)?);
         let mut absent = std::collections::HashSet::new();
         if config.base.tie_word_embeddings {
             absent.insert("lm_head.weight".to_string());

@@ -44,46 +44,9 @@ pub fn attention(
     layer: usize,
     batch: &ForwardBatch,
 ) -> CudaTensor {
-    let (hq, hkv, d) = (spec.num_q_heads, spec.num_kv_heads, spec.head_dim);
+    check_inputs(proj, w, spec, cache, layer, batch);
+    let d = spec.head_dim;
     let t = batch.num_tokens();
-    assert_eq!(
-        proj.rows, t,
-        "attention input has {} rows for {t} tokens",
-        proj.rows
-    );
-    assert_eq!(
-        proj.cols,
-        spec.proj_width(),
-        "attention input width {} != {}",
-        proj.cols,
-        spec.proj_width()
-    );
-    assert!(
-        layer < cache.k.len(),
-        "attention layer {layer} out of range ({} layers)",
-        cache.k.len()
-    );
-    assert_eq!(
-        (cache.spec.num_kv_heads, cache.spec.head_dim),
-        (hkv, d),
-        "cache shape does not match attention"
-    );
-    assert!(
-        hkv > 0 && hq % hkv == 0,
-        "{hq} q heads are not a multiple of {hkv} kv heads"
-    );
-    assert!(
-        d <= MAX_HEAD_DIM,
-        "head_dim {d} above the supported {MAX_HEAD_DIM}"
-    );
-    assert!(
-        spec.rope.rotary_dim <= d && spec.rope.rotary_dim.is_multiple_of(2),
-        "bad rotary_dim {}",
-        spec.rope.rotary_dim
-    );
-    assert_eq!(w.q_norm.numel(), d, "q_norm must have head_dim values");
-    assert_eq!(w.k_norm.numel(), d, "k_norm must have head_dim values");
-    cache.check_pages(batch);
 
     let gpu = cx.gpu;
     let l = cx.layout(batch, cache.spec.block_size);
@@ -180,4 +143,56 @@ pub(crate) fn write_new_keys(
         (spec.num_q_heads, k_offset(spec)),
         f32_cache,
     );
+}
+
+/// The shapes every attention over the paged cache needs (dense, and the
+/// sparse attention of `ops::flash_next`), and the step's pages.
+pub(crate) fn check_inputs(
+    proj: &CudaTensor,
+    w: &AttentionWeights<CudaWeight>,
+    spec: &AttentionSpec,
+    cache: &CudaCache,
+    layer: usize,
+    batch: &ForwardBatch,
+) {
+    let (hq, hkv, d) = (spec.num_q_heads, spec.num_kv_heads, spec.head_dim);
+    let t = batch.num_tokens();
+    assert_eq!(
+        proj.rows, t,
+        "attention input has {} rows for {t} tokens",
+        proj.rows
+    );
+    assert_eq!(
+        proj.cols,
+        spec.proj_width(),
+        "attention input width {} != {}",
+        proj.cols,
+        spec.proj_width()
+    );
+    assert!(
+        layer < cache.k.len(),
+        "attention layer {layer} out of range ({} layers)",
+        cache.k.len()
+    );
+    assert_eq!(
+        (cache.spec.num_kv_heads, cache.spec.head_dim),
+        (hkv, d),
+        "cache shape does not match attention"
+    );
+    assert!(
+        hkv > 0 && hq % hkv == 0,
+        "{hq} q heads are not a multiple of {hkv} kv heads"
+    );
+    assert!(
+        d <= MAX_HEAD_DIM,
+        "head_dim {d} above the supported {MAX_HEAD_DIM}"
+    );
+    assert!(
+        spec.rope.rotary_dim <= d && spec.rope.rotary_dim.is_multiple_of(2),
+        "bad rotary_dim {}",
+        spec.rope.rotary_dim
+    );
+    assert_eq!(w.q_norm.numel(), d, "q_norm must have head_dim values");
+    assert_eq!(w.k_norm.numel(), d, "k_norm must have head_dim values");
+    cache.check_pages(batch);
 }

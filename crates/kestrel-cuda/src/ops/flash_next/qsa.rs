@@ -28,7 +28,7 @@ use crate::device::{blocks, ptr};
 use crate::launch::Arg;
 use crate::ops::attention::attend::Attend;
 use crate::ops::attention::block::{RowsAt, norm_rope_write};
-use crate::ops::attention::write_new_keys;
+use crate::ops::attention::{check_inputs, write_new_keys};
 use crate::plan::FAST_HEAD_DIMS;
 use crate::precision::Precision;
 use crate::step::temporary_layout;
@@ -191,23 +191,10 @@ pub fn sparse_attention(
     batch: &ForwardBatch,
     selection: &TokenSelection,
 ) -> CudaTensor {
-    let (hq, hkv, d) = (spec.num_q_heads, spec.num_kv_heads, spec.head_dim);
+    check_inputs(proj, w, spec, cache, layer, batch);
+    let d = spec.head_dim;
     let t = batch.num_tokens();
-    assert_eq!(
-        (proj.rows, proj.cols),
-        (t, spec.proj_width()),
-        "sparse attention input [T, proj width]"
-    );
     assert_eq!(selection.positions.len(), t, "one selection per new token");
-    assert!(
-        layer < cache.k.len(),
-        "attention layer {layer} out of range"
-    );
-    assert!(
-        hkv > 0 && hq.is_multiple_of(hkv),
-        "{hq} q heads are not a multiple of {hkv} kv heads"
-    );
-    cache.check_pages(batch);
     let (gpu, s) = (cx.gpu, &cx.gpu.stream);
     let q_width = spec.q_width();
     let out = gpu.alloc::<f32>(t * q_width);

@@ -61,10 +61,10 @@ pub fn flash_next(c: &mut Ctx) {
     ple(c);
 }
 
-/// The PLE mix over three state slots: a step of two sequences (one with a
-/// snapshot after 5 of its 9 tokens, one with per-token checkpoints), then a
-/// step from the snapshot's and a checkpoint's slots; every output and the
-/// whole state pool compared.
+/// The PLE mix over a pool of seven state slots, after a slot is zeroed and
+/// one copied: a step of two sequences (one with a snapshot after 5 of its 9
+/// tokens, one with per-token checkpoints), then a step from the snapshot's
+/// and a checkpoint's slots; every output and the whole state pool compared.
 fn ple(c: &mut Ctx) {
     let spec = PleSpec {
         hyper: HyperSpec {
@@ -76,7 +76,8 @@ fn ple(c: &mut Ctx) {
         conv_dilation: 3,
     };
     let (width, len) = (spec.hyper.width(), spec.state_len());
-    let slots = 6;
+    // Slots 0-5 are read or written by the steps; slot 6 only by the zeroing.
+    let slots = 7;
     let mut first = SeqChunk::new(9, 0, vec![0], 0);
     first.state_snapshot = Some(StateSnapshot {
         after: 5,
@@ -129,8 +130,8 @@ fn ple(c: &mut Ctx) {
             conv: Channels::new(b, params[3].clone())?,
         };
         let mut state = b.from_host(initial.len() / width, width, initial);
-        // Slot 5 starts over; slot 1 starts from slot 0's state.
-        b.edit_rows(&mut state, RowEdit::Zero(5 * len..6 * len));
+        // Slot 6 starts over; slot 1 starts from slot 0's state.
+        b.edit_rows(&mut state, RowEdit::Zero(6 * len..7 * len));
         b.edit_rows(
             &mut state,
             RowEdit::Copy {

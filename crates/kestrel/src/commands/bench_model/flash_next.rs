@@ -149,15 +149,11 @@ pub fn bench<B: FlashNextOps>(
         chunk,
         form,
     } = *s;
-    let path = if config.is_dir() {
-        config.join("config.json")
-    } else {
-        config.to_path_buf()
-    };
+    let path = kestrel_models::config_file(config);
     let cfg = FlashNextConfig::from_file(&path)?;
     let dir = kestrel_models::flash_next::dummy::default_dir(&cfg);
     let start = Instant::now();
-    let model = FlashNext::load_dummy_as(&path, b, 0, &dir, form)?;
+    let model = FlashNext::load_dummy_as(&path, b, 0, Some(&dir), form)?;
     b.synchronize()?;
     eprintln!(
         "qwen4_exp: {} layers, dummy weights in {:.1} s, n-gram tables mapped from {}",
