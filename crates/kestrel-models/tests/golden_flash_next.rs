@@ -253,8 +253,7 @@ fn flash_next_state_copied_after_a_prefix_continues_bit_for_bit() {
 
 /// `--lm-head-dtype fp8` on Flash-Next: the head is the checkpoint's,
 /// quantised with the official block rule (its rows are the dequantised
-/// codes), and the logits move by the head's rounding only;
-/// `--quantization fp8` is refused with a message.
+/// codes), and the logits move by the head's rounding only.
 #[test]
 fn flash_next_fp8_lm_head_is_the_quantised_head_and_nothing_else_changes() {
     use kestrel_core::{Backend, HostTensor};
@@ -289,11 +288,81 @@ fn flash_next_fp8_lm_head_is_the_quantised_head_and_nothing_else_changes() {
     let err = max_abs_diff(&got, &reference);
     eprintln!("fp8 lm_head: max |logit diff| {err:.2e} of max |logit| {scale:.2e}");
     assert!(err > 0.0 && err < 0.1 * scale, "{err} of {scale}");
-    let refused = FlashNext::load_as(&dir, &b, Quantization::Fp8)
-        .err()
-        .expect("refused");
+}
+
+/// `--quantization fp8` on Flash-Next: the projections and experts are
+/// quantised while loading, so the logits move by more than the lm_head's
+/// rounding alone but stay those of the same model (the top token of most
+/// positions kept), and quantising is deterministic.
+#[test]
+fn flash_next_quantised_at_load_time_moves_the_logits_by_rounding_only() {
+    use kestrel_models::{Quantization, WeightForm};
+
+    let f = load();
+    let b = CpuBackend::new();
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/qwen4_exp/model");
+    let case = &f.meta["teacher_forced"][1];
+    let tokens = ids(&case["input_ids"]);
+    let logits = |form: WeightForm| {
+        let model = FlashNext::load_as(&dir, &b, form).unwrap();
+        let mut runner = FlashNextRunner::new(&b, &model, tokens.len()).unwrap();
+        runner.feed_all_logits(&tokens).unwrap()
+    };
+    let head_only = logits(WeightForm {
+        quantization: Quantization::AsStored,
+        lm_head_fp8: true,
+    });
+    let fp8 = logits(Quantization::Fp8.into());
+    assert_eq!(fp8, logits(Quantization::Fp8.into()), "deterministic");
+    let reference = logits_in_chunks(&f, &tokens, &[tokens.len()]);
+    let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (err, head_err) = (
+        max_abs_diff(&fp8, &reference),
+        max_abs_diff(&head_only, &reference),
+    );
+    eprintln!(
+        "fp8 weights: max |logit diff| {err:.2e} (lm_head alone {head_err:.2e}) of max |logit| {scale:.2e}"
+    );
     assert!(
-        format!("{refused:#}").contains("--lm-head-dtype fp8"),
-        "{refused:#}"
+        err > head_err,
+        "the body was not quantised: {err} vs {head_err}"
+    );
+    assert!(err < 0.25 * scale, "{err} of {scale}");
+    let vocab = f.model.config.base.vocab_size;
+    let top = |l: &[f32]| l.chunks(vocab).map(argmax).collect::<Vec<_>>();
+    let (got, want) = (top(&fp8), top(&reference));
+    let same = got.iter().zip(&want).filter(|(a, b)| a == b).count();
+    assert!(
+        same * 10 >= want.len() * 8,
+        "top token kept at {same} of {} positions",
+        want.len()
+    );
+}
+
+/// Dummy FP8 weights (what `bench-model --quantization fp8` times on the
+/// full-size model) draw the quantised weights as FP8: seeded, finite, and
+/// not the dense draw.
+#[test]
+fn flash_next_dummy_fp8_weights_run() {
+    use kestrel_models::{Quantization, WeightForm};
+
+    let b = CpuBackend::new();
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/golden/qwen4_exp/model/config.json");
+    let tables = tempfile::tempdir().unwrap();
+    let logits = |form: WeightForm| {
+        let model = FlashNext::load_dummy_as(&config, &b, 5, Some(tables.path()), form).unwrap();
+        let tokens: Vec<u32> = (0..30).map(|i| i * 37 % 500).collect();
+        let mut runner = FlashNextRunner::new(&b, &model, tokens.len()).unwrap();
+        runner.feed_all_logits(&tokens).unwrap()
+    };
+    let fp8 = logits(Quantization::Fp8.into());
+    assert!(fp8.iter().all(|v| v.is_finite()));
+    assert_eq!(fp8, logits(Quantization::Fp8.into()), "seeded");
+    assert_ne!(
+        fp8,
+        logits(Quantization::AsStored.into()),
+        "FP8 draws its own weights"
     );
 }

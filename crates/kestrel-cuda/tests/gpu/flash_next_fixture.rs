@@ -125,3 +125,43 @@ fn f32_greedy_continuations_match_transformers() {
         }
     });
 }
+
+/// `--quantization fp8` on CUDA against the CPU on the same quantised
+/// weights: the CPU dequantises exactly, CUDA reads codes and scales (and
+/// keeps in bf16 the fixture's weights cut inside a 128-row block, as for
+/// the other FP8 fixtures), so the reference precision is held to the
+/// other FP8 fixtures' relative tolerance.
+#[test]
+fn f32_fp8_weights_match_the_cpu() {
+    use kestrel_cpu::CpuBackend;
+    use kestrel_models::Quantization;
+
+    const FP8_F32_TOL: f64 = 6e-2;
+    let (meta, _) = read_reference(&dir()).unwrap();
+    let case = &meta["teacher_forced"][1];
+    let tokens = ids(&case["input_ids"]);
+    let model_dir = dir().join("model");
+    let mut want = None;
+    with_gpu(|mut gpu| {
+        let want = want.get_or_insert_with(|| {
+            let cpu = CpuBackend::new();
+            let model = FlashNext::load_as(&model_dir, &cpu, Quantization::Fp8).unwrap();
+            let mut runner = FlashNextRunner::new(&cpu, &model, tokens.len()).unwrap();
+            runner.feed_all_logits(&tokens).unwrap()
+        });
+        gpu.set_precision(Precision::F32);
+        let model = FlashNext::load_as(&model_dir, &gpu, Quantization::Fp8).expect("model loads");
+        let got = logits_in_chunks(&gpu, &model, &tokens, &[tokens.len()]);
+        let (mut d2, mut r2) = (0f64, 0f64);
+        for (&g, &r) in got.iter().zip(want.iter()) {
+            d2 += ((g - r) as f64).powi(2);
+            r2 += (r as f64).powi(2);
+        }
+        let e = (d2 / r2.max(1e-30)).sqrt();
+        println!("qwen4_exp fp8 F32: rel_l2 {e:.2e}");
+        assert!(
+            got.iter().all(|v| v.is_finite()) && e <= FP8_F32_TOL,
+            "rel_l2 {e:.2e} (tolerance {FP8_F32_TOL:.0e})"
+        );
+    });
+}

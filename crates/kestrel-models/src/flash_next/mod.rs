@@ -7,7 +7,8 @@
 //! indexer (QSA), and adds hashed n-gram embeddings (PLE) on some layers.
 //! These do not fit the shared [`crate::Decoder`], so the model has its own
 //! layer stack here; see `docs/flash-next.md`. The engine drives it through
-//! [`crate::Target`]. Not yet covered: the MTP head and FP8 checkpoints.
+//! [`crate::Target`]. Not yet covered: the MTP head and checkpoints stored in
+//! FP8 (FP8 at load time is).
 
 pub mod cache;
 pub mod config;
@@ -56,10 +57,15 @@ impl<B: FlashNextOps> FlashNext<B> {
         Self::load_as(dir, backend, Quantization::AsStored)
     }
 
-    /// [`Self::load`] in the form `form` says: the weights as stored, and
-    /// optionally the lm_head quantised to block-FP8 (`--lm-head-dtype fp8`).
+    /// [`Self::load`] in the form `form` says: the weights as stored, or
+    /// quantised to block-FP8 while loading (`--quantization fp8`: the
+    /// linear projections and experts [`fp8::quantizable`] names, as for the
+    /// other architectures; the hyper-connection, router, GDN gate and n-gram
+    /// weights stay as stored), and optionally the lm_head quantised too
+    /// (`--lm-head-dtype fp8`). Checkpoints stored in FP8 are refused: which
+    /// of Flash-Next's own tensors they quantise is not known.
     pub fn load_as(dir: &Path, backend: &B, form: impl Into<WeightForm>) -> Result<Self> {
-        let form = check_form(form.into())?;
+        let form = form.into();
         let config_path = dir.join("config.json");
         let config = FlashNextConfig::from_file(&config_path)?;
         if fp8::QuantConfig::from_file(&config_path)?.is_some() {
@@ -91,7 +97,7 @@ impl<B: FlashNextOps> FlashNext<B> {
         table_dir: Option<&Path>,
         form: impl Into<WeightForm>,
     ) -> Result<Self> {
-        let form = check_form(form.into())?;
+        let form = form.into();
         let path = crate::config::config_file(config);
         let config = FlashNextConfig::from_file(&path)?;
         let table_dir = table_dir.map_or_else(|| dummy::default_dir(&config), Path::to_path_buf);
@@ -313,17 +319,4 @@ impl<B: FlashNextOps> FlashNext<B> {
     pub fn logits(&self, b: &B, hidden: &B::Tensor, rows: &[usize]) -> B::Tensor {
         b.matmul(&b.gather_rows(hidden, rows), self.lm_head())
     }
-}
-
-/// The forms Flash-Next loads in: its weights as stored (which of its own
-/// tensors an FP8 checkpoint quantises is not known here), the lm_head
-/// optionally FP8.
-fn check_form(form: WeightForm) -> Result<WeightForm> {
-    if form.quantization != Quantization::AsStored {
-        bail!(
-            "qwen4_exp (Qwen3.8-Flash-Next) loads its weights as stored; --quantization fp8 \
-             is not available for it (--lm-head-dtype fp8 is)"
-        );
-    }
-    Ok(form)
 }

@@ -314,7 +314,8 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// Qwen3.8-Flash-Next with dummy weights: its own prefill and decode loop
-/// ([`flash_next`]), weights as stored (the lm_head optionally FP8).
+/// ([`flash_next`]), weights as stored or FP8 (`--quantization fp8`), the
+/// lm_head optionally FP8.
 fn bench_flash_next(args: &Args, config: &std::path::Path) -> Result<()> {
     let form = args.quantization.form();
     let run = |b: &dyn Fn(&flash_next::Settings) -> Result<serde_json::Value>| -> Result<()> {
@@ -334,12 +335,29 @@ fn bench_flash_next(args: &Args, config: &std::path::Path) -> Result<()> {
         Ok(())
     };
     match backend::open(args.backend, args.device)? {
-        Chosen::Cpu { .. } => run(&|s| flash_next::bench(&CpuBackend::new(), s, (4, 4), None)),
+        Chosen::Cpu { .. } => {
+            let storage = Storage {
+                matrix: 4,
+                quantized: 4,
+                lm_head: 4,
+                kv: 4,
+            };
+            run(&|s| flash_next::bench(&CpuBackend::new(), s, storage, None))
+        }
         Chosen::Cuda(cuda) => {
             eprintln!("{}", cuda.plan());
             let plan = serde_json::to_value(cuda.plan())?;
-            let head = if form.lm_head_fp8 { 1 } else { 2 };
-            run(&|s| flash_next::bench(&cuda, s, (2, head), Some(plan.clone())))
+            let storage = Storage {
+                matrix: 2,
+                quantized: if form.quantization == Quantization::Fp8 {
+                    1
+                } else {
+                    2
+                },
+                lm_head: if form.lm_head_fp8 { 1 } else { 2 },
+                kv: 2,
+            };
+            run(&|s| flash_next::bench(&cuda, s, storage, Some(plan.clone())))
         }
     }
 }

@@ -11,60 +11,87 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use kestrel_core::flash_next::FlashNextOps;
 use kestrel_core::{ForwardBatch, SeqChunk};
-use kestrel_models::WeightForm;
 use kestrel_models::flash_next::{FlashNext, FlashNextConfig};
+use kestrel_models::{Quantization, WeightForm};
 use serde_json::json;
+
+use super::traffic::Storage;
 
 const BLOCK_SIZE: usize = 16;
 
-/// Matrix elements a decode step reads for `batch` sequences: every dense
-/// product, the experts `batch` tokens pick (the expected number of distinct
-/// ones under uniform routing), the hyper-connection gates and the PLE
-/// projections; then the lm_head's. Norms and vectors are left out (tiny).
-pub fn decode_matrix_elems(c: &FlashNextConfig, batch: usize) -> (f64, f64) {
-    let b = &c.base;
-    let h = b.hidden_size as f64;
-    let streams = c.hc_count as f64;
-    let hc = 2.0 * c.hc_lowrank as f64 * streams * h + streams * streams * h;
-    let mut total = 0.0;
-    for kind in &b.layer_kinds {
-        total += match kind {
-            kestrel_models::LayerKind::FullAttention => {
-                let (hq, hkv, d) = (b.num_heads as f64, b.num_kv_heads as f64, b.head_dim as f64);
-                let q = if b.attn_output_gate { 2.0 } else { 1.0 } * hq * d;
-                let index = ((c.qsa.num_heads + 1) * c.qsa.head_dim) as f64;
-                h * (q + 2.0 * hkv * d + index) + hq * d * h
-            }
-            kestrel_models::LayerKind::LinearAttention => {
-                let la = b
-                    .linear_attn
-                    .as_ref()
-                    .expect("GDN layers have their config");
-                let (hk, hv) = (la.num_k_heads as f64, la.num_v_heads as f64);
-                let (dk, dv) = (la.head_k_dim as f64, la.head_v_dim as f64);
-                let conv_dim = 2.0 * hk * dk + hv * dv;
-                h * (conv_dim + hv * dv + 2.0 * hv) + hv * dv * h
-            }
+/// Matrix elements a decode step reads for `batch` sequences, split by the
+/// form they are read in: every dense product, the experts `batch` tokens
+/// pick (the expected number of distinct ones under uniform routing), the
+/// hyper-connection gates and the PLE projections; then the lm_head's.
+/// Norms and vectors are left out (tiny).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DecodeElems {
+    /// The projections and experts `--quantization fp8` quantises.
+    pub quantizable: f64,
+    /// What stays as stored: hyper-connection gates, routers, the GDN
+    /// `a`/`b` rows, the shared-expert gate.
+    pub dense: f64,
+    pub lm_head: f64,
+}
+
+impl DecodeElems {
+    pub fn of(c: &FlashNextConfig, batch: usize) -> Self {
+        let b = &c.base;
+        let h = b.hidden_size as f64;
+        let streams = c.hc_count as f64;
+        let hc = 2.0 * c.hc_lowrank as f64 * streams * h + streams * streams * h;
+        let mut e = DecodeElems {
+            lm_head: b.vocab_size as f64 * h,
+            // The final mixer's gates.
+            dense: 2.0 * c.hc_lowrank as f64 * streams * h,
+            quantizable: 0.0,
         };
-        total += 2.0 * hc;
-        if let Some(m) = &b.moe {
-            let (e, k) = (m.num_experts as f64, m.top_k as f64);
-            let distinct = e * (1.0 - (1.0 - k / e).powi(batch as i32));
-            total += e * h + distinct * 3.0 * h * m.intermediate as f64;
-            if let Some(s) = m.shared_intermediate {
-                total += 3.0 * h * s as f64 + h;
+        for kind in &b.layer_kinds {
+            match kind {
+                kestrel_models::LayerKind::FullAttention => {
+                    let (hq, hkv, d) =
+                        (b.num_heads as f64, b.num_kv_heads as f64, b.head_dim as f64);
+                    let q = if b.attn_output_gate { 2.0 } else { 1.0 } * hq * d;
+                    let index = ((c.qsa.num_heads + 1) * c.qsa.head_dim) as f64;
+                    e.quantizable += h * (q + 2.0 * hkv * d + index) + hq * d * h;
+                }
+                kestrel_models::LayerKind::LinearAttention => {
+                    let la = b
+                        .linear_attn
+                        .as_ref()
+                        .expect("GDN layers have their config");
+                    let (hk, hv) = (la.num_k_heads as f64, la.num_v_heads as f64);
+                    let (dk, dv) = (la.head_k_dim as f64, la.head_v_dim as f64);
+                    let conv_dim = 2.0 * hk * dk + hv * dv;
+                    e.quantizable += h * (conv_dim + hv * dv) + hv * dv * h;
+                    e.dense += h * 2.0 * hv;
+                }
+            }
+            e.dense += 2.0 * hc;
+            if let Some(m) = &b.moe {
+                let (n, k) = (m.num_experts as f64, m.top_k as f64);
+                let distinct = n * (1.0 - (1.0 - k / n).powi(batch as i32));
+                e.dense += n * h;
+                e.quantizable += distinct * 3.0 * h * m.intermediate as f64;
+                if let Some(s) = m.shared_intermediate {
+                    e.quantizable += 3.0 * h * s as f64;
+                    e.dense += h;
+                }
             }
         }
+        if let Some(p) = &c.ple {
+            let width = p.embed_dim as f64;
+            e.quantizable += p.layers.len() as f64 * (streams * h * width + h * width);
+        }
+        e
     }
-    if let Some(p) = &c.ple {
-        let e = p.embed_dim as f64;
-        total += p.layers.len() as f64 * (streams * h * e + h * e);
+
+    /// Bytes of weights read, each part in the size `storage` gives it.
+    pub fn bytes(&self, storage: &Storage) -> f64 {
+        self.quantizable * storage.quantized as f64
+            + self.dense * storage.matrix as f64
+            + self.lm_head * storage.lm_head as f64
     }
-    // The final mixer's gates; the lm_head.
-    (
-        total + 2.0 * c.hc_lowrank as f64 * streams * h,
-        b.vocab_size as f64 * h,
-    )
 }
 
 /// A batch of `seqs` sequences bringing `new` tokens each after `cached`,
@@ -131,12 +158,12 @@ pub struct Settings<'a> {
     pub form: WeightForm,
 }
 
-/// The figures as JSON; `elem_bytes` is the size of a weight element and of
-/// an lm_head element.
+/// The figures as JSON; `storage` gives the size of a weight element in
+/// each form.
 pub fn bench<B: FlashNextOps>(
     b: &B,
     s: &Settings,
-    elem_bytes: (usize, usize),
+    storage: Storage,
     plan: Option<serde_json::Value>,
 ) -> Result<serde_json::Value> {
     let Settings {
@@ -215,8 +242,7 @@ pub fn bench<B: FlashNextOps>(
         };
         run(2, &mut pos)?;
         let ms = run(steps, &mut pos)?;
-        let (body, head) = decode_matrix_elems(&cfg, seqs);
-        let bytes = body * elem_bytes.0 as f64 + head * elem_bytes.1 as f64;
+        let bytes = DecodeElems::of(&cfg, seqs).bytes(&storage);
         let floor_ms = bandwidth.map(|gbs| bytes / (gbs * 1e9) * 1e3);
         eprintln!(
             "decode batch {seqs} at {context}: {ms:8.3} ms a step, {:8.1} tok/s, {:.3} ms a layer; \
@@ -245,6 +271,7 @@ pub fn bench<B: FlashNextOps>(
         "backend": b.name(),
         "plan": plan,
         "layers": cfg.base.num_layers,
+        "quantization": if form.quantization == Quantization::Fp8 { "fp8" } else { "as stored" },
         "lm_head_fp8": form.lm_head_fp8,
         "bandwidth_gbs": bandwidth,
         "prefill": prefill_out,
