@@ -94,6 +94,39 @@ impl DecodeElems {
     }
 }
 
+/// Matrix FLOPs of a prefill of `tokens` tokens (one sequence): two per
+/// multiply-add over the weights each token uses (top-k experts only, no
+/// lm_head: a prefill takes the logits of its last token), the indexer's
+/// block scores of the tokens past the budget, and attention scores and
+/// values over what each token attends (all it has seen within the budget,
+/// the budget past it).
+pub fn prefill_flops(c: &FlashNextConfig, tokens: usize) -> f64 {
+    let per_token = DecodeElems::of(c, 1);
+    let b = &c.base;
+    let attention_layers = b
+        .layer_kinds
+        .iter()
+        .filter(|k| matches!(k, kestrel_models::LayerKind::FullAttention))
+        .count() as f64;
+    let (q_width, index_width) = (
+        (b.num_heads * b.head_dim) as f64,
+        (c.qsa.num_heads * c.qsa.head_dim) as f64,
+    );
+    let per_layer: f64 = (0..tokens)
+        .map(|i| {
+            let seen = (i + 1) as f64;
+            let attended = seen.min(c.qsa.budget as f64);
+            let scored = if i + 1 > c.qsa.budget {
+                (i + 1) as f64 / c.qsa.compress_ratio as f64
+            } else {
+                0.0
+            };
+            2.0 * 2.0 * q_width * attended + 2.0 * index_width * scored
+        })
+        .sum();
+    2.0 * (per_token.quantizable + per_token.dense) * tokens as f64 + attention_layers * per_layer
+}
+
 /// A batch of `seqs` sequences bringing `new` tokens each after `cached`,
 /// sequence `i` in slot `i` on pages `i * pages ..`.
 fn batch(seqs: usize, cached: usize, new: usize, pages: usize) -> ForwardBatch {
@@ -211,7 +244,19 @@ pub fn bench<B: FlashNextOps>(
             len as f64 / ms * 1e3,
             ms / layers
         );
-        prefill_out.push(json!({"tokens": len, "ms": ms, "ms_per_layer": ms / layers}));
+        let flops = prefill_flops(&cfg, len);
+        eprintln!(
+            "                        {:.1} TFLOP, {:.0} TFLOP/s achieved",
+            flops / 1e12,
+            flops / ms / 1e9
+        );
+        prefill_out.push(json!({
+            "tokens": len,
+            "ms": ms,
+            "ms_per_layer": ms / layers,
+            "matmul_flops": flops,
+            "achieved_tflops": flops / ms / 1e9,
+        }));
     }
     let mut decode_out = Vec::new();
     for &seqs in decode_batches {
@@ -278,4 +323,57 @@ pub fn bench<B: FlashNextOps>(
         "decode": decode_out,
         "ngram_tables": dir.display().to_string(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn published() -> FlashNextConfig {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/qwen3.8-flash-next");
+        FlashNextConfig::from_file(&dir.join("config.json")).unwrap()
+    }
+
+    #[test]
+    fn decode_elements_split_by_form_and_add_up_to_the_active_parameters() {
+        let c = published();
+        let e = DecodeElems::of(&c, 1);
+        // 5.5 B matrix elements a token besides the lm_head at these shapes
+        // (experts 2.4 B, DeltaNet 1.5 B, hyper-connection gates 0.6 B,
+        // attention 0.6 B), most in the forms FP8 quantises.
+        let active = e.quantizable + e.dense;
+        assert!((5.0e9..6.0e9).contains(&active), "{active:e}");
+        assert!(e.dense < 0.3 * active, "{e:?}");
+        let fp8 = Storage {
+            matrix: 2,
+            quantized: 1,
+            lm_head: 2,
+            kv: 2,
+        };
+        let bf16 = Storage {
+            quantized: 2,
+            ..fp8
+        };
+        assert_eq!(e.bytes(&bf16), 2.0 * (active + e.lm_head));
+        assert!(e.bytes(&fp8) < e.bytes(&bf16));
+        // More sequences read more distinct experts.
+        assert!(DecodeElems::of(&c, 8).quantizable > 4.0 * e.quantizable);
+    }
+
+    #[test]
+    fn prefill_attention_grows_linearly_past_the_budget() {
+        let c = published();
+        let params = 2.0 * (DecodeElems::of(&c, 1).quantizable + DecodeElems::of(&c, 1).dense);
+        let attention = |t| prefill_flops(&c, t) - params * t as f64;
+        let budget = c.qsa.budget;
+        // Within the budget each token attends to all it has seen (quadratic).
+        let within = attention(budget);
+        assert!((attention(budget / 2) / within - 0.25).abs() < 0.01);
+        // Past it, a fixed budget plus block scores that grow with the context.
+        let (a, b) = (
+            attention(4 * budget) - within,
+            attention(8 * budget) - within,
+        );
+        assert!(b > 2.0 * a && b < 3.0 * a, "{a:e} {b:e}");
+    }
 }
