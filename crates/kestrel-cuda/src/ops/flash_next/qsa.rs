@@ -14,8 +14,8 @@
 //! Attention: each token becomes a one-row sequence whose block table is the
 //! list of its selected cache slots (pages of one slot), so the split-KV
 //! decode kernels (or the generic kernel on f32 caches) read exactly those
-//! keys; its own key is the last one it selects, which the first attention
-//! kernel has just written.
+//! keys (its own, which the first attention kernel has just written, only
+//! when it selects it).
 
 use kestrel_core::flash_next::selection::ScoreLayout;
 use kestrel_core::flash_next::{IndexerKeys, QsaNorms, QsaSpec, TokenSelection};
@@ -213,18 +213,12 @@ pub fn sparse_attention(
     let q = gpu.alloc::<f32>(t * q_width);
     let caches = (k_cache, v_cache);
     write_new_keys(cx, proj, ptr(&q, s), caches, w, &l, spec, f32_cache);
-    // Every token as a sequence of one row over its selected slots; its own
-    // key, just written, is the last.
-    let positions = batch.positions();
+    // Every token as a sequence of one row over its selected slots, all of
+    // them visible to it. Its own key, just written, is among them unless
+    // the token completes a block the indexer did not pick (the reference
+    // then attends without it too).
     let mut rows = Vec::with_capacity(t);
-    for (row, slots) in selection.slots(batch, block_size).into_iter().enumerate() {
-        let sel = &selection.positions[row];
-        assert_eq!(
-            sel.last(),
-            Some(&positions[row]),
-            "token at {} does not select itself last",
-            positions[row]
-        );
+    for slots in selection.slots(batch, block_size) {
         rows.push(SeqChunk::new(1, slots.len() - 1, slots, 0));
     }
     let rows = ForwardBatch { seqs: rows };
