@@ -245,10 +245,15 @@ pub fn bench<B: FlashNextOps>(
             ms / layers
         );
         let flops = prefill_flops(&cfg, len);
+        // The weights one pass reads: every expert some token picks, once.
+        let bytes = DecodeElems::of(&cfg, len).bytes(&storage);
+        let floor_ms = bandwidth.map(|gbs| bytes / (gbs * 1e9) * 1e3);
         eprintln!(
-            "                        {:.1} TFLOP, {:.0} TFLOP/s achieved",
+            "                        {:.1} TFLOP, {:.0} TFLOP/s achieved; {:.1} GB of weights{}",
             flops / 1e12,
-            flops / ms / 1e9
+            flops / ms / 1e9,
+            bytes / 1e9,
+            floor_ms.map_or(String::new(), |f| format!(", byte floor {f:.2} ms"))
         );
         prefill_out.push(json!({
             "tokens": len,
@@ -256,6 +261,8 @@ pub fn bench<B: FlashNextOps>(
             "ms_per_layer": ms / layers,
             "matmul_flops": flops,
             "achieved_tflops": flops / ms / 1e9,
+            "weight_bytes": bytes,
+            "byte_floor_ms": floor_ms,
         }));
     }
     let mut decode_out = Vec::new();
