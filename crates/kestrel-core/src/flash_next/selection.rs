@@ -186,4 +186,18 @@ mod tests {
         assert_eq!(slots[1], [0, 1, 2, 3, 8, 9, 10, 11]);
         assert_eq!(slots[3], [16, 17, 18, 19]);
     }
+
+    #[test]
+    fn a_token_completing_a_block_the_indexer_leaves_out_does_not_see_itself() {
+        // Position 11 completes block 2 (8..=11) and has no tail; with block
+        // 2 scored lowest it reads blocks 0 and 1 only, not its own key (as
+        // the reference does), so a backend must not assume it does.
+        let batch = ForwardBatch {
+            seqs: vec![SeqChunk::new(1, 11, vec![0, 1], 0)],
+        };
+        let l = ScoreLayout::new(&spec(), &batch);
+        let sel = l.selection(&spec(), &batch, &[3.0, 2.0, 1.0]);
+        assert_eq!(sel.positions[0], [0, 1, 2, 3, 4, 5, 6, 7]);
+        assert!(!sel.is_dense(&batch));
+    }
 }
