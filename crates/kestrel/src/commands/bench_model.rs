@@ -328,6 +328,7 @@ fn bench_flash_next(args: &Args, config: &std::path::Path) -> Result<()> {
             steps: args.steps,
             chunk: args.max_batched_tokens,
             form,
+            breakdown_steps: args.breakdown_steps,
         })?;
         if let Some(path) = &args.json {
             std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
@@ -342,7 +343,7 @@ fn bench_flash_next(args: &Args, config: &std::path::Path) -> Result<()> {
                 lm_head: 4,
                 kv: 4,
             };
-            run(&|s| flash_next::bench(&CpuBackend::new(), s, storage, None))
+            run(&|s| flash_next::bench(&Timed::new(CpuBackend::new()), s, storage, None))
         }
         Chosen::Cuda(cuda) => {
             eprintln!("{}", cuda.plan());
@@ -357,6 +358,7 @@ fn bench_flash_next(args: &Args, config: &std::path::Path) -> Result<()> {
                 lm_head: if form.lm_head_fp8 { 1 } else { 2 },
                 kv: 2,
             };
+            let cuda = Timed::new(cuda);
             run(&|s| flash_next::bench(&cuda, s, storage, Some(plan.clone())))
         }
     }

@@ -10,11 +10,13 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use kestrel_core::flash_next::FlashNextOps;
-use kestrel_core::{ForwardBatch, SeqChunk};
+use kestrel_core::{Backend, ForwardBatch, SeqChunk};
 use kestrel_models::flash_next::{FlashNext, FlashNextConfig};
 use kestrel_models::{Quantization, WeightForm};
 use serde_json::json;
 
+use super::report::Breakdown;
+use super::timing::Timed;
 use super::traffic::Storage;
 
 const BLOCK_SIZE: usize = 16;
@@ -189,12 +191,15 @@ pub struct Settings<'a> {
     /// Tokens per sequence in each prefill step of the context.
     pub chunk: usize,
     pub form: WeightForm,
+    /// Instrumented runs (a device sync around every operation) after the
+    /// timed ones, for a per-operation breakdown; 0 turns it off.
+    pub breakdown_steps: usize,
 }
 
 /// The figures as JSON; `storage` gives the size of a weight element in
 /// each form.
 pub fn bench<B: FlashNextOps>(
-    b: &B,
+    b: &Timed<B>,
     s: &Settings,
     storage: Storage,
     plan: Option<serde_json::Value>,
@@ -208,6 +213,7 @@ pub fn bench<B: FlashNextOps>(
         steps,
         chunk,
         form,
+        breakdown_steps,
     } = *s;
     let path = kestrel_models::config_file(config);
     let cfg = FlashNextConfig::from_file(&path)?;
@@ -239,6 +245,21 @@ pub fn bench<B: FlashNextOps>(
             }
         }
         let ms = median(times);
+        let breakdown = if breakdown_steps > 0 {
+            let mut cache = model.new_cache(b, pages, BLOCK_SIZE, 1)?;
+            cache.zero_state(b, 0);
+            b.synchronize()?;
+            b.record(true);
+            let t = Instant::now();
+            prefill(b, &model, &mut cache, 1, len, len, pages)?;
+            let wall = t.elapsed().as_secs_f64();
+            b.record(false);
+            let bd = Breakdown::new(&b.breakdown(), 1, wall);
+            bd.print(&format!("prefill {len}, instrumented"));
+            Some(bd.to_json())
+        } else {
+            None
+        };
         eprintln!(
             "prefill {len:>6} tokens: {ms:9.2} ms ({:.0} tok/s, {:.3} ms a layer)",
             len as f64 / ms * 1e3,
@@ -263,6 +284,7 @@ pub fn bench<B: FlashNextOps>(
             "achieved_tflops": flops / ms / 1e9,
             "weight_bytes": bytes,
             "byte_floor_ms": floor_ms,
+            "breakdown": breakdown,
         }));
     }
     let mut decode_out = Vec::new();
@@ -270,7 +292,7 @@ pub fn bench<B: FlashNextOps>(
         if seqs == 0 || steps == 0 {
             bail!("decode batches and steps must be at least 1");
         }
-        let pages = (context + steps + 4).div_ceil(BLOCK_SIZE);
+        let pages = (context + 2 + steps + breakdown_steps + 2).div_ceil(BLOCK_SIZE);
         let mut cache = model.new_cache(b, seqs * pages, BLOCK_SIZE, seqs)?;
         for s in 0..seqs {
             cache.zero_state(b, s as u32);
@@ -294,6 +316,20 @@ pub fn bench<B: FlashNextOps>(
         };
         run(2, &mut pos)?;
         let ms = run(steps, &mut pos)?;
+        let breakdown = if breakdown_steps > 0 {
+            b.record(true);
+            let wall_ms = run(breakdown_steps, &mut pos)?;
+            b.record(false);
+            let bd = Breakdown::new(
+                &b.breakdown(),
+                breakdown_steps,
+                wall_ms * breakdown_steps as f64 / 1e3,
+            );
+            bd.print(&format!("decode batch {seqs} at {context}, instrumented"));
+            Some(bd.to_json())
+        } else {
+            None
+        };
         let bytes = DecodeElems::of(&cfg, seqs).bytes(&storage);
         let floor_ms = bandwidth.map(|gbs| bytes / (gbs * 1e9) * 1e3);
         eprintln!(
@@ -315,6 +351,7 @@ pub fn bench<B: FlashNextOps>(
             "ms_per_layer": ms / layers,
             "weight_bytes_per_step": bytes,
             "floor_ms": floor_ms,
+            "breakdown": breakdown,
         }));
     }
     Ok(json!({

@@ -16,6 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use kestrel_core::flash_next::{
+    Channels, FlashNextOps, HyperSpec, IndexerKeys, PleParams, PleSpec, QsaNorms, QsaSpec, RowEdit,
+    TokenSelection,
+};
 use kestrel_core::{
     AttentionSpec, AttentionWeights, Backend, CacheSpec, CandidateRequest, DType, ForwardBatch,
     GdnSpec, GdnWeights, HostTensor, MoeSpec, MoeWeights, PreNorm, Result, RowCandidates, StepKey,
@@ -390,6 +394,108 @@ impl<B: Backend> Backend for Timed<B> {
     }
 }
 
+/// Qwen3.8-Flash-Next's operations, timed like the shared ones.
+impl<B: FlashNextOps> FlashNextOps for Timed<B> {
+    fn repeat_streams(&self, x: &B::Tensor, streams: usize) -> B::Tensor {
+        self.time(fixed("hyper repeat_streams"), || {
+            self.inner.repeat_streams(x, streams)
+        })
+    }
+
+    fn grouped_rms_norm(
+        &self,
+        x: &B::Tensor,
+        w: &Channels<B::Weight>,
+        group: usize,
+        eps: f32,
+    ) -> B::Tensor {
+        self.time(fixed("hyper grouped_rms_norm"), || {
+            self.inner.grouped_rms_norm(x, w, group, eps)
+        })
+    }
+
+    fn hyper_low_rank_act(&self, x: &B::Tensor, streams: usize) -> B::Tensor {
+        self.time(fixed("hyper low_rank_act"), || {
+            self.inner.hyper_low_rank_act(x, streams)
+        })
+    }
+
+    fn hyper_mix(&self, normed: &B::Tensor, gate: &B::Tensor, spec: &HyperSpec) -> B::Tensor {
+        self.time(fixed("hyper mix"), || {
+            self.inner.hyper_mix(normed, gate, spec)
+        })
+    }
+
+    fn hyper_inject(
+        &self,
+        x: &mut B::Tensor,
+        out: &B::Tensor,
+        inject: &B::Tensor,
+        spec: &HyperSpec,
+    ) {
+        self.time(fixed("hyper inject"), || {
+            self.inner.hyper_inject(x, out, inject, spec)
+        })
+    }
+
+    fn ple_mix(
+        &self,
+        streams: &B::Tensor,
+        key: &B::Tensor,
+        value: &B::Tensor,
+        p: &PleParams<B::Weight>,
+        spec: &PleSpec,
+        state: &mut B::Tensor,
+        batch: &ForwardBatch,
+    ) -> B::Tensor {
+        self.time(fixed("ple_mix"), || {
+            self.inner
+                .ple_mix(streams, key, value, p, spec, state, batch)
+        })
+    }
+
+    fn qsa_select(
+        &self,
+        proj: &B::Tensor,
+        norms: &QsaNorms<B::Weight>,
+        spec: &QsaSpec,
+        keys: &mut IndexerKeys<B::Tensor>,
+        block_size: usize,
+        batch: &ForwardBatch,
+    ) -> TokenSelection {
+        self.time(fixed("qsa_select"), || {
+            self.inner
+                .qsa_select(proj, norms, spec, keys, block_size, batch)
+        })
+    }
+
+    fn sparse_attention(
+        &self,
+        proj: &B::Tensor,
+        w: &AttentionWeights<B::Weight>,
+        spec: &AttentionSpec,
+        cache: &mut B::Cache,
+        layer: usize,
+        batch: &ForwardBatch,
+        selection: &TokenSelection,
+    ) -> B::Tensor {
+        // Within the budget a selection is ordinary attention: say which ran.
+        let name = if selection.is_dense(batch) {
+            "sparse_attention (dense)"
+        } else {
+            "sparse_attention"
+        };
+        self.time(fixed(name), || {
+            self.inner
+                .sparse_attention(proj, w, spec, cache, layer, batch, selection)
+        })
+    }
+
+    fn edit_rows(&self, t: &mut B::Tensor, edit: RowEdit) {
+        self.time(fixed("edit_rows"), || self.inner.edit_rows(t, edit))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,5 +523,44 @@ mod tests {
         assert_eq!(b["matmul 2->3"].calls, 1);
         assert_eq!(b["matmul 3->1"].calls, 1);
         assert_eq!(b.len(), 2);
+    }
+
+    /// Flash-Next through the decorator: the same logits as the plain
+    /// backend, and its own operations in the breakdown.
+    #[test]
+    fn flash_next_operations_are_forwarded_and_timed() {
+        use kestrel_models::flash_next::FlashNext;
+        use kestrel_models::flash_next::runner::FlashNextRunner;
+
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/golden/qwen4_exp/model");
+        let tokens: Vec<u32> = (0..24).map(|i| i * 13 % 500).collect();
+        let plain = {
+            let b = CpuBackend::new();
+            let model = FlashNext::load(&dir, &b).unwrap();
+            let mut runner = FlashNextRunner::new(&b, &model, tokens.len()).unwrap();
+            runner.feed_all_logits(&tokens).unwrap()
+        };
+        let t = Timed::new(CpuBackend::new());
+        let model = FlashNext::load(&dir, &t).unwrap();
+        let mut runner = FlashNextRunner::new(&t, &model, tokens.len()).unwrap();
+        t.record(true);
+        let timed = runner.feed_all_logits(&tokens).unwrap();
+        t.record(false);
+        assert_eq!(timed, plain);
+        let b = t.breakdown();
+        for op in [
+            "hyper repeat_streams",
+            "hyper grouped_rms_norm",
+            "hyper low_rank_act",
+            "hyper mix",
+            "hyper inject",
+            "ple_mix",
+            "qsa_select",
+            // 24 tokens pass the fixture's 16-token budget.
+            "sparse_attention",
+        ] {
+            assert!(b.get(op).is_some_and(|o| o.calls > 0), "{op}: {b:?}");
+        }
     }
 }
