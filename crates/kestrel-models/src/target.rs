@@ -112,19 +112,17 @@ where
     FlashNext<B>: Send + 'static,
 {
     /// Loads a model folder of any supported architecture, in the form
-    /// `form` says ([`Model::load_as`]; Flash-Next as stored, its lm_head
-    /// optionally FP8).
+    /// `form` says ([`Model::load_as`], [`FlashNext::load_as`]).
     pub fn load_as(dir: &Path, backend: &B, form: impl Into<WeightForm>) -> Result<Self> {
         let form = form.into();
-        if !is_flash_next(dir)? {
+        if !is_flash_next(&dir.join("config.json"))? {
             return Ok(Model::load_as(dir, backend, form)?.0.into());
         }
         Ok(FlashNext::load_as(dir, backend, form)?.into())
     }
 
-    /// [`Model::load_dummy_as`]; Flash-Next's weights as stored (bf16, the
-    /// lm_head optionally FP8), its n-gram tables sparse files under the
-    /// temporary folder
+    /// [`Model::load_dummy_as`]; for Flash-Next [`FlashNext::load_dummy_as`],
+    /// its n-gram tables sparse files under the temporary folder
     /// ([`crate::flash_next::dummy`]).
     pub fn load_dummy_as(
         config: &Path,
@@ -133,16 +131,16 @@ where
         form: impl Into<WeightForm>,
     ) -> Result<Self> {
         let path = crate::config::config_file(config);
-        if ModelConfig::from_file(&path)?.arch != Arch::Qwen4Exp {
+        if !is_flash_next(&path)? {
             return Ok(Model::load_dummy_as(config, backend, seed, form)?.into());
         }
         Ok(FlashNext::load_dummy_as(&path, backend, seed, None, form)?.into())
     }
 }
 
-/// Whether the folder's `config.json` is a `qwen4_exp` model.
-fn is_flash_next(dir: &Path) -> Result<bool> {
-    Ok(ModelConfig::from_file(&dir.join("config.json"))?.arch == Arch::Qwen4Exp)
+/// Whether a `config.json` is a `qwen4_exp` model.
+fn is_flash_next(config: &Path) -> Result<bool> {
+    Ok(ModelConfig::from_file(config)?.arch == Arch::Qwen4Exp)
 }
 
 impl<B: Backend> Target<B> {

@@ -142,16 +142,7 @@ fn tokens(n: usize) -> Vec<u32> {
 fn logits<B: FlashNextOps>(b: &B, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
     let model = FlashNext::load(&model_dir(), b).unwrap();
     let mut runner = FlashNextRunner::new(b, &model, tokens.len()).unwrap();
-    let (mut out, mut start) = (Vec::new(), 0);
-    for &c in chunks.iter().cycle() {
-        if start == tokens.len() {
-            break;
-        }
-        let end = (start + c).min(tokens.len());
-        out.extend(runner.feed_all_logits(&tokens[start..end]).unwrap());
-        start = end;
-    }
-    out
+    runner.feed_all_logits_in_chunks(tokens, chunks).unwrap()
 }
 
 #[test]

@@ -38,6 +38,18 @@ fn sparse_table(dir: &std::path::Path) -> (std::fs::File, u64) {
     (f, data_start)
 }
 
+/// The table of the folder's file read as `rows` rows of `DIM` in `parts`
+/// parts.
+fn open_table(dir: &std::path::Path, rows: usize, parts: usize) -> anyhow::Result<NgramTable> {
+    NgramTable::open(
+        Arc::new(WeightFiles::open(dir).unwrap()),
+        "layers.0.ple.ple_embedding.ngram_embedding.",
+        rows,
+        DIM,
+        parts,
+    )
+}
+
 fn row_value(row: usize, col: usize) -> f32 {
     (row % 1000) as f32 + col as f32 / 256.0
 }
@@ -61,15 +73,7 @@ fn a_mapped_multi_gigabyte_table_serves_rows_without_loading_the_file() {
     assert!(data_len > 2 << 30, "the table is multi-gigabyte");
 
     let before = resident_bytes();
-    let files = Arc::new(WeightFiles::open(dir.path()).unwrap());
-    let table = NgramTable::open(
-        files,
-        "layers.0.ple.ple_embedding.ngram_embedding.",
-        ROWS,
-        DIM,
-        4,
-    )
-    .unwrap();
+    let table = open_table(dir.path(), ROWS, 4).unwrap();
     let wanted: Vec<u64> = rows.iter().rev().map(|&r| r as u64).collect();
     let got = table.gather(&wanted).unwrap();
     for (i, &r) in wanted.iter().enumerate() {
@@ -94,14 +98,7 @@ fn a_mapped_multi_gigabyte_table_serves_rows_without_loading_the_file() {
         );
     }
     assert!(
-        NgramTable::open(
-            Arc::new(WeightFiles::open(dir.path()).unwrap()),
-            "layers.0.ple.ple_embedding.ngram_embedding.",
-            ROWS + 4,
-            DIM,
-            4
-        )
-        .is_err(),
+        open_table(dir.path(), ROWS + 4, 4).is_err(),
         "a table of another size is refused"
     );
 }
@@ -113,15 +110,7 @@ fn a_mapped_multi_gigabyte_table_serves_rows_without_loading_the_file() {
 fn random_rows_make_about_their_own_pages_resident() {
     let dir = tempfile::tempdir().unwrap();
     drop(sparse_table(dir.path()));
-    let files = Arc::new(WeightFiles::open(dir.path()).unwrap());
-    let table = NgramTable::open(
-        files,
-        "layers.0.ple.ple_embedding.ngram_embedding.",
-        ROWS,
-        DIM,
-        1,
-    )
-    .unwrap();
+    let table = open_table(dir.path(), ROWS, 1).unwrap();
     // Rows far apart (a multiplicative hash), one at a time as tokens come.
     let n = 2000u64;
     let before = resident_bytes();

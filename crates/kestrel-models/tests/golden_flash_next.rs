@@ -29,8 +29,18 @@ struct Fixture {
     tensors: HashMap<String, Vec<f32>>,
 }
 
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/qwen4_exp")
+}
+
+/// Logits of every position of `tokens` fed in one pass.
+fn all_logits(b: &CpuBackend, model: &FlashNext<CpuBackend>, tokens: &[u32]) -> Vec<f32> {
+    let mut runner = FlashNextRunner::new(b, model, tokens.len()).unwrap();
+    runner.feed_all_logits(tokens).unwrap()
+}
+
 fn load() -> Fixture {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/qwen4_exp");
+    let dir = fixture_dir();
     let model = FlashNext::load(&dir.join("model"), &CpuBackend::new()).expect("model loads");
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
@@ -61,17 +71,7 @@ fn load() -> Fixture {
 fn logits_in_chunks(f: &Fixture, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
     let b = CpuBackend::new();
     let mut runner = FlashNextRunner::new(&b, &f.model, tokens.len()).unwrap();
-    let mut out = Vec::new();
-    let mut start = 0;
-    for &c in chunks.iter().cycle() {
-        if start == tokens.len() {
-            break;
-        }
-        let end = (start + c).min(tokens.len());
-        out.extend(runner.feed_all_logits(&tokens[start..end]).unwrap());
-        start = end;
-    }
-    out
+    runner.feed_all_logits_in_chunks(tokens, chunks).unwrap()
 }
 
 #[test]
@@ -261,8 +261,7 @@ fn flash_next_fp8_lm_head_is_the_quantised_head_and_nothing_else_changes() {
 
     let f = load();
     let b = CpuBackend::new();
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/qwen4_exp/model");
+    let dir = fixture_dir().join("model");
     let form = WeightForm {
         quantization: Quantization::AsStored,
         lm_head_fp8: true,
@@ -279,10 +278,7 @@ fn flash_next_fp8_lm_head_is_the_quantised_head_and_nothing_else_changes() {
     assert_eq!(rows(fp8_head.lm_head()), want, "head");
     let case = &f.meta["teacher_forced"][1];
     let tokens = ids(&case["input_ids"]);
-    let got = {
-        let mut runner = FlashNextRunner::new(&b, &fp8_head, tokens.len()).unwrap();
-        runner.feed_all_logits(&tokens).unwrap()
-    };
+    let got = all_logits(&b, &fp8_head, &tokens);
     let reference = logits_in_chunks(&f, &tokens, &[tokens.len()]);
     let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
     let err = max_abs_diff(&got, &reference);
@@ -300,15 +296,11 @@ fn flash_next_quantised_at_load_time_moves_the_logits_by_rounding_only() {
 
     let f = load();
     let b = CpuBackend::new();
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/qwen4_exp/model");
+    let dir = fixture_dir().join("model");
     let case = &f.meta["teacher_forced"][1];
     let tokens = ids(&case["input_ids"]);
-    let logits = |form: WeightForm| {
-        let model = FlashNext::load_as(&dir, &b, form).unwrap();
-        let mut runner = FlashNextRunner::new(&b, &model, tokens.len()).unwrap();
-        runner.feed_all_logits(&tokens).unwrap()
-    };
+    let logits =
+        |form: WeightForm| all_logits(&b, &FlashNext::load_as(&dir, &b, form).unwrap(), &tokens);
     let head_only = logits(WeightForm {
         quantization: Quantization::AsStored,
         lm_head_fp8: true,
@@ -348,14 +340,12 @@ fn flash_next_dummy_fp8_weights_run() {
     use kestrel_models::{Quantization, WeightForm};
 
     let b = CpuBackend::new();
-    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/golden/qwen4_exp/model/config.json");
+    let config = fixture_dir().join("model/config.json");
     let tables = tempfile::tempdir().unwrap();
+    let tokens: Vec<u32> = (0..30).map(|i| i * 37 % 500).collect();
     let logits = |form: WeightForm| {
         let model = FlashNext::load_dummy_as(&config, &b, 5, Some(tables.path()), form).unwrap();
-        let tokens: Vec<u32> = (0..30).map(|i| i * 37 % 500).collect();
-        let mut runner = FlashNextRunner::new(&b, &model, tokens.len()).unwrap();
-        runner.feed_all_logits(&tokens).unwrap()
+        all_logits(&b, &model, &tokens)
     };
     let fp8 = logits(Quantization::Fp8.into());
     assert!(fp8.iter().all(|v| v.is_finite()));

@@ -149,6 +149,24 @@ pub async fn start_hub(hub: Hub) -> (SocketAddr, Arc<Hub>) {
     (addr, hub)
 }
 
+/// A Hugging Face hub serving `files` (its address and state) and a
+/// ModelScope that is down (its address).
+async fn hf_hub_with_modelscope_down(
+    files: BTreeMap<String, Vec<u8>>,
+) -> (SocketAddr, Arc<Hub>, SocketAddr) {
+    let (hf, hub) = start_hub(Hub {
+        files,
+        ..Default::default()
+    })
+    .await;
+    let (ms, _) = start_hub(Hub {
+        down: true,
+        ..Default::default()
+    })
+    .await;
+    (hf, hub, ms)
+}
+
 fn model_files() -> BTreeMap<String, Vec<u8>> {
     let mut m = BTreeMap::new();
     m.insert(
@@ -296,16 +314,7 @@ fn verify_reports_each_problem_distinctly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn download_fetches_only_what_is_wrong_and_resumes_a_cut_transfer() {
-    let (hf, hub) = start_hub(Hub {
-        files: model_files(),
-        ..Default::default()
-    })
-    .await;
-    let (ms, _) = start_hub(Hub {
-        down: true,
-        ..Default::default()
-    })
-    .await;
+    let (hf, hub, ms) = hf_hub_with_modelscope_down(model_files()).await;
     let dest = tempfile::tempdir().unwrap();
     let files = model_files();
     // config.json present and right; shard 2 corrupt; shard 1 and tokenizer missing.
@@ -370,16 +379,7 @@ async fn download_fetches_only_what_is_wrong_and_resumes_a_cut_transfer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupted_download_resumes_in_a_later_call() {
-    let (hf, hub) = start_hub(Hub {
-        files: model_files(),
-        ..Default::default()
-    })
-    .await;
-    let (ms, _) = start_hub(Hub {
-        down: true,
-        ..Default::default()
-    })
-    .await;
+    let (hf, hub, ms) = hf_hub_with_modelscope_down(model_files()).await;
     let dest = tempfile::tempdir().unwrap();
     hub.cut_next
         .lock()
@@ -495,16 +495,7 @@ async fn corrupt_transfer_is_rejected_and_renamed_file_is_moved_back() {
     // The hub serves bytes that do not match the manifest.
     let mut wrong = model_files();
     wrong.get_mut("config.json").unwrap()[0] = b'[';
-    let (hf, _) = start_hub(Hub {
-        files: wrong,
-        ..Default::default()
-    })
-    .await;
-    let (ms, _) = start_hub(Hub {
-        down: true,
-        ..Default::default()
-    })
-    .await;
+    let (hf, _, ms) = hf_hub_with_modelscope_down(wrong).await;
     let dest = tempfile::tempdir().unwrap();
     let mut files = model_files();
     files.remove("config.json");
@@ -549,16 +540,7 @@ async fn a_dflash_drafter_repository_is_pulled_and_verified() {
         config["dflash_config"]["mask_token_id"].is_u64(),
         "a z-lab drafter config"
     );
-    let (hf, _) = start_hub(Hub {
-        files: files.clone(),
-        ..Default::default()
-    })
-    .await;
-    let (ms, _) = start_hub(Hub {
-        down: true,
-        ..Default::default()
-    })
-    .await;
+    let (hf, _, ms) = hf_hub_with_modelscope_down(files.clone()).await;
     let dest = tempfile::tempdir().unwrap();
     let s = download(&request(dest.path(), hf, ms, None, Source::Auto, 2))
         .await

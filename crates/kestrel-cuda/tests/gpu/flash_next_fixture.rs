@@ -49,17 +49,7 @@ fn logits_in_chunks(
     chunks: &[usize],
 ) -> Vec<f32> {
     let mut runner = FlashNextRunner::new(gpu, model, tokens.len()).unwrap();
-    let mut out = Vec::new();
-    let mut start = 0;
-    for &c in chunks.iter().cycle() {
-        if start == tokens.len() {
-            break;
-        }
-        let end = (start + c).min(tokens.len());
-        out.extend(runner.feed_all_logits(&tokens[start..end]).unwrap());
-        start = end;
-    }
-    out
+    runner.feed_all_logits_in_chunks(tokens, chunks).unwrap()
 }
 
 fn teacher_forced(precision: Precision, tol: f32) {
@@ -136,7 +126,8 @@ fn f32_fp8_weights_match_the_cpu() {
     use kestrel_cpu::CpuBackend;
     use kestrel_models::Quantization;
 
-    const FP8_F32_TOL: f64 = 6e-2;
+    use crate::fp8_fixtures::{FP8_F32_TOL, rel_l2};
+
     let (meta, _) = read_reference(&dir()).unwrap();
     let case = &meta["teacher_forced"][1];
     let tokens = ids(&case["input_ids"]);
@@ -152,12 +143,7 @@ fn f32_fp8_weights_match_the_cpu() {
         gpu.set_precision(Precision::F32);
         let model = FlashNext::load_as(&model_dir, &gpu, Quantization::Fp8).expect("model loads");
         let got = logits_in_chunks(&gpu, &model, &tokens, &[tokens.len()]);
-        let (mut d2, mut r2) = (0f64, 0f64);
-        for (&g, &r) in got.iter().zip(want.iter()) {
-            d2 += ((g - r) as f64).powi(2);
-            r2 += (r as f64).powi(2);
-        }
-        let e = (d2 / r2.max(1e-30)).sqrt();
+        let e = rel_l2(&got, want);
         println!("qwen4_exp fp8 F32: rel_l2 {e:.2e}");
         assert!(
             got.iter().all(|v| v.is_finite()) && e <= FP8_F32_TOL,

@@ -25,7 +25,7 @@ use crate::golden::ARCHS;
 /// Twice the golden bf16 tolerance: bf16-stored weights in a few layers
 /// measured up to 3.2e-2 (qwen3_next, whose routing then differs in places);
 /// a structural bug gives order 1.
-const FP8_F32_TOL: f64 = 6e-2;
+pub const FP8_F32_TOL: f64 = 6e-2;
 
 fn testdata() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
@@ -61,7 +61,7 @@ fn all_logits<B: Backend>(b: &B, dir: &Path, prompts: &[Vec<u32>]) -> Vec<Vec<f3
         .collect()
 }
 
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     let (mut d2, mut r2) = (0f64, 0f64);
     for (&g, &r) in got.iter().zip(want) {

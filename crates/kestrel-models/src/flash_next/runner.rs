@@ -82,6 +82,28 @@ impl<'a, B: FlashNextOps> FlashNextRunner<'a, B> {
             .to_host(&self.model.logits(self.backend, &hidden, &rows)))
     }
 
+    /// [`Self::feed_all_logits`] of `tokens` fed in steps of the sizes
+    /// `chunks` gives, cycled until every token is in.
+    pub fn feed_all_logits_in_chunks(
+        &mut self,
+        tokens: &[u32],
+        chunks: &[usize],
+    ) -> Result<Vec<f32>> {
+        if chunks.is_empty() || chunks.contains(&0) {
+            bail!("chunk sizes must be at least 1: {chunks:?}");
+        }
+        let (mut out, mut start) = (Vec::with_capacity(tokens.len()), 0);
+        for &c in chunks.iter().cycle() {
+            if start == tokens.len() {
+                break;
+            }
+            let end = (start + c).min(tokens.len());
+            out.extend(self.feed_all_logits(&tokens[start..end])?);
+            start = end;
+        }
+        Ok(out)
+    }
+
     /// Appends `tokens` and returns the logits of the last one.
     pub fn feed_last_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let hidden = self.feed(tokens)?;

@@ -282,13 +282,7 @@ pub fn run(args: Args) -> Result<()> {
     match backend::open(args.backend, args.device)? {
         Chosen::Cpu { .. } => {
             let b = Timed::new(CpuBackend::new());
-            let storage = Storage {
-                matrix: 4,
-                quantized: 4,
-                lm_head: 4,
-                kv: 4,
-            };
-            run::bench(&b, storage, &source, &args, None)
+            run::bench(&b, Storage::cpu(), &source, &args, None)
         }
         Chosen::Cuda(mut cuda) => {
             cuda.set_graphs(!args.eager);
@@ -298,16 +292,7 @@ pub fn run(args: Args) -> Result<()> {
             eprintln!("{}", cuda.plan());
             let plan = serde_json::to_value(cuda.plan())?;
             let b = Timed::new(cuda);
-            let storage = Storage {
-                matrix: 2,
-                quantized: if fp8 { 1 } else { 2 },
-                lm_head: if args.quantization.form().lm_head_fp8 {
-                    1
-                } else {
-                    2
-                },
-                kv: 2,
-            };
+            let storage = Storage::cuda(fp8, args.quantization.form().lm_head_fp8);
             run::bench(&b, storage, &source, &args, Some(plan))
         }
     }
@@ -337,27 +322,13 @@ fn bench_flash_next(args: &Args, config: &std::path::Path) -> Result<()> {
     };
     match backend::open(args.backend, args.device)? {
         Chosen::Cpu { .. } => {
-            let storage = Storage {
-                matrix: 4,
-                quantized: 4,
-                lm_head: 4,
-                kv: 4,
-            };
-            run(&|s| flash_next::bench(&Timed::new(CpuBackend::new()), s, storage, None))
+            run(&|s| flash_next::bench(&Timed::new(CpuBackend::new()), s, Storage::cpu(), None))
         }
         Chosen::Cuda(cuda) => {
             eprintln!("{}", cuda.plan());
             let plan = serde_json::to_value(cuda.plan())?;
-            let storage = Storage {
-                matrix: 2,
-                quantized: if form.quantization == Quantization::Fp8 {
-                    1
-                } else {
-                    2
-                },
-                lm_head: if form.lm_head_fp8 { 1 } else { 2 },
-                kv: 2,
-            };
+            let fp8 = form.quantization == Quantization::Fp8;
+            let storage = Storage::cuda(fp8, form.lm_head_fp8);
             let cuda = Timed::new(cuda);
             run(&|s| flash_next::bench(&cuda, s, storage, Some(plan.clone())))
         }

@@ -217,11 +217,13 @@ pub fn sparse_attention(
     // them visible to it. Its own key, just written, is among them unless
     // the token completes a block the indexer did not pick (the reference
     // then attends without it too).
-    let mut rows = Vec::with_capacity(t);
-    for slots in selection.slots(batch, block_size) {
-        rows.push(SeqChunk::new(1, slots.len() - 1, slots, 0));
-    }
-    let rows = ForwardBatch { seqs: rows };
+    let rows = ForwardBatch {
+        seqs: selection
+            .slots(batch, block_size)
+            .into_iter()
+            .map(|slots| SeqChunk::new(1, slots.len() - 1, slots, 0))
+            .collect(),
+    };
     let rl = temporary_layout(gpu, &rows, 1);
     let a = Attend {
         cx,

@@ -232,27 +232,24 @@ pub fn bench<B: FlashNextOps>(
     let mut prefill_out = Vec::new();
     for &len in prefills {
         let pages = len.div_ceil(BLOCK_SIZE);
-        let mut times = Vec::new();
-        for run in 0..prefill_runs + 1 {
+        // One prefill of `len` tokens into a fresh cache: its wall time.
+        let once = || -> Result<f64> {
             let mut cache = model.new_cache(b, pages, BLOCK_SIZE, 1)?;
             cache.zero_state(b, 0);
             b.synchronize()?;
             let t = Instant::now();
             prefill(b, &model, &mut cache, 1, len, len, pages)?;
-            // The first run warms the kernels and the tables' pages.
-            if run > 0 {
-                times.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-        }
+            Ok(t.elapsed().as_secs_f64())
+        };
+        // The first run warms the kernels and the tables' pages.
+        once()?;
+        let times = (0..prefill_runs)
+            .map(|_| Ok(once()? * 1e3))
+            .collect::<Result<Vec<f64>>>()?;
         let ms = median(times);
         let breakdown = if breakdown_steps > 0 {
-            let mut cache = model.new_cache(b, pages, BLOCK_SIZE, 1)?;
-            cache.zero_state(b, 0);
-            b.synchronize()?;
             b.record(true);
-            let t = Instant::now();
-            prefill(b, &model, &mut cache, 1, len, len, pages)?;
-            let wall = t.elapsed().as_secs_f64();
+            let wall = once()?;
             b.record(false);
             let bd = Breakdown::new(&b.breakdown(), 1, wall);
             bd.print(&format!("prefill {len}, instrumented"));
@@ -388,16 +385,7 @@ mod tests {
         let active = e.quantizable + e.dense;
         assert!((5.0e9..6.0e9).contains(&active), "{active:e}");
         assert!(e.dense < 0.3 * active, "{e:?}");
-        let fp8 = Storage {
-            matrix: 2,
-            quantized: 1,
-            lm_head: 2,
-            kv: 2,
-        };
-        let bf16 = Storage {
-            quantized: 2,
-            ..fp8
-        };
+        let (fp8, bf16) = (Storage::cuda(true, false), Storage::cuda(false, false));
         assert_eq!(e.bytes(&bf16), 2.0 * (active + e.lm_head));
         assert!(e.bytes(&fp8) < e.bytes(&bf16));
         // More sequences read more distinct experts.

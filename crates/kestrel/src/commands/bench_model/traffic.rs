@@ -24,6 +24,30 @@ pub struct Storage {
     pub kv: usize,
 }
 
+impl Storage {
+    /// The CPU reference backend: everything f32.
+    pub fn cpu() -> Self {
+        Storage {
+            matrix: 4,
+            quantized: 4,
+            lm_head: 4,
+            kv: 4,
+        }
+    }
+
+    /// CUDA: bf16 weights and KV cache; the quantisable matrices FP8 with
+    /// `fp8`, the lm_head with `lm_head_fp8`.
+    pub fn cuda(fp8: bool, lm_head_fp8: bool) -> Self {
+        let bytes = |fp8| if fp8 { 1 } else { 2 };
+        Storage {
+            matrix: 2,
+            quantized: bytes(fp8),
+            lm_head: bytes(lm_head_fp8),
+            kv: 2,
+        }
+    }
+}
+
 /// Vectors (norms, decays) and recurrent state are f32 on every backend.
 const VECTOR: usize = 4;
 
