@@ -109,11 +109,7 @@ impl FlashNextOps for CpuBackend {
         batch: &ForwardBatch,
         selection: &TokenSelection,
     ) -> CpuTensor {
-        assert_eq!(
-            selection.positions.len(),
-            proj.rows,
-            "one selection per token"
-        );
+        assert_eq!(selection.tokens.len(), proj.rows, "one selection per token");
         crate::attend(
             proj,
             w,
@@ -121,7 +117,7 @@ impl FlashNextOps for CpuBackend {
             cache,
             layer,
             batch,
-            Some(&selection.positions),
+            Some(&selection.positions()),
         )
     }
 }

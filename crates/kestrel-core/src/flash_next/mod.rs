@@ -115,24 +115,60 @@ pub struct QsaNorms<W> {
     pub k: Channels<W>,
 }
 
-/// For every new token of a batch, the cache positions its attention reads,
-/// ascending.
+/// For every new token of a batch, the cache positions its attention reads:
+/// whole blocks of `ratio` positions, then the token's incomplete tail
+/// block (`complete * ratio ..= position`, empty when the token completes a
+/// block). Kept as blocks, not positions: a long prefill has thousands of
+/// tokens each reading `budget` positions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TokenSelection {
-    pub positions: Vec<Vec<u32>>,
+    /// Positions per block (the indexer's compress ratio).
+    pub ratio: usize,
+    pub tokens: Vec<SelectedBlocks>,
+}
+
+/// One token's selection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelectedBlocks {
+    pub position: u32,
+    /// The complete blocks it reads, ascending; `None`: all of them.
+    pub blocks: Option<Vec<u32>>,
+}
+
+impl SelectedBlocks {
+    /// Blocks wholly at or before the token: `(position + 1) / ratio`.
+    pub fn complete(&self, ratio: usize) -> usize {
+        (self.position as usize + 1) / ratio
+    }
+
+    /// The positions it reads, ascending.
+    pub fn positions(&self, ratio: usize) -> Vec<u32> {
+        let complete = self.complete(ratio);
+        let tail = (complete * ratio) as u32..=self.position;
+        match &self.blocks {
+            None => (0..=self.position).collect(),
+            Some(blocks) => blocks
+                .iter()
+                .flat_map(|&b| b * ratio as u32..(b + 1) * ratio as u32)
+                .chain(tail)
+                .collect(),
+        }
+    }
 }
 
 impl TokenSelection {
     /// Whether every token reads all of `0 ..= its position` (then sparse
     /// attention is ordinary causal attention).
-    pub fn is_dense(&self, batch: &ForwardBatch) -> bool {
-        let positions = batch.positions();
-        self.positions.len() == positions.len()
-            && self
-                .positions
-                .iter()
-                .zip(&positions)
-                .all(|(sel, &p)| sel.len() == p as usize + 1 && sel.iter().copied().eq(0..=p))
+    pub fn is_dense(&self) -> bool {
+        self.tokens.iter().all(|t| t.blocks.is_none())
+    }
+
+    /// The positions each token reads, ascending.
+    pub fn positions(&self) -> Vec<Vec<u32>> {
+        self.tokens
+            .iter()
+            .map(|t| t.positions(self.ratio))
+            .collect()
     }
 }
 
@@ -329,7 +365,7 @@ pub trait FlashNextOps: Backend {
         selection: &TokenSelection,
     ) -> Self::Tensor {
         assert!(
-            selection.is_dense(batch),
+            selection.is_dense(),
             "{}: sparse attention over a partial selection is not implemented on this backend",
             self.name()
         );

@@ -4,8 +4,10 @@
 //! selected positions (the reference's top-k tie order), and the cache slots
 //! those positions occupy. A backend computes only the scores.
 
-use super::topk::top_k_set;
-use super::{QsaSpec, TokenSelection};
+use rayon::prelude::*;
+
+use super::topk::top_k_sorted;
+use super::{QsaSpec, SelectedBlocks, TokenSelection};
 use crate::ForwardBatch;
 
 /// A token that chooses its blocks, and where its scores are.
@@ -60,7 +62,8 @@ impl ScoreLayout {
 
     /// The selection once `scores` (`score_len` of them) are known: each
     /// scored token's best `top_blocks` blocks, every other token all of its
-    /// complete blocks; then the incomplete tail, the token included.
+    /// complete blocks; then the incomplete tail, the token included. The
+    /// scored tokens choose in parallel (a long prefill has thousands).
     pub fn selection(
         &self,
         spec: &QsaSpec,
@@ -68,60 +71,71 @@ impl ScoreLayout {
         scores: &[f32],
     ) -> TokenSelection {
         assert_eq!(scores.len(), self.score_len, "one score per scored block");
-        let r = spec.compress_ratio;
-        let mut scored = self.scored.iter().peekable();
-        let mut positions = Vec::with_capacity(batch.num_tokens());
-        let mut row = 0;
-        for q in &batch.seqs {
-            for i in 0..q.num_tokens {
-                let pos = q.cached_len + i;
-                let complete = (pos + 1) / r;
-                let chosen: Vec<usize> = match scored.next_if(|u| u.row == row) {
-                    Some(u) => {
-                        let mut c = top_k_set(&scores[u.at..u.at + u.blocks], spec.top_blocks());
-                        c.sort_unstable();
-                        c
-                    }
-                    None => (0..complete).collect(),
-                };
-                let mut sel: Vec<u32> = chosen
-                    .iter()
-                    .flat_map(|&b| (b * r..(b + 1) * r).map(|p| p as u32))
-                    .collect();
-                sel.extend((complete * r..=pos).map(|p| p as u32));
-                positions.push(sel);
-                row += 1;
-            }
+        let top = spec.top_blocks();
+        let chosen: Vec<Vec<u32>> = self
+            .scored
+            .par_iter()
+            .map(|u| top_k_sorted(&scores[u.at..u.at + u.blocks], top))
+            .collect();
+        let mut chosen = self.scored.iter().zip(chosen).peekable();
+        let tokens = batch
+            .positions()
+            .into_iter()
+            .enumerate()
+            .map(|(row, position)| SelectedBlocks {
+                position,
+                blocks: chosen.next_if(|(u, _)| u.row == row).map(|(_, c)| c),
+            })
+            .collect();
+        TokenSelection {
+            ratio: spec.compress_ratio,
+            tokens,
         }
-        TokenSelection { positions }
     }
 }
 
 impl TokenSelection {
-    /// The cache slot (`page * block_size + offset`) of every selected
-    /// position, per token, through its sequence's block table.
-    pub fn slots(&self, batch: &ForwardBatch, block_size: usize) -> Vec<Vec<u32>> {
+    /// What each token reads as pages of `ratio` cache slots (a block's
+    /// positions are consecutive slots of one cache page, since pages hold
+    /// whole blocks) and how many of their slots: its blocks' pages, then
+    /// the page of its tail when it has one.
+    pub fn pages(&self, batch: &ForwardBatch, block_size: usize) -> Vec<(Vec<u32>, usize)> {
+        let r = self.ratio;
+        assert!(
+            block_size.is_multiple_of(r),
+            "pages of {block_size} positions are not whole blocks of {r}"
+        );
         assert_eq!(
-            self.positions.len(),
+            self.tokens.len(),
             batch.num_tokens(),
             "one selection per new token"
         );
-        let mut rows = self.positions.iter();
-        let mut out = Vec::with_capacity(self.positions.len());
-        for q in &batch.seqs {
-            for sel in rows.by_ref().take(q.num_tokens) {
-                out.push(
-                    sel.iter()
-                        .map(|&p| {
-                            let p = p as usize;
-                            let page = q.block_table[p / block_size] as usize;
-                            (page * block_size + p % block_size) as u32
-                        })
-                        .collect(),
-                );
-            }
-        }
-        out
+        let tables: Vec<&[u32]> = batch
+            .seqs
+            .iter()
+            .flat_map(|q| std::iter::repeat_n(q.block_table.as_slice(), q.num_tokens))
+            .collect();
+        self.tokens
+            .par_iter()
+            .zip(tables)
+            .map(|(t, table)| {
+                let page = |b: usize| {
+                    let p = b * r;
+                    ((table[p / block_size] as usize * block_size + p % block_size) / r) as u32
+                };
+                let complete = t.complete(r);
+                let tail = t.position as usize + 1 - complete * r;
+                let mut pages: Vec<u32> = match &t.blocks {
+                    Some(blocks) => blocks.iter().map(|&b| page(b as usize)).collect(),
+                    None => (0..complete).map(page).collect(),
+                };
+                let len = pages.len() * r + tail;
+                if tail > 0 {
+                    pages.push(page(complete));
+                }
+                (pages, len)
+            })
+            .collect()
     }
 }
 
@@ -177,14 +191,38 @@ mod tests {
         assert_eq!(l.completed, [(0, 2), (1, 0)]);
         // Token 11 keeps blocks 0 and 2, token 12 blocks 1 and 2.
         let sel = l.selection(&spec(), &batch, &[3.0, 1.0, 2.0, 0.0, 5.0, 4.0]);
-        assert_eq!(sel.positions[0], (0..=10).collect::<Vec<u32>>());
-        assert_eq!(sel.positions[1], [0, 1, 2, 3, 8, 9, 10, 11]);
-        assert_eq!(sel.positions[2], [4, 5, 6, 7, 8, 9, 10, 11, 12]);
-        assert_eq!(sel.positions[3], [0, 1, 2, 3]);
-        // Pages of 8: sequence 0's positions 8.. are on page 1.
-        let slots = sel.slots(&batch, 8);
-        assert_eq!(slots[1], [0, 1, 2, 3, 8, 9, 10, 11]);
-        assert_eq!(slots[3], [16, 17, 18, 19]);
+        let positions = sel.positions();
+        assert_eq!(positions[0], (0..=10).collect::<Vec<u32>>());
+        assert_eq!(positions[1], [0, 1, 2, 3, 8, 9, 10, 11]);
+        assert_eq!(positions[2], [4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        assert_eq!(positions[3], [0, 1, 2, 3]);
+        assert_eq!(sel.tokens[1].blocks, Some(vec![0, 2]));
+        assert_eq!(sel.tokens[0].blocks, None);
+        // Cache pages of 8 hold two blocks each. Sequence 0 (pages 0, 1):
+        // token 10 reads blocks 0, 1 and the tail 8..=10 (slot page 2, 3 of
+        // its 4 slots); token 11 blocks 0 and 2 (slots 0..4 and 8..12).
+        // Sequence 1 sits on cache page 2: its block 0 is slot page 4.
+        let pages = sel.pages(&batch, 8);
+        assert_eq!(pages[0], (vec![0, 1, 2], 11));
+        assert_eq!(pages[1], (vec![0, 2], 8));
+        assert_eq!(pages[2], (vec![1, 2, 3], 9));
+        assert_eq!(pages[3], (vec![4], 4));
+        // Every page-listed slot is the slot of the position read there.
+        for (t, (pages, len)) in pages.iter().enumerate() {
+            let slots: Vec<u32> = (0..*len as u32)
+                .map(|i| pages[i as usize / 4] * 4 + i % 4)
+                .collect();
+            let q = if t < 3 {
+                &batch.seqs[0]
+            } else {
+                &batch.seqs[1]
+            };
+            let want: Vec<u32> = positions[t]
+                .iter()
+                .map(|&p| q.block_table[p as usize / 8] * 8 + p % 8)
+                .collect();
+            assert_eq!(slots, want, "token {t}");
+        }
     }
 
     #[test]
@@ -197,7 +235,8 @@ mod tests {
         };
         let l = ScoreLayout::new(&spec(), &batch);
         let sel = l.selection(&spec(), &batch, &[3.0, 2.0, 1.0]);
-        assert_eq!(sel.positions[0], [0, 1, 2, 3, 4, 5, 6, 7]);
-        assert!(!sel.is_dense(&batch));
+        assert_eq!(sel.positions()[0], [0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(sel.pages(&batch, 8), [(vec![0, 1], 8)]);
+        assert!(!sel.is_dense());
     }
 }

@@ -32,6 +32,34 @@ pub fn top_k_set(scores: &[f32], k: usize) -> Vec<usize> {
     q[..k].iter().map(|x| x.1).collect()
 }
 
+/// [`top_k_set`] in ascending index order, cheaply where ties cannot
+/// matter: when the blocks tied with the `k`-th best score all fit in the
+/// `k` kept, every algorithm keeps the same set (the scores at or above it),
+/// found with one selection over the values; otherwise (and with NaNs) the
+/// reference's algorithm decides.
+pub fn top_k_sorted(scores: &[f32], k: usize) -> Vec<u32> {
+    let n = scores.len();
+    let k = k.min(n);
+    if k == n {
+        return (0..n as u32).collect();
+    }
+    if k > 0 && !scores.iter().any(|s| s.is_nan()) {
+        let mut values = scores.to_vec();
+        let (_, &mut kth, _) = values.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        // -0.0 and 0.0 tie in the reference's order (`>`), not in total_cmp's.
+        let above = scores.iter().filter(|&&s| s > kth).count();
+        let tied = scores.iter().filter(|&&s| s == kth).count();
+        if above + tied == k {
+            return (0..n as u32)
+                .filter(|&i| scores[i as usize] >= kth)
+                .collect();
+        }
+    }
+    let mut set: Vec<u32> = top_k_set(scores, k).into_iter().map(|i| i as u32).collect();
+    set.sort_unstable();
+    set
+}
+
 fn floor_log2(n: usize) -> usize {
     (usize::BITS - 1 - n.leading_zeros()) as usize
 }
@@ -194,6 +222,53 @@ mod tests {
         assert_eq!(sorted(top_k_set(&a, 4)), vec![0, 2, 3, 4]);
         let b = [0.0, 1.25133, 1.4728547, 0.0, 1.8469632];
         assert_eq!(sorted(top_k_set(&b, 4)), vec![0, 1, 2, 4]);
+    }
+
+    #[test]
+    fn the_sorted_form_keeps_the_reference_set_with_and_without_ties() {
+        // Scores drawn from a few values so that ties straddle the k-th
+        // place often; also signed zeros, all-equal rows and NaNs.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut straddled = 0;
+        for case in 0..2000 {
+            let n = 1 + (next() % 300) as usize;
+            let levels = 1 + (next() % 40);
+            let mut scores: Vec<f32> = (0..n)
+                .map(|_| match next() % levels {
+                    0 => 0.0,
+                    1 => -0.0,
+                    v => v as f32 * 0.25,
+                })
+                .collect();
+            if case % 97 == 0 {
+                scores[n / 2] = f32::NAN;
+            }
+            for k in [1, n / 4, n / 2, n - 1, n] {
+                let want: Vec<u32> = sorted(top_k_set(&scores, k))
+                    .into_iter()
+                    .map(|i| i as u32)
+                    .collect();
+                let kept = want.len();
+                assert_eq!(top_k_sorted(&scores, k), want, "case {case} k {k}");
+                let kth = want
+                    .iter()
+                    .map(|&i| scores[i as usize])
+                    .fold(f32::MAX, f32::min);
+                if kept > 0 && scores.iter().filter(|&&s| s >= kth).count() > kept {
+                    straddled += 1;
+                }
+            }
+        }
+        assert!(
+            straddled > 100,
+            "the ties straddle the k-th place in {straddled} cases only"
+        );
     }
 
     #[test]

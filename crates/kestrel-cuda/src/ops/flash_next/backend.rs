@@ -79,7 +79,7 @@ impl FlashNextOps for CudaBackend {
         batch: &ForwardBatch,
         selection: &TokenSelection,
     ) -> CudaTensor {
-        if selection.is_dense(batch) {
+        if selection.is_dense() {
             return self.attention(proj, w, spec, cache, layer, batch);
         }
         super::qsa::sparse_attention(&self.cx(), proj, w, spec, cache, layer, batch, selection)

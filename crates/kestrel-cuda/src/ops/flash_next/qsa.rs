@@ -11,11 +11,11 @@
 //! selection: it must not depend on how a device sorts. Tokens within the
 //! budget select everything without scoring.
 //!
-//! Attention: each token becomes a one-row sequence whose block table is the
-//! list of its selected cache slots (pages of one slot), so the split-KV
-//! decode kernels (or the generic kernel on f32 caches) read exactly those
-//! keys (its own, which the first attention kernel has just written, only
-//! when it selects it).
+//! Attention: each token becomes a one-row sequence whose block table lists
+//! its selected blocks as pages of `compress_ratio` cache slots (then its
+//! tail's page), so the split-KV decode kernels (or the generic kernel on
+//! f32 caches) read exactly those keys (its own, which the first attention
+//! kernel has just written, only when it selects it).
 
 use kestrel_core::flash_next::selection::ScoreLayout;
 use kestrel_core::flash_next::{IndexerKeys, QsaNorms, QsaSpec, TokenSelection};
@@ -194,7 +194,7 @@ pub fn sparse_attention(
     check_inputs(proj, w, spec, cache, layer, batch);
     let d = spec.head_dim;
     let t = batch.num_tokens();
-    assert_eq!(selection.positions.len(), t, "one selection per new token");
+    assert_eq!(selection.tokens.len(), t, "one selection per new token");
     let (gpu, s) = (cx.gpu, &cx.gpu.stream);
     let q_width = spec.q_width();
     let out = gpu.alloc::<f32>(t * q_width);
@@ -213,18 +213,19 @@ pub fn sparse_attention(
     let q = gpu.alloc::<f32>(t * q_width);
     let caches = (k_cache, v_cache);
     write_new_keys(cx, proj, ptr(&q, s), caches, w, &l, spec, f32_cache);
-    // Every token as a sequence of one row over its selected slots, all of
+    // Every token as a sequence of one row over its selected blocks, all of
     // them visible to it. Its own key, just written, is among them unless
     // the token completes a block the indexer did not pick (the reference
     // then attends without it too).
+    let ratio = selection.ratio;
     let rows = ForwardBatch {
         seqs: selection
-            .slots(batch, block_size)
+            .pages(batch, block_size)
             .into_iter()
-            .map(|slots| SeqChunk::new(1, slots.len() - 1, slots, 0))
+            .map(|(pages, len)| SeqChunk::new(1, len - 1, pages, 0))
             .collect(),
     };
-    let rl = temporary_layout(gpu, &rows, 1);
+    let rl = temporary_layout(gpu, &rows, ratio);
     let a = Attend {
         cx,
         spec,
@@ -233,15 +234,17 @@ pub fn sparse_attention(
         q: ptr(&q, s),
         k_cache,
         v_cache,
-        block_size: 1,
+        block_size: ratio,
         proj: ptr(&proj.buf, s),
         proj_stride: proj.cols,
         gate_offset: if spec.output_gate { q_width as i32 } else { -1 },
         f32_cache,
         new_token: None,
     };
+    // Split each row's keys as a decode step of `t` rows would: a long
+    // prefill fills the device with rows alone.
     match FAST_HEAD_DIMS.iter().position(|&x| x == d) {
-        Some(i) if !f32_cache => a.decode_rows_of(i, batch.seqs.len()),
+        Some(i) if !f32_cache => a.decode_rows_of(i, t),
         _ => a.generic(),
     }
     CudaTensor {

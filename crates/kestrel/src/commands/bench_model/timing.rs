@@ -480,7 +480,7 @@ impl<B: FlashNextOps> FlashNextOps for Timed<B> {
         selection: &TokenSelection,
     ) -> B::Tensor {
         // Within the budget a selection is ordinary attention: say which ran.
-        let name = if selection.is_dense(batch) {
+        let name = if selection.is_dense() {
             "sparse_attention (dense)"
         } else {
             "sparse_attention"
