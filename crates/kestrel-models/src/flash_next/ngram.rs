@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use kestrel_core::DType;
+use rayon::prelude::*;
 
 use super::config::PleConfig;
 use crate::weights::WeightFiles;
@@ -203,28 +204,38 @@ impl NgramTable {
         })
     }
 
-    /// The rows `rows` (as f32, one after another).
+    /// The rows `rows` (as f32, one after another). A prefill reads
+    /// thousands of rows scattered over the table, each a page fault when
+    /// not resident: they are read on every core.
     pub fn gather(&self, rows: &[u64]) -> Result<Vec<f32>> {
+        // Enough rows per task that a decode step's few stay on one thread.
+        const MIN_ROWS_PER_TASK: usize = 64;
         let (d, es) = (self.dim, self.dtype.size());
-        let mut out = Vec::with_capacity(rows.len() * d);
         let views: Vec<_> = self
             .shards
             .iter()
             .map(|n| self.files.get_any(n))
             .collect::<Result<_>>()?;
-        for &r in rows {
-            let r = r as usize;
-            let (shard, local) = (r / self.rows_per_shard, r % self.rows_per_shard);
-            let Some(view) = views.get(shard) else {
-                bail!("n-gram row {r} is past the table");
-            };
-            let bytes = &view.data[local * d * es..(local + 1) * d * es];
-            out.extend(bytes.chunks_exact(es).map(|b| match self.dtype {
-                DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-                DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-                DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-            }));
-        }
+        let mut out = vec![0.0f32; rows.len() * d];
+        out.par_chunks_mut(d)
+            .zip(rows.par_iter())
+            .with_min_len(MIN_ROWS_PER_TASK)
+            .try_for_each(|(dst, &r)| {
+                let r = r as usize;
+                let (shard, local) = (r / self.rows_per_shard, r % self.rows_per_shard);
+                let Some(view) = views.get(shard) else {
+                    bail!("n-gram row {r} is past the table");
+                };
+                let bytes = &view.data[local * d * es..(local + 1) * d * es];
+                for (o, b) in dst.iter_mut().zip(bytes.chunks_exact(es)) {
+                    *o = match self.dtype {
+                        DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                        DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+                        DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+                    };
+                }
+                Ok(())
+            })?;
         Ok(out)
     }
 }
