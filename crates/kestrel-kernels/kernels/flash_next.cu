@@ -7,6 +7,8 @@
 // Where the host reference (`kestrel_core::flash_next::host`) forms a sum in a
 // fixed order that is cheap to keep (the conv, the block pooling), the kernel
 // keeps it with explicit roundings.
+#include <cuda_fp16.h>
+
 #include "common.cuh"
 #include "kestrel_abi.h"
 
@@ -70,6 +72,66 @@ KESTREL_EXTERN void hc_inject(float* __restrict__ x, const float* __restrict__ o
         const float w = 2.f * sigmoidf_exact(inject[(size_t)t * streams + s] / (float)streams);
         float* d = x + ((size_t)t * streams + s) * hidden + j;
         *d = __fadd_rn(*d, __fmul_rn(o, w));
+    }
+}
+
+// What comes before a sublayer, one block a token row (grid T, block 256):
+// the previous sublayer's output added to every stream as hc_inject does,
+// then each stream's RMSNorm as hc_grouped_rms_norm does (same thread count
+// and order of additions, so the same values), then the inject logits
+// logits[t, r] = sum over the row of normed * inject[r, :]. The thread that
+// updates an element of x also normalises it: no barrier between the passes
+// beyond the norms' sums.
+KESTREL_EXTERN void hc_norm(const __grid_constant__ HcNormArgs a) {
+    pdl_begin();
+    __shared__ float scratch[32];
+    __shared__ float inv[HC_MAX_STREAMS];
+    const int t = blockIdx.x, hidden = a.hidden, streams = a.streams, width = hidden * streams;
+    float* xr = a.x + (size_t)t * width;
+    for (int s = 0; s < streams; ++s) {
+        float* xs = xr + (size_t)s * hidden;
+        float ss = 0.f;
+        if (a.out != nullptr) {
+            const float w = 2.f * sigmoidf_exact(a.out_logits[(size_t)t * streams + s] / (float)streams);
+            const float* o = a.out + (size_t)t * hidden;
+            for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+                const float v = __fadd_rn(xs[j], __fmul_rn(o[j], w));
+                xs[j] = v;
+                ss = __fmaf_rn(v, v, ss);
+            }
+        } else {
+            for (int j = threadIdx.x; j < hidden; j += blockDim.x) ss = __fmaf_rn(xs[j], xs[j], ss);
+        }
+        const float total = block_sum(ss, scratch);
+        if (threadIdx.x == 0) inv[s] = 1.f / sqrtf(total / hidden + a.eps);
+    }
+    __syncthreads();
+    float acc[HC_MAX_STREAMS];
+#pragma unroll
+    for (int r = 0; r < HC_MAX_STREAMS; ++r) acc[r] = 0.f;
+    float* nr = a.normed + (size_t)t * width;
+    for (int s = 0; s < streams; ++s) {
+        const float is = inv[s];
+        for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+            const int c = s * hidden + j;
+            const float v = (xr[c] * is) * a.norm_w[c];
+            nr[c] = v;
+            if (a.inject != nullptr) {
+#pragma unroll
+                for (int r = 0; r < HC_MAX_STREAMS; ++r) {
+                    if (r >= streams) break;
+                    const uint16_t bits = a.inject[(size_t)r * width + c];
+                    const float w = a.inject_f16 ? __half2float(__ushort_as_half(bits))
+                                                 : __bfloat162float(__ushort_as_bfloat16(bits));
+                    acc[r] = __fmaf_rn(v, w, acc[r]);
+                }
+            }
+        }
+    }
+    if (a.inject == nullptr) return;
+    for (int r = 0; r < streams; ++r) {
+        const float total = block_sum(acc[r], scratch);
+        if (threadIdx.x == 0) a.logits[(size_t)t * streams + r] = total;
     }
 }
 

@@ -106,6 +106,8 @@ shared_constants! {
     pub const GDN_COLS_PER_BLOCK: usize = 32;
     /// Most past inputs per channel the PLE conv kernel keeps (Flash-Next).
     pub const PLE_MAX_STATE: usize = 32;
+    /// Most hyper-connection streams `hc_norm` takes (Flash-Next has 4).
+    pub const HC_MAX_STREAMS: usize = 8;
     /// Warps (indexer blocks, one each) per block of the QSA kernels.
     pub const QSA_WARPS: usize = 8;
     /// Largest indexer head dim of the QSA kernels (8 values a lane).
@@ -228,6 +230,31 @@ kernel_records! {
         pub act_ld: i32 => "int",
         /// Hidden rows per block (a multiple of 8).
         pub rows_per_block: i32 => "int",
+    }
+
+    /// `hc_norm`: what comes before a Flash-Next sublayer, the previous
+    /// sublayer's output added to the streams, their grouped RMSNorm and the
+    /// inject logits.
+    pub struct HcNormArgs {
+        /// `[T, streams * hidden]`: the normalised streams.
+        pub normed: u64 => "float*",
+        /// `[T, streams]`, or null without an inject projection.
+        pub logits: u64 => "float*",
+        /// `[T, streams * hidden]`: the streams, updated in place.
+        pub x: u64 => "float*",
+        /// `[T, hidden]`: the previous sublayer's output, or null.
+        pub out: u64 => "const float*",
+        /// `[T, streams]`: its inject logits (read with `out`).
+        pub out_logits: u64 => "const float*",
+        /// `[streams * hidden]`, plain form (`1 + w`).
+        pub norm_w: u64 => "const float*",
+        /// `[streams, streams * hidden]`, 16-bit, or null.
+        pub inject: u64 => "const uint16_t*",
+        /// 1: `inject` holds f16 values; 0: bf16.
+        pub inject_f16: i32 => "int",
+        pub hidden: i32 => "int",
+        pub streams: i32 => "int",
+        pub eps: f32 => "float",
     }
 
     /// `gdn_chunk_state` and `gdn_chunk_state_wg`: the pass over chunks.

@@ -286,6 +286,29 @@ pub trait FlashNextOps: Backend {
         *x = self.from_host(rows, spec.width(), &xs);
     }
 
+    /// What comes before a sublayer, in one operation: the previous
+    /// sublayer's output added to the streams when `pending` holds it (its
+    /// output and inject logits, as [`Self::hyper_inject`]), then the
+    /// streams' grouped RMSNorm (`norm`, groups of `spec.hidden`) and, with
+    /// `inject` (`[streams, streams * hidden]`), this sublayer's inject
+    /// logits `normed . inject^T`, `[T, streams]`. A device does it in one
+    /// pass over each row; the default composes the three operations.
+    fn hyper_norm(
+        &self,
+        x: &mut Self::Tensor,
+        pending: Option<(&Self::Tensor, &Self::Tensor)>,
+        norm: &Channels<Self::Weight>,
+        inject: Option<&Self::Weight>,
+        spec: &HyperSpec,
+    ) -> (Self::Tensor, Option<Self::Tensor>) {
+        if let Some((out, logits)) = pending {
+            self.hyper_inject(x, out, logits, spec);
+        }
+        let normed = self.grouped_rms_norm(x, norm, spec.hidden, spec.eps);
+        let logits = inject.map(|w| self.matmul(&normed, w));
+        (normed, logits)
+    }
+
     /// The PLE output added to all streams: the per-stream sigmoid gate of
     /// the value by the normalised key and stream, plus the dilated causal
     /// conv (SiLU) of its norm. `state` holds `spec.state_len()` past conv

@@ -59,14 +59,37 @@ impl<B: FlashNextOps> HyperConnection<B> {
     }
 
     /// The sublayer input `[T, hidden]` of the streams `x` and, with an
-    /// inject projection, its per-stream logits `[T, streams]`.
-    pub fn mix(&self, b: &B, x: &B::Tensor) -> (B::Tensor, Option<B::Tensor>) {
+    /// inject projection, its per-stream logits `[T, streams]`. The previous
+    /// sublayer's output, when `pending`, is added to the streams first
+    /// (in the same device pass as the norm).
+    pub fn mix(
+        &self,
+        b: &B,
+        x: &mut B::Tensor,
+        pending: Option<PendingInject<B::Tensor>>,
+    ) -> (B::Tensor, Option<B::Tensor>) {
         let s = &self.spec;
-        let normed = b.grouped_rms_norm(x, &self.norm, s.hidden, s.eps);
+        let pending = pending.as_ref().map(|p| (&p.out, &p.logits));
+        let (normed, inject) = b.hyper_norm(x, pending, &self.norm, self.inject.as_ref(), s);
         let low = b.hyper_low_rank_act(&b.matmul(&normed, &self.down), s.streams);
         let gate = b.matmul(&low, &self.up);
         let mixed = b.hyper_mix(&normed, &gate, s);
-        let inject = self.inject.as_ref().map(|w| b.matmul(&normed, w));
         (mixed, inject)
+    }
+}
+
+/// A sublayer's output not yet added to the streams, with its inject
+/// logits: the next hyper-connection adds it as it normalises them, which
+/// saves a pass over the streams and two launches a sublayer.
+pub struct PendingInject<T> {
+    pub out: T,
+    pub logits: T,
+}
+
+impl<T> PendingInject<T> {
+    /// Adds the output to the streams now (before something other than a
+    /// hyper-connection reads them).
+    pub fn apply<B: FlashNextOps<Tensor = T>>(self, b: &B, x: &mut T, spec: &HyperSpec) {
+        b.hyper_inject(x, &self.out, &self.logits, spec);
     }
 }

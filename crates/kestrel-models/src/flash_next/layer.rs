@@ -9,7 +9,7 @@ use kestrel_core::{ForwardBatch, MoeSpec, MoeWeights, RopeSpec};
 
 use super::cache::Pools;
 use super::config::FlashNextConfig;
-use super::hyper::{HyperConnection, norm_channels};
+use super::hyper::{HyperConnection, PendingInject, norm_channels};
 use super::ple::Ple;
 use crate::blocks::{Attention, FeedForward, GatedDeltaNet};
 use crate::config::LayerKind;
@@ -156,32 +156,37 @@ impl<B: FlashNextOps> FlashNextLayer<B> {
         })
     }
 
-    /// The layer on the streams `x` (`[T, streams * hidden]`), in place.
+    /// The layer on the streams `x` (`[T, streams * hidden]`), in place,
+    /// except for its last sublayer's output: that is left in `pending` for
+    /// the next hyper-connection to add (as the previous layer's was).
     /// `history` is the n-gram token history of the new tokens.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         b: &B,
         x: &mut B::Tensor,
+        pending: &mut Option<PendingInject<B::Tensor>>,
         history: &[u32],
         base: &mut B::Cache,
         pools: &mut Pools<'_, B>,
         batch: &ForwardBatch,
     ) -> Result<()> {
         if let Some(ple) = &self.ple {
+            if let Some(p) = pending.take() {
+                p.apply(b, x, &self.attn_hc.spec);
+            }
             ple.forward(b, x, history, &mut pools.ple_conv[ple.state_index], batch)?;
         }
-        let (input, inject) = self.attn_hc.mix(b, x);
+        let (input, logits) = self.attn_hc.mix(b, x, pending.take());
         let out = match &self.mixer {
             Mixer::Sparse(a) => a.forward(b, &input, base, pools, batch),
             Mixer::GatedDeltaNet(g) => g.forward_input(b, &input, base, batch),
         };
-        let inject = inject.expect("layer hyper-connections inject");
-        b.hyper_inject(x, &out, &inject, &self.attn_hc.spec);
-
-        let (input, inject) = self.mlp_hc.mix(b, x);
+        let logits = logits.expect("layer hyper-connections inject");
+        let (input, logits) = self.mlp_hc.mix(b, x, Some(PendingInject { out, logits }));
         let out = b.moe(&input, &self.moe.0, &self.moe.1);
-        let inject = inject.expect("layer hyper-connections inject");
-        b.hyper_inject(x, &out, &inject, &self.mlp_hc.spec);
+        let logits = logits.expect("layer hyper-connections inject");
+        *pending = Some(PendingInject { out, logits });
         Ok(())
     }
 }

@@ -295,15 +295,18 @@ impl<B: FlashNextOps> FlashNext<B> {
         let mut failure = None;
         let out = b.run_step(ids, batch, base, None, &mut |base| {
             let mut x = b.repeat_streams(&b.embedding(&self.embed, ids), self.hyper.streams);
+            let mut pending = None;
             for (i, layer) in self.layers.iter().enumerate() {
                 // The step must return a tensor: a failed layer's error is
                 // kept and the rest skipped.
-                if let Err(e) = layer.forward(b, &mut x, &history, base, &mut pools, batch) {
+                let done =
+                    layer.forward(b, &mut x, &mut pending, &history, base, &mut pools, batch);
+                if let Err(e) = done {
                     failure = Some(e.context(format!("layer {i}")));
                     return x;
                 }
             }
-            let hidden = self.mixer.mix(b, &x).0;
+            let hidden = self.mixer.mix(b, &mut x, pending).0;
             match rows {
                 Some(rows) => self.logits(b, &hidden, rows),
                 None => hidden,

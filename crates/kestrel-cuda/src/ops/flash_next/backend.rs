@@ -6,6 +6,7 @@ use kestrel_core::flash_next::{
 };
 use kestrel_core::{AttentionSpec, AttentionWeights, Backend, ForwardBatch};
 
+use crate::tensor::Format;
 use crate::{CudaBackend, CudaCache, CudaTensor, CudaWeight};
 
 impl FlashNextOps for CudaBackend {
@@ -39,6 +40,35 @@ impl FlashNextOps for CudaBackend {
         spec: &HyperSpec,
     ) {
         super::inject(&self.cx(), x, out, inject, spec)
+    }
+
+    /// One kernel when the inject projection is 16-bit (as Flash-Next
+    /// stores it, FP8 checkpoints included); the three operations otherwise.
+    fn hyper_norm(
+        &self,
+        x: &mut CudaTensor,
+        pending: Option<(&CudaTensor, &CudaTensor)>,
+        norm: &Channels<CudaWeight>,
+        inject: Option<&CudaWeight>,
+        spec: &HyperSpec,
+    ) -> (CudaTensor, Option<CudaTensor>) {
+        let cx = self.cx();
+        let matrix = inject.map(|w| (w.format(), w));
+        match matrix {
+            Some((Some(Format::Bf16 | Format::F16), w)) => {
+                let m = w.matrix("hyper-connection inject", &cx.gpu.stream);
+                super::hyper_norm(&cx, x, pending, norm, Some(m), spec)
+            }
+            None => super::hyper_norm(&cx, x, pending, norm, None, spec),
+            Some((_, w)) => {
+                if let Some((out, logits)) = pending {
+                    self.hyper_inject(x, out, logits, spec);
+                }
+                let normed = self.grouped_rms_norm(x, norm, spec.hidden, spec.eps);
+                let logits = self.matmul(&normed, w);
+                (normed, Some(logits))
+            }
+        }
     }
 
     fn ple_mix(

@@ -9,11 +9,12 @@ use crate::device::{Gpu, function};
 pub const THREADS: u32 = 256;
 /// Threads (channels) per block of `ple_conv_add`.
 pub const CONV_THREADS: u32 = 128;
-pub use kestrel_kernels::abi::{PLE_MAX_STATE, QSA_MAX_HEAD_DIM, QSA_WARPS};
+pub use kestrel_kernels::abi::{HC_MAX_STREAMS, PLE_MAX_STATE, QSA_MAX_HEAD_DIM, QSA_WARPS};
 
 pub struct FlashNextKernels {
     pub repeat_streams: CudaFunction,
     pub grouped_rms_norm: CudaFunction,
+    pub norm: CudaFunction,
     pub scaled_silu: CudaFunction,
     pub mix: CudaFunction,
     pub inject: CudaFunction,
@@ -30,6 +31,7 @@ impl FlashNextKernels {
         Ok(FlashNextKernels {
             repeat_streams: function(&m, "hc_repeat_streams")?,
             grouped_rms_norm: function(&m, "hc_grouped_rms_norm")?,
+            norm: function(&m, "hc_norm")?,
             scaled_silu: function(&m, "hc_scaled_silu")?,
             mix: function(&m, "hc_mix")?,
             inject: function(&m, "hc_inject")?,

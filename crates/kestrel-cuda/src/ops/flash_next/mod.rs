@@ -2,8 +2,10 @@
 //! hyper-connection steps, the PLE gate and conv, and (in [`qsa`]) the QSA
 //! indexer and the sparse attention it chooses.
 //!
-//! Each hyper-connection step is its own small kernel for now (a norm, an
-//! activation, the mean, the inject); fusing them is the next speed step.
+//! Before each sublayer one kernel adds the previous sublayer's output to
+//! the streams, normalises them and forms the inject logits (`hc_norm`);
+//! the low-rank gate's activation and the stream mean are kernels of their
+//! own between the two gate products.
 
 mod backend;
 pub mod kernels;
@@ -15,8 +17,9 @@ use kestrel_core::flash_next::{Channels, HyperSpec, PleParams, PleSpec, RowEdit}
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
-use crate::tensor::{CudaTensor, CudaWeight};
-use kernels::{CONV_THREADS, PLE_MAX_STATE, THREADS};
+use crate::tensor::{CudaTensor, CudaWeight, Format, Matrix};
+use kernels::{CONV_THREADS, HC_MAX_STREAMS, PLE_MAX_STATE, THREADS};
+use kestrel_kernels::abi::HcNormArgs;
 
 fn tensor(cx: &Cx, rows: usize, cols: usize) -> CudaTensor {
     CudaTensor {
@@ -91,6 +94,73 @@ pub fn grouped_rms_norm(
         ],
     );
     out
+}
+
+/// See `FlashNextOps::hyper_norm`: `inject` is the inject projection as a
+/// 16-bit matrix (`[streams, width]`).
+pub fn hyper_norm(
+    cx: &Cx,
+    x: &mut CudaTensor,
+    pending: Option<(&CudaTensor, &CudaTensor)>,
+    norm: &Channels<CudaWeight>,
+    inject: Option<Matrix>,
+    spec: &HyperSpec,
+) -> (CudaTensor, Option<CudaTensor>) {
+    let w = channels(norm, spec.width(), "hyper-connection norm weight");
+    assert_eq!(
+        x.cols,
+        spec.width(),
+        "hyper_norm: streams [T, streams * hidden]"
+    );
+    assert!(
+        (1..=HC_MAX_STREAMS).contains(&spec.streams),
+        "hyper_norm: {} streams (1 to {HC_MAX_STREAMS})",
+        spec.streams
+    );
+    if let Some((out, logits)) = pending {
+        assert_eq!(
+            (out.rows, out.cols, logits.rows, logits.cols),
+            (x.rows, spec.hidden, x.rows, spec.streams),
+            "hyper_norm: a pending output [T, hidden] with logits [T, streams]"
+        );
+    }
+    let t = x.rows;
+    let normed = tensor(cx, t, spec.width());
+    let logits = inject.map(|_| tensor(cx, t, spec.streams));
+    if t == 0 {
+        return (normed, logits);
+    }
+    let s = &cx.gpu.stream;
+    let (inject_ptr, inject_f16) = match inject {
+        None => (0, 0),
+        Some(m) => {
+            assert!(
+                m.format != Format::Fp8,
+                "hyper_norm: the inject projection must be 16-bit"
+            );
+            (m.ptr, i32::from(m.format == Format::F16))
+        }
+    };
+    cx.gpu.launch(
+        &cx.k.flash_next.norm,
+        (t as u32, 1, 1),
+        THREADS,
+        0,
+        &[Arg::record(&HcNormArgs {
+            normed: ptr(&normed.buf, s),
+            logits: logits.as_ref().map_or(0, |l| ptr(&l.buf, s)),
+            x: ptr(&x.buf, s),
+            out: pending.map_or(0, |(o, _)| ptr(&o.buf, s)),
+            out_logits: pending.map_or(0, |(_, l)| ptr(&l.buf, s)),
+            norm_w: ptr(w.f32("hyper-connection norm"), s),
+            inject: inject_ptr,
+            inject_f16,
+            hidden: spec.hidden as i32,
+            streams: spec.streams as i32,
+            eps: spec.eps,
+        })],
+    );
+    (normed, logits)
 }
 
 pub fn scaled_silu(cx: &Cx, x: &CudaTensor, divisor: f32) -> CudaTensor {

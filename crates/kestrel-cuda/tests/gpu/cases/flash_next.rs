@@ -1,11 +1,12 @@
-//! Qwen3.8-Flash-Next's operations: the hyper-connection steps and the PLE
+//! Qwen3.8-Flash-Next's operations: the hyper-connection steps (also the
+//! fused norm that adds a pending sublayer output first) and the PLE
 //! gate and dilated conv with its state (checkpoints and a snapshot inside a
 //! pass, then a step that continues from them). The indexer and the sparse
 //! attention are checked at model level (`flash_next_fixture.rs`), where the
 //! selection they make is held to transformers' logits.
 
 use kestrel_core::flash_next::{Channels, FlashNextOps, HyperSpec, PleParams, PleSpec, RowEdit};
-use kestrel_core::{ForwardBatch, Result, SeqChunk, StateSnapshot};
+use kestrel_core::{ForwardBatch, HostTensor, Result, SeqChunk, StateSnapshot};
 
 use super::{Ctx, Outputs, TOL_F32, out};
 
@@ -23,6 +24,7 @@ pub fn flash_next(c: &mut Ctx) {
     let gate = c.data.randn(rows * spec.width(), 2.0);
     let sub = c.data.randn(rows * spec.hidden, 1.0);
     let inject = c.data.randn(rows * spec.streams, 2.0);
+    let inject_w = c.data.mat_bf16(&[spec.streams, spec.width()], 0.05);
     /// The inputs: hidden rows, norm weight, gate logits, a sublayer's
     /// output, inject logits.
     type HyperInputs<'a> = [&'a [f32]; 5];
@@ -31,8 +33,27 @@ pub fn flash_next(c: &mut Ctx) {
         spec: &HyperSpec,
         rows: usize,
         [x, norm, gate, sub, inject]: HyperInputs<'_>,
+        inject_w: &HostTensor,
     ) -> Result<Outputs> {
         let norm = Channels::new(b, norm.to_vec())?;
+        // The fused step: the pending output added, the norm, the inject
+        // logits; and the norm alone (the final mixer's).
+        let mut fused = b.repeat_streams(&b.from_host(rows, spec.hidden, x), spec.streams);
+        let (pending_out, pending_logits) = (
+            b.from_host(rows, spec.hidden, sub),
+            b.from_host(rows, spec.streams, inject),
+        );
+        let inject_w = b.upload(inject_w)?;
+        let (fused_normed, fused_logits) = b.hyper_norm(
+            &mut fused,
+            Some((&pending_out, &pending_logits)),
+            &norm,
+            Some(&inject_w),
+            spec,
+        );
+        let mut unchanged = b.repeat_streams(&b.from_host(rows, spec.hidden, x), spec.streams);
+        let (plain_normed, none) = b.hyper_norm(&mut unchanged, None, &norm, None, spec);
+        assert!(none.is_none(), "no inject projection, no logits");
         let mut streams = b.repeat_streams(&b.from_host(rows, spec.hidden, x), spec.streams);
         let normed = b.grouped_rms_norm(&streams, &norm, spec.hidden, spec.eps);
         let gate = b.from_host(rows, spec.width(), gate);
@@ -50,12 +71,20 @@ pub fn flash_next(c: &mut Ctx) {
             out(b, "low_rank_act", &act),
             out(b, "mix", &mixed),
             out(b, "inject", &streams),
+            out(b, "norm after inject: streams", &fused),
+            out(b, "norm after inject: normed", &fused_normed),
+            out(
+                b,
+                "norm after inject: logits",
+                &fused_logits.expect("logits"),
+            ),
+            out(b, "norm alone", &plain_normed),
         ])
     }
     let inputs = [&x[..], &norm[..], &gate[..], &sub[..], &inject[..]];
     let (cpu, gpu) = (
-        hyper(&c.cpu, &spec, rows, inputs),
-        hyper(&c.gpu, &spec, rows, inputs),
+        hyper(&c.cpu, &spec, rows, inputs, &inject_w),
+        hyper(&c.gpu, &spec, rows, inputs, &inject_w),
     );
     c.record("flash_next hyper-connections 4x640", TOL_F32, cpu, gpu);
     ple(c);

@@ -438,6 +438,19 @@ impl<B: FlashNextOps> FlashNextOps for Timed<B> {
         })
     }
 
+    fn hyper_norm(
+        &self,
+        x: &mut B::Tensor,
+        pending: Option<(&B::Tensor, &B::Tensor)>,
+        norm: &Channels<B::Weight>,
+        inject: Option<&B::Weight>,
+        spec: &HyperSpec,
+    ) -> (B::Tensor, Option<B::Tensor>) {
+        self.time(fixed("hyper norm"), || {
+            self.inner.hyper_norm(x, pending, norm, inject, spec)
+        })
+    }
+
     fn ple_mix(
         &self,
         streams: &B::Tensor,
@@ -551,10 +564,9 @@ mod tests {
         let b = t.breakdown();
         for op in [
             "hyper repeat_streams",
-            "hyper grouped_rms_norm",
+            "hyper norm",
             "hyper low_rank_act",
             "hyper mix",
-            "hyper inject",
             "ple_mix",
             "qsa_select",
             // 24 tokens pass the fixture's 16-token budget.
