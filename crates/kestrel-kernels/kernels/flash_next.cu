@@ -135,6 +135,126 @@ KESTREL_EXTERN void hc_norm(const __grid_constant__ HcNormArgs a) {
     }
 }
 
+// Eight 16-bit weights as floats.
+__device__ __forceinline__ void hc_weights8(const uint16_t* __restrict__ w, bool f16, float out[8]) {
+    const uint4 v = *reinterpret_cast<const uint4*>(w);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint16_t lo = (uint16_t)(words[i] & 0xffffu), hi = (uint16_t)(words[i] >> 16);
+        out[2 * i] = f16 ? __half2float(__ushort_as_half(lo)) : __bfloat162float(__ushort_as_bfloat16(lo));
+        out[2 * i + 1] = f16 ? __half2float(__ushort_as_half(hi)) : __bfloat162float(__ushort_as_bfloat16(hi));
+    }
+}
+
+constexpr int HC_LOW_WARPS_PER_ROW = 4;
+
+// The low-rank gate's first product and activation of a decode-shaped step
+// (at most HC_GATE_MAX_ROWS tokens): low[t, r] = silu((normed[t] . down[r]) /
+// streams), as the product then hc_scaled_silu compute it. Two rows of
+// `down` a block, four warps a row, each over a quarter of the row's
+// 8-element chunks. Grid ceil(rank / 2), block 256. Needs width and rank
+// multiples of 8.
+KESTREL_EXTERN void hc_low_rank(const __grid_constant__ HcGateArgs a) {
+    pdl_begin();
+    __shared__ float partial[8][HC_GATE_MAX_ROWS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * 2 + warp / HC_LOW_WARPS_PER_ROW, quarter = warp % HC_LOW_WARPS_PER_ROW;
+    const int width = a.hidden * a.streams, chunks = width / 8, T = a.rows;
+    float acc[HC_GATE_MAX_ROWS];
+#pragma unroll
+    for (int t = 0; t < HC_GATE_MAX_ROWS; ++t) acc[t] = 0.f;
+    if (r < a.rank) {
+        const int c0 = quarter * chunks / HC_LOW_WARPS_PER_ROW, c1 = (quarter + 1) * chunks / HC_LOW_WARPS_PER_ROW;
+        for (int c = c0 + lane; c < c1; c += 32) {
+            float w[8];
+            hc_weights8(a.down + (size_t)r * width + 8 * c, a.f16, w);
+#pragma unroll
+            for (int t = 0; t < HC_GATE_MAX_ROWS; ++t) {
+                if (t >= T) break;
+                const float4* x = reinterpret_cast<const float4*>(a.normed + (size_t)t * width + 8 * c);
+                const float4 lo = x[0], hi = x[1];
+                float v = acc[t];
+                v = __fmaf_rn(lo.x, w[0], v);
+                v = __fmaf_rn(lo.y, w[1], v);
+                v = __fmaf_rn(lo.z, w[2], v);
+                v = __fmaf_rn(lo.w, w[3], v);
+                v = __fmaf_rn(hi.x, w[4], v);
+                v = __fmaf_rn(hi.y, w[5], v);
+                v = __fmaf_rn(hi.z, w[6], v);
+                v = __fmaf_rn(hi.w, w[7], v);
+                acc[t] = v;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < HC_GATE_MAX_ROWS; ++t) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) partial[warp][t] = v;
+    }
+    __syncthreads();
+    // Thread (row i, token t) adds its row's four quarters in order.
+    const int i = threadIdx.x / HC_GATE_MAX_ROWS, t = threadIdx.x % HC_GATE_MAX_ROWS;
+    const int row = blockIdx.x * 2 + i;
+    if (i < 2 && t < T && row < a.rank) {
+        float sum = 0.f;
+        for (int q = 0; q < HC_LOW_WARPS_PER_ROW; ++q) sum = __fadd_rn(sum, partial[i * HC_LOW_WARPS_PER_ROW + q][t]);
+        a.low[(size_t)t * a.rank + row] = siluf_exact(sum / (float)a.streams);
+    }
+}
+
+// The gate's second product and the stream mean of a decode-shaped step:
+// mixed[t, j] = (sum over s of sigmoid(low[t] . up[s * hidden + j]) *
+// normed[t, s * hidden + j]) / streams, streams added in order as hc_mix
+// does. A warp per j (its rows of `up` for every stream), 8 a block.
+// Grid ceil(hidden / 8), block 256. Needs rank a multiple of 8.
+KESTREL_EXTERN void hc_gate_mix(const __grid_constant__ HcGateArgs a) {
+    pdl_begin();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j = blockIdx.x * 8 + warp;
+    if (j >= a.hidden) return;
+    const int width = a.hidden * a.streams, chunks = a.rank / 8, T = a.rows;
+    float mixed[HC_GATE_MAX_ROWS];
+#pragma unroll
+    for (int t = 0; t < HC_GATE_MAX_ROWS; ++t) mixed[t] = 0.f;
+    for (int s = 0; s < a.streams; ++s) {
+        const int row = s * a.hidden + j;
+        float acc[HC_GATE_MAX_ROWS];
+#pragma unroll
+        for (int t = 0; t < HC_GATE_MAX_ROWS; ++t) acc[t] = 0.f;
+        for (int c = lane; c < chunks; c += 32) {
+            float w[8];
+            hc_weights8(a.up + (size_t)row * a.rank + 8 * c, a.f16, w);
+#pragma unroll
+            for (int t = 0; t < HC_GATE_MAX_ROWS; ++t) {
+                if (t >= T) break;
+                const float4* x = reinterpret_cast<const float4*>(a.low + (size_t)t * a.rank + 8 * c);
+                const float4 lo = x[0], hi = x[1];
+                float v = acc[t];
+                v = __fmaf_rn(lo.x, w[0], v);
+                v = __fmaf_rn(lo.y, w[1], v);
+                v = __fmaf_rn(lo.z, w[2], v);
+                v = __fmaf_rn(lo.w, w[3], v);
+                v = __fmaf_rn(hi.x, w[4], v);
+                v = __fmaf_rn(hi.y, w[5], v);
+                v = __fmaf_rn(hi.z, w[6], v);
+                v = __fmaf_rn(hi.w, w[7], v);
+                acc[t] = v;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < HC_GATE_MAX_ROWS; ++t) {
+            if (t >= T) break;
+            const float g = warp_sum(acc[t]);
+            const float n = a.normed[(size_t)t * width + row];
+            mixed[t] = __fadd_rn(mixed[t], __fmul_rn(sigmoidf_exact(g), n));
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < HC_GATE_MAX_ROWS; ++t)
+        if (t < T && lane == t) a.mixed[(size_t)t * a.hidden + j] = mixed[t] / (float)a.streams;
+}
+
 // The PLE gate of one stream of one token: a = key_n . query_n / sqrt(hidden),
 // g = sign(a) * sqrt(max(|a|, 1e-6)), gated[t, s, :] = sigmoid(g) * value[t, :].
 // key_n and query_n are [T, streams * hidden] (normalised per stream).

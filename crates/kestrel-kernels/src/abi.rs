@@ -106,8 +106,12 @@ shared_constants! {
     pub const GDN_COLS_PER_BLOCK: usize = 32;
     /// Most past inputs per channel the PLE conv kernel keeps (Flash-Next).
     pub const PLE_MAX_STATE: usize = 32;
-    /// Most hyper-connection streams `hc_norm` takes (Flash-Next has 4).
+    /// Most hyper-connection streams `hc_norm` and `hc_gate_mix` take
+    /// (Flash-Next has 4).
     pub const HC_MAX_STREAMS: usize = 8;
+    /// Most token rows the decode-shaped hyper-connection gate kernels
+    /// (`hc_low_rank`, `hc_gate_mix`) take.
+    pub const HC_GATE_MAX_ROWS: usize = 8;
     /// Warps (indexer blocks, one each) per block of the QSA kernels.
     pub const QSA_WARPS: usize = 8;
     /// Largest indexer head dim of the QSA kernels (8 values a lane).
@@ -255,6 +259,28 @@ kernel_records! {
         pub hidden: i32 => "int",
         pub streams: i32 => "int",
         pub eps: f32 => "float",
+    }
+
+    /// `hc_low_rank` and `hc_gate_mix`: a Flash-Next hyper-connection's
+    /// low-rank gate and stream mean for a decode-shaped step.
+    pub struct HcGateArgs {
+        /// `[T, streams * hidden]`: the normalised streams.
+        pub normed: u64 => "const float*",
+        /// `[T, rank]`: `silu(down(normed) / streams)`, written by
+        /// `hc_low_rank`, read by `hc_gate_mix`.
+        pub low: u64 => "float*",
+        /// `[rank, streams * hidden]`, 16-bit.
+        pub down: u64 => "const uint16_t*",
+        /// `[streams * hidden, rank]`, 16-bit.
+        pub up: u64 => "const uint16_t*",
+        /// `[T, hidden]`: the sublayer input.
+        pub mixed: u64 => "float*",
+        /// 1: the weights hold f16 values; 0: bf16.
+        pub f16: i32 => "int",
+        pub rows: i32 => "int",
+        pub rank: i32 => "int",
+        pub hidden: i32 => "int",
+        pub streams: i32 => "int",
     }
 
     /// `gdn_chunk_state` and `gdn_chunk_state_wg`: the pass over chunks.

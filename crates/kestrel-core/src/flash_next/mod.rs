@@ -309,6 +309,23 @@ pub trait FlashNextOps: Backend {
         (normed, logits)
     }
 
+    /// The sublayer input from the normalised streams `[T, streams *
+    /// hidden]`: the low-rank gate `up . silu((down . normed) / streams)`
+    /// (`down`: `[rank, width]`, `up`: `[width, rank]`), then
+    /// [`Self::hyper_mix`]. A device may run a decode-shaped step in two
+    /// kernels; the default composes the four operations.
+    fn hyper_gate_mix(
+        &self,
+        normed: &Self::Tensor,
+        down: &Self::Weight,
+        up: &Self::Weight,
+        spec: &HyperSpec,
+    ) -> Self::Tensor {
+        let low = self.hyper_low_rank_act(&self.matmul(normed, down), spec.streams);
+        let gate = self.matmul(&low, up);
+        self.hyper_mix(normed, &gate, spec)
+    }
+
     /// The PLE output added to all streams: the per-stream sigmoid gate of
     /// the value by the normalised key and stream, plus the dilated causal
     /// conv (SiLU) of its norm. `state` holds `spec.state_len()` past conv

@@ -71,9 +71,7 @@ impl<B: FlashNextOps> HyperConnection<B> {
         let s = &self.spec;
         let pending = pending.as_ref().map(|p| (&p.out, &p.logits));
         let (normed, inject) = b.hyper_norm(x, pending, &self.norm, self.inject.as_ref(), s);
-        let low = b.hyper_low_rank_act(&b.matmul(&normed, &self.down), s.streams);
-        let gate = b.matmul(&low, &self.up);
-        let mixed = b.hyper_mix(&normed, &gate, s);
+        let mixed = b.hyper_gate_mix(&normed, &self.down, &self.up, s);
         (mixed, inject)
     }
 }

@@ -42,6 +42,31 @@ impl FlashNextOps for CudaBackend {
         super::inject(&self.cx(), x, out, inject, spec)
     }
 
+    /// Two kernels for a decode-shaped step with 16-bit gate weights; the
+    /// products and the two small kernels otherwise.
+    fn hyper_gate_mix(
+        &self,
+        normed: &CudaTensor,
+        down: &CudaWeight,
+        up: &CudaWeight,
+        spec: &HyperSpec,
+    ) -> CudaTensor {
+        let cx = self.cx();
+        let s = &cx.gpu.stream;
+        let sixteen = |w: &CudaWeight| matches!(w.format(), Some(Format::Bf16 | Format::F16));
+        if sixteen(down) && sixteen(up) && down.format() == up.format() {
+            let (down_m, up_m) = (down.matrix("gate down", s), up.matrix("gate up", s));
+            if let Some(mixed) =
+                super::gate_mix_decode(&cx, normed, (down_m, down.dim0()), up_m, spec)
+            {
+                return mixed;
+            }
+        }
+        let low = self.hyper_low_rank_act(&self.matmul(normed, down), spec.streams);
+        let gate = self.matmul(&low, up);
+        self.hyper_mix(normed, &gate, spec)
+    }
+
     /// One kernel when the inject projection is 16-bit (as Flash-Next
     /// stores it, FP8 checkpoints included); the three operations otherwise.
     fn hyper_norm(

@@ -9,12 +9,16 @@ use crate::device::{Gpu, function};
 pub const THREADS: u32 = 256;
 /// Threads (channels) per block of `ple_conv_add`.
 pub const CONV_THREADS: u32 = 128;
-pub use kestrel_kernels::abi::{HC_MAX_STREAMS, PLE_MAX_STATE, QSA_MAX_HEAD_DIM, QSA_WARPS};
+pub use kestrel_kernels::abi::{
+    HC_GATE_MAX_ROWS, HC_MAX_STREAMS, PLE_MAX_STATE, QSA_MAX_HEAD_DIM, QSA_WARPS,
+};
 
 pub struct FlashNextKernels {
     pub repeat_streams: CudaFunction,
     pub grouped_rms_norm: CudaFunction,
     pub norm: CudaFunction,
+    pub low_rank: CudaFunction,
+    pub gate_mix: CudaFunction,
     pub scaled_silu: CudaFunction,
     pub mix: CudaFunction,
     pub inject: CudaFunction,
@@ -32,6 +36,8 @@ impl FlashNextKernels {
             repeat_streams: function(&m, "hc_repeat_streams")?,
             grouped_rms_norm: function(&m, "hc_grouped_rms_norm")?,
             norm: function(&m, "hc_norm")?,
+            low_rank: function(&m, "hc_low_rank")?,
+            gate_mix: function(&m, "hc_gate_mix")?,
             scaled_silu: function(&m, "hc_scaled_silu")?,
             mix: function(&m, "hc_mix")?,
             inject: function(&m, "hc_inject")?,

@@ -4,8 +4,10 @@
 //!
 //! Before each sublayer one kernel adds the previous sublayer's output to
 //! the streams, normalises them and forms the inject logits (`hc_norm`);
-//! the low-rank gate's activation and the stream mean are kernels of their
-//! own between the two gate products.
+//! in a decode-shaped step two more form the sublayer input (`hc_low_rank`:
+//! the gate's first product and activation; `hc_gate_mix`: its second
+//! product and the stream mean); larger steps run those as two products
+//! around two small kernels.
 
 mod backend;
 pub mod kernels;
@@ -18,8 +20,8 @@ use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
 use crate::tensor::{CudaTensor, CudaWeight, Format, Matrix};
-use kernels::{CONV_THREADS, HC_MAX_STREAMS, PLE_MAX_STATE, THREADS};
-use kestrel_kernels::abi::HcNormArgs;
+use kernels::{CONV_THREADS, HC_GATE_MAX_ROWS, HC_MAX_STREAMS, PLE_MAX_STATE, THREADS};
+use kestrel_kernels::abi::{HcGateArgs, HcNormArgs};
 
 fn tensor(cx: &Cx, rows: usize, cols: usize) -> CudaTensor {
     CudaTensor {
@@ -130,6 +132,9 @@ pub fn hyper_norm(
     if t == 0 {
         return (normed, logits);
     }
+    if pending.is_some() {
+        x.bf16 = None;
+    }
     let s = &cx.gpu.stream;
     let (inject_ptr, inject_f16) = match inject {
         None => (0, 0),
@@ -161,6 +166,61 @@ pub fn hyper_norm(
         })],
     );
     (normed, logits)
+}
+
+/// The hyper-connection gate and stream mean of a decode-shaped step in two
+/// kernels (`hc_low_rank`, then `hc_gate_mix`), or `None` where they do not
+/// apply (more rows than [`HC_GATE_MAX_ROWS`], widths not whole 8-element
+/// chunks): see `FlashNextOps::hyper_gate_mix`. `down` is the `[rank,
+/// width]` matrix with its rank, `up` the `[width, rank]` one, both 16-bit of
+/// one format.
+pub fn gate_mix_decode(
+    cx: &Cx,
+    normed: &CudaTensor,
+    (down, rank): (Matrix, usize),
+    up: Matrix,
+    spec: &HyperSpec,
+) -> Option<CudaTensor> {
+    let (t, width) = (normed.rows, spec.width());
+    assert_eq!(normed.cols, width, "hyper_gate_mix: normalised streams");
+    let fits = (1..=HC_GATE_MAX_ROWS).contains(&t)
+        && (1..=HC_MAX_STREAMS).contains(&spec.streams)
+        && width.is_multiple_of(8)
+        && rank.is_multiple_of(8);
+    if !fits {
+        return None;
+    }
+    let low = tensor(cx, t, rank);
+    let mixed = tensor(cx, t, spec.hidden);
+    let s = &cx.gpu.stream;
+    let args = Arg::record(&HcGateArgs {
+        normed: ptr(&normed.buf, s),
+        low: ptr(&low.buf, s),
+        down: down.ptr,
+        up: up.ptr,
+        mixed: ptr(&mixed.buf, s),
+        f16: i32::from(down.format == Format::F16),
+        rows: t as i32,
+        rank: rank as i32,
+        hidden: spec.hidden as i32,
+        streams: spec.streams as i32,
+    });
+    let k = &cx.k.flash_next;
+    cx.gpu.launch(
+        &k.low_rank,
+        (rank.div_ceil(2) as u32, 1, 1),
+        THREADS,
+        0,
+        &[args],
+    );
+    cx.gpu.launch(
+        &k.gate_mix,
+        (blocks(spec.hidden, 8), 1, 1),
+        THREADS,
+        0,
+        &[args],
+    );
+    Some(mixed)
 }
 
 pub fn scaled_silu(cx: &Cx, x: &CudaTensor, divisor: f32) -> CudaTensor {
@@ -228,6 +288,7 @@ pub fn inject(
     if x.rows == 0 {
         return;
     }
+    x.bf16 = None;
     let s = &cx.gpu.stream;
     cx.gpu.launch(
         &cx.k.flash_next.inject,

@@ -87,7 +87,37 @@ pub fn flash_next(c: &mut Ctx) {
         hyper(&c.gpu, &spec, rows, inputs, &inject_w),
     );
     c.record("flash_next hyper-connections 4x640", TOL_F32, cpu, gpu);
+    gate_mix(c, &spec);
     ple(c);
+}
+
+/// The low-rank gate and stream mean in one operation, at the row counts
+/// the decode kernels take (1, 3, 8) and past them (13, the products).
+fn gate_mix(c: &mut Ctx, spec: &HyperSpec) {
+    let rank = 40;
+    let down = c.data.mat_bf16(&[rank, spec.width()], 0.05);
+    let up = c.data.mat_bf16(&[spec.width(), rank], 0.3);
+    for rows in [1, 3, 8, 13] {
+        let normed = c.data.randn(rows * spec.width(), 1.0);
+        fn run<B: FlashNextOps>(
+            b: &B,
+            spec: &HyperSpec,
+            rows: usize,
+            normed: &[f32],
+            [down, up]: [&HostTensor; 2],
+        ) -> Result<Outputs> {
+            let (down, up) = (b.upload(down)?, b.upload(up)?);
+            let normed = b.from_host(rows, spec.width(), normed);
+            let mixed = b.hyper_gate_mix(&normed, &down, &up, spec);
+            Ok(vec![out(b, "mixed", &mixed)])
+        }
+        let (cpu, gpu) = (
+            run(&c.cpu, spec, rows, &normed, [&down, &up]),
+            run(&c.gpu, spec, rows, &normed, [&down, &up]),
+        );
+        let name = format!("flash_next hyper gate_mix 4x640 rank {rank}, {rows} rows");
+        c.record(&name, TOL_F32, cpu, gpu);
+    }
 }
 
 /// The PLE mix over a pool of seven state slots, after a slot is zeroed and

@@ -438,6 +438,18 @@ impl<B: FlashNextOps> FlashNextOps for Timed<B> {
         })
     }
 
+    fn hyper_gate_mix(
+        &self,
+        normed: &B::Tensor,
+        down: &B::Weight,
+        up: &B::Weight,
+        spec: &HyperSpec,
+    ) -> B::Tensor {
+        self.time(fixed("hyper gate_mix"), || {
+            self.inner.hyper_gate_mix(normed, down, up, spec)
+        })
+    }
+
     fn hyper_norm(
         &self,
         x: &mut B::Tensor,
@@ -565,8 +577,7 @@ mod tests {
         for op in [
             "hyper repeat_streams",
             "hyper norm",
-            "hyper low_rank_act",
-            "hyper mix",
+            "hyper gate_mix",
             "ple_mix",
             "qsa_select",
             // 24 tokens pass the fixture's 16-token budget.
