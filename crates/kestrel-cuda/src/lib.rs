@@ -122,6 +122,13 @@ impl CudaBackend {
         &self.plan
     }
 
+    /// Run Flash-Next's hyper-connection steps in the fused kernels, or in
+    /// the separate ones (`KESTREL_HYPER_FUSION` sets it at start).
+    pub fn set_hyper_fusion(&mut self, on: bool) {
+        self.overrides.hyper_fusion = on;
+        self.plan.hyper_fusion = on;
+    }
+
     /// Record and replay keyed steps as CUDA graphs (the default), or run
     /// every step eagerly. `KESTREL_CUDA_GRAPHS=0` turns them off at start.
     pub fn set_graphs(&mut self, on: bool) {

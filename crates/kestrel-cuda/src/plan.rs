@@ -163,6 +163,11 @@ pub struct Plan {
     /// Decode norms inside the products that read them (`gemv_norm`), and a
     /// prefill MoE block's norm inside `moe_norm_split`.
     pub norm_fusion: bool,
+    /// Flash-Next's hyper-connection steps in the fused kernels (`hc_norm`
+    /// before each sublayer, `hc_low_rank` and `hc_gate_mix` in
+    /// decode-shaped steps) rather than the separate kernels and products.
+    /// Off until a GPU run has held them to the CPU.
+    pub hyper_fusion: bool,
     /// Products of more than 8 rows (bf16).
     pub dense_gemm: DenseGemm,
     pub launch: Launch,
@@ -248,6 +253,7 @@ impl Plan {
                 state_pass: wgmma_if(o.gdn_state_wgmma && chunk_math == ChunkMath::Tf32),
             },
             norm_fusion: o.norm_fusion && !bi,
+            hyper_fusion: o.hyper_fusion,
             dense_gemm: dense_gemm(o),
             launch: launch(o),
             graphs: o.graphs,
@@ -338,10 +344,11 @@ impl fmt::Display for Plan {
         )?;
         write!(
             f,
-            "  gdn: chunked {}, state pass {}; norm fusion {}",
+            "  gdn: chunked {}, state pass {}; norm fusion {}; hyper-connection fusion {}",
             name(&self.gdn.chunk_math),
             name(&self.gdn.state_pass),
             on(self.norm_fusion),
+            on(self.hyper_fusion),
         )
     }
 }

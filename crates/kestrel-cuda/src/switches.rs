@@ -59,6 +59,7 @@ pub const GDN_STATE: &str = "KESTREL_GDN_STATE";
 pub const MOE_GEMM: &str = "KESTREL_MOE_GEMM";
 pub const MOE_TILES: &str = "KESTREL_MOE_TILES";
 pub const NORM_FUSION: &str = "KESTREL_NORM_FUSION";
+pub const HYPER_FUSION: &str = "KESTREL_HYPER_FUSION";
 pub const MOE_PREFILL: &str = "KESTREL_MOE_PREFILL";
 pub const DENSE_GEMM: &str = "KESTREL_DENSE_GEMM";
 pub const LT_ALGO: &str = "KESTREL_LT_ALGO";
@@ -77,6 +78,7 @@ pub const REGISTRY: &[Switch] = &[
     switch(MOE_GEMM, Scope::Backend, &["wgmma", "mma"]),
     switch(MOE_TILES, Scope::Backend, &["wide", "narrow"]),
     switch(NORM_FUSION, Scope::Backend, &["on", "off"]),
+    switch(HYPER_FUSION, Scope::Backend, &["off", "on"]),
     switch(BATCH_INVARIANT, Scope::Backend, &["0", "1"]),
     switch(MIXED_STEPS, Scope::Backend, &["split", "one"]),
     switch(MOE_PREFILL, Scope::Experiment, &["device", "host"]),
@@ -137,6 +139,9 @@ pub struct Overrides {
     /// Allow 256-wide MoE expert GEMM tiles.
     pub moe_wide_tiles: bool,
     pub norm_fusion: bool,
+    /// Flash-Next's fused hyper-connection kernels (`hc_norm`,
+    /// `hc_low_rank`, `hc_gate_mix`).
+    pub hyper_fusion: bool,
     /// Route every prefill MoE block on the host (experiments only).
     pub moe_prefill_host: bool,
     /// The dense products through cuBLASLt (experiments only).
@@ -163,6 +168,7 @@ impl Default for Overrides {
             moe_gemm_wgmma: true,
             moe_wide_tiles: true,
             norm_fusion: true,
+            hyper_fusion: false,
             moe_prefill_host: false,
             dense_gemm_lt: false,
             lt_algo: 0,
@@ -272,6 +278,7 @@ impl Overrides {
             moe_gemm_wgmma: r.choice(MOE_GEMM) != Some("mma"),
             moe_wide_tiles: r.choice(MOE_TILES) != Some("narrow"),
             norm_fusion: r.choice(NORM_FUSION) != Some("off"),
+            hyper_fusion: r.choice(HYPER_FUSION) == Some("on"),
             batch_invariant: r.choice(BATCH_INVARIANT) == Some("1"),
             split_mixed_steps: r.choice(MIXED_STEPS) != Some("one"),
             moe_prefill_host: r.choice(MOE_PREFILL) == Some("host"),

@@ -52,26 +52,29 @@ fn logits_in_chunks(
     runner.feed_all_logits_in_chunks(tokens, chunks).unwrap()
 }
 
+/// Teacher-forced logits under `precision`, with the hyper-connection steps
+/// in the separate kernels and in the fused ones (`KESTREL_HYPER_FUSION`).
 fn teacher_forced(precision: Precision, tol: f32) {
     let (meta, tensors) = read_reference(&dir()).unwrap();
     with_gpu(|mut gpu| {
         gpu.set_precision(precision);
-        let model = FlashNext::load(&dir().join("model"), &gpu).expect("model loads");
-        for case in meta["teacher_forced"].as_array().unwrap() {
-            let tokens = ids(&case["input_ids"]);
-            let reference = &tensors[case["logits_tensor"].as_str().unwrap()];
-            for chunks in [&[tokens.len()][..], &[1], &[7, 1, 13, 64, 3]] {
-                let got = logits_in_chunks(&gpu, &model, &tokens, chunks);
-                let err = max_abs_diff(&got, reference);
-                println!(
-                    "{precision:?} {} tokens, chunks {chunks:?}: max |logit diff| {err:.2e}",
-                    tokens.len()
-                );
-                assert!(
-                    err <= tol,
-                    "{precision:?} {} tokens, chunks {chunks:?}: max |diff| {err}",
-                    tokens.len()
-                );
+        for fused in [false, true] {
+            gpu.set_hyper_fusion(fused);
+            let model = FlashNext::load(&dir().join("model"), &gpu).expect("model loads");
+            for case in meta["teacher_forced"].as_array().unwrap() {
+                let tokens = ids(&case["input_ids"]);
+                let reference = &tensors[case["logits_tensor"].as_str().unwrap()];
+                for chunks in [&[tokens.len()][..], &[1], &[7, 1, 13, 64, 3]] {
+                    let got = logits_in_chunks(&gpu, &model, &tokens, chunks);
+                    let err = max_abs_diff(&got, reference);
+                    let what = format!(
+                        "{precision:?}{} {} tokens, chunks {chunks:?}",
+                        if fused { " hyper-fused" } else { "" },
+                        tokens.len()
+                    );
+                    println!("{what}: max |logit diff| {err:.2e}");
+                    assert!(err <= tol, "{what}: max |diff| {err}");
+                }
             }
         }
     });

@@ -42,8 +42,9 @@ impl FlashNextOps for CudaBackend {
         super::inject(&self.cx(), x, out, inject, spec)
     }
 
-    /// Two kernels for a decode-shaped step with 16-bit gate weights; the
-    /// products and the two small kernels otherwise.
+    /// With the plan's hyper-connection fusion, two kernels for a
+    /// decode-shaped step with 16-bit gate weights; the products and the two
+    /// small kernels otherwise.
     fn hyper_gate_mix(
         &self,
         normed: &CudaTensor,
@@ -54,7 +55,7 @@ impl FlashNextOps for CudaBackend {
         let cx = self.cx();
         let s = &cx.gpu.stream;
         let sixteen = |w: &CudaWeight| matches!(w.format(), Some(Format::Bf16 | Format::F16));
-        if sixteen(down) && sixteen(up) && down.format() == up.format() {
+        if self.plan.hyper_fusion && sixteen(down) && sixteen(up) && down.format() == up.format() {
             let (down_m, up_m) = (down.matrix("gate down", s), up.matrix("gate up", s));
             if let Some(mixed) =
                 super::gate_mix_decode(&cx, normed, (down_m, down.dim0()), up_m, spec)
@@ -67,8 +68,9 @@ impl FlashNextOps for CudaBackend {
         self.hyper_mix(normed, &gate, spec)
     }
 
-    /// One kernel when the inject projection is 16-bit (as Flash-Next
-    /// stores it, FP8 checkpoints included); the three operations otherwise.
+    /// With the plan's hyper-connection fusion, one kernel when the inject
+    /// projection is 16-bit (as Flash-Next stores it, FP8 checkpoints
+    /// included); the three operations otherwise.
     fn hyper_norm(
         &self,
         x: &mut CudaTensor,
@@ -78,22 +80,17 @@ impl FlashNextOps for CudaBackend {
         spec: &HyperSpec,
     ) -> (CudaTensor, Option<CudaTensor>) {
         let cx = self.cx();
-        let matrix = inject.map(|w| (w.format(), w));
-        match matrix {
-            Some((Some(Format::Bf16 | Format::F16), w)) => {
-                let m = w.matrix("hyper-connection inject", &cx.gpu.stream);
-                super::hyper_norm(&cx, x, pending, norm, Some(m), spec)
-            }
-            None => super::hyper_norm(&cx, x, pending, norm, None, spec),
-            Some((_, w)) => {
-                if let Some((out, logits)) = pending {
-                    self.hyper_inject(x, out, logits, spec);
-                }
-                let normed = self.grouped_rms_norm(x, norm, spec.hidden, spec.eps);
-                let logits = self.matmul(&normed, w);
-                (normed, Some(logits))
-            }
+        let sixteen = |w: &CudaWeight| matches!(w.format(), Some(Format::Bf16 | Format::F16));
+        if self.plan.hyper_fusion && inject.is_none_or(sixteen) {
+            let m = inject.map(|w| w.matrix("hyper-connection inject", &cx.gpu.stream));
+            return super::hyper_norm(&cx, x, pending, norm, m, spec);
         }
+        if let Some((out, logits)) = pending {
+            self.hyper_inject(x, out, logits, spec);
+        }
+        let normed = self.grouped_rms_norm(x, norm, spec.hidden, spec.eps);
+        let logits = inject.map(|w| self.matmul(&normed, w));
+        (normed, logits)
     }
 
     fn ple_mix(

@@ -7,7 +7,9 @@
 //! in a decode-shaped step two more form the sublayer input (`hc_low_rank`:
 //! the gate's first product and activation; `hc_gate_mix`: its second
 //! product and the stream mean); larger steps run those as two products
-//! around two small kernels.
+//! around two small kernels. The plan's `hyper_fusion` chooses these fused
+//! kernels or the separate ones (the default until a GPU run has held the
+//! fused ones to the CPU).
 
 mod backend;
 pub mod kernels;

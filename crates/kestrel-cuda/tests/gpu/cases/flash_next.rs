@@ -10,9 +10,20 @@ use kestrel_core::{ForwardBatch, HostTensor, Result, SeqChunk, StateSnapshot};
 
 use super::{Ctx, Outputs, TOL_F32, out};
 
+/// The Flash-Next group: the hyper-connection steps, then the PLE mix.
+pub fn flash_next(c: &mut Ctx) {
+    // The fused hyper-connection kernels, whatever the environment says;
+    // the separate ones are what the steps below compose them from.
+    let fused = c.gpu.plan().hyper_fusion;
+    c.gpu.set_hyper_fusion(true);
+    hyper_connections(c);
+    c.gpu.set_hyper_fusion(fused);
+    ple(c);
+}
+
 /// Four streams of 640 (rows not a multiple of a block), as in the real
 /// model's shape family (4 x 2560), over 13 rows.
-pub fn flash_next(c: &mut Ctx) {
+fn hyper_connections(c: &mut Ctx) {
     let spec = HyperSpec {
         streams: 4,
         hidden: 640,
@@ -88,7 +99,6 @@ pub fn flash_next(c: &mut Ctx) {
     );
     c.record("flash_next hyper-connections 4x640", TOL_F32, cpu, gpu);
     gate_mix(c, &spec);
-    ple(c);
 }
 
 /// The low-rank gate and stream mean in one operation, at the row counts
