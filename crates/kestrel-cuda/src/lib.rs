@@ -123,10 +123,11 @@ impl CudaBackend {
     }
 
     /// Run Flash-Next's hyper-connection steps in the fused kernels, or in
-    /// the separate ones (`KESTREL_HYPER_FUSION` sets it at start).
+    /// the separate ones (`KESTREL_HYPER_FUSION` sets it at start). Only a
+    /// build with the `experiments` feature takes the fused ones.
     pub fn set_hyper_fusion(&mut self, on: bool) {
         self.overrides.hyper_fusion = on;
-        self.plan.hyper_fusion = on;
+        self.plan.hyper_fusion = cfg!(feature = "experiments") && on;
     }
 
     /// Record and replay keyed steps as CUDA graphs (the default), or run

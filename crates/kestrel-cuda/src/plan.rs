@@ -165,8 +165,9 @@ pub struct Plan {
     pub norm_fusion: bool,
     /// Flash-Next's hyper-connection steps in the fused kernels (`hc_norm`
     /// before each sublayer, `hc_low_rank` and `hc_gate_mix` in
-    /// decode-shaped steps) rather than the separate kernels and products.
-    /// Off until a GPU run has held them to the CPU.
+    /// decode-shaped steps) rather than the separate kernels and products:
+    /// exact, but measured slower at decode, so only a build with the
+    /// `experiments` feature takes them.
     pub hyper_fusion: bool,
     /// Products of more than 8 rows (bf16).
     pub dense_gemm: DenseGemm,
@@ -253,7 +254,7 @@ impl Plan {
                 state_pass: wgmma_if(o.gdn_state_wgmma && chunk_math == ChunkMath::Tf32),
             },
             norm_fusion: o.norm_fusion && !bi,
-            hyper_fusion: o.hyper_fusion,
+            hyper_fusion: cfg!(feature = "experiments") && o.hyper_fusion,
             dense_gemm: dense_gemm(o),
             launch: launch(o),
             graphs: o.graphs,

@@ -78,13 +78,13 @@ pub const REGISTRY: &[Switch] = &[
     switch(MOE_GEMM, Scope::Backend, &["wgmma", "mma"]),
     switch(MOE_TILES, Scope::Backend, &["wide", "narrow"]),
     switch(NORM_FUSION, Scope::Backend, &["on", "off"]),
-    switch(HYPER_FUSION, Scope::Backend, &["off", "on"]),
     switch(BATCH_INVARIANT, Scope::Backend, &["0", "1"]),
     switch(MIXED_STEPS, Scope::Backend, &["split", "one"]),
     switch(MOE_PREFILL, Scope::Experiment, &["device", "host"]),
     switch(DENSE_GEMM, Scope::Experiment, &["cublas", "lt"]),
     switch(LT_ALGO, Scope::Experiment, &[]),
     switch(PDL, Scope::Experiment, &["0", "1"]),
+    switch(HYPER_FUSION, Scope::Experiment, &["off", "on"]),
     switch("KESTREL_CACHE_DIR", Scope::Elsewhere, &[]),
     switch("KESTREL_HF_ENDPOINT", Scope::Elsewhere, &[]),
     switch("KESTREL_MODELSCOPE_ENDPOINT", Scope::Elsewhere, &[]),
@@ -140,7 +140,7 @@ pub struct Overrides {
     pub moe_wide_tiles: bool,
     pub norm_fusion: bool,
     /// Flash-Next's fused hyper-connection kernels (`hc_norm`,
-    /// `hc_low_rank`, `hc_gate_mix`).
+    /// `hc_low_rank`, `hc_gate_mix`; experiments only).
     pub hyper_fusion: bool,
     /// Route every prefill MoE block on the host (experiments only).
     pub moe_prefill_host: bool,

@@ -53,12 +53,18 @@ fn logits_in_chunks(
 }
 
 /// Teacher-forced logits under `precision`, with the hyper-connection steps
-/// in the separate kernels and in the fused ones (`KESTREL_HYPER_FUSION`).
+/// in the separate kernels and, in a build with the `experiments` feature,
+/// in the fused ones (`KESTREL_HYPER_FUSION`).
 fn teacher_forced(precision: Precision, tol: f32) {
     let (meta, tensors) = read_reference(&dir()).unwrap();
+    let fusion: &[bool] = if cfg!(feature = "experiments") {
+        &[false, true]
+    } else {
+        &[false]
+    };
     with_gpu(|mut gpu| {
         gpu.set_precision(precision);
-        for fused in [false, true] {
+        for &fused in fusion {
             gpu.set_hyper_fusion(fused);
             let model = FlashNext::load(&dir().join("model"), &gpu).expect("model loads");
             for case in meta["teacher_forced"].as_array().unwrap() {

@@ -2,14 +2,11 @@
 //! hyper-connection steps, the PLE gate and conv, and (in [`qsa`]) the QSA
 //! indexer and the sparse attention it chooses.
 //!
-//! Before each sublayer one kernel adds the previous sublayer's output to
-//! the streams, normalises them and forms the inject logits (`hc_norm`);
-//! in a decode-shaped step two more form the sublayer input (`hc_low_rank`:
-//! the gate's first product and activation; `hc_gate_mix`: its second
-//! product and the stream mean); larger steps run those as two products
-//! around two small kernels. The plan's `hyper_fusion` chooses these fused
-//! kernels or the separate ones (the default until a GPU run has held the
-//! fused ones to the CPU).
+//! The hyper-connection steps run as small kernels around the products.
+//! Fused forms (`hc_norm`: the pending sublayer output added, the grouped
+//! norm and the inject logits in one pass; `hc_low_rank` and `hc_gate_mix`:
+//! the gate and stream mean of a decode-shaped step) are exact but measured
+//! slower, and only the plan of an `experiments` build takes them.
 
 mod backend;
 pub mod kernels;
