@@ -147,6 +147,15 @@ __device__ __forceinline__ void hc_weights8(const uint16_t* __restrict__ w, bool
     }
 }
 
+// acc + x[0..8] . w, the products added in order (x 16-byte aligned).
+__device__ __forceinline__ float hc_dot8(const float* __restrict__ x, const float w[8], float acc) {
+    const float4 lo = reinterpret_cast<const float4*>(x)[0], hi = reinterpret_cast<const float4*>(x)[1];
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc = __fmaf_rn(v[i], w[i], acc);
+    return acc;
+}
+
 constexpr int HC_LOW_WARPS_PER_ROW = 4;
 
 // The low-rank gate's first product and activation of a decode-shaped step
@@ -172,18 +181,7 @@ KESTREL_EXTERN void hc_low_rank(const __grid_constant__ HcGateArgs a) {
 #pragma unroll
             for (int t = 0; t < HC_GATE_MAX_ROWS; ++t) {
                 if (t >= T) break;
-                const float4* x = reinterpret_cast<const float4*>(a.normed + (size_t)t * width + 8 * c);
-                const float4 lo = x[0], hi = x[1];
-                float v = acc[t];
-                v = __fmaf_rn(lo.x, w[0], v);
-                v = __fmaf_rn(lo.y, w[1], v);
-                v = __fmaf_rn(lo.z, w[2], v);
-                v = __fmaf_rn(lo.w, w[3], v);
-                v = __fmaf_rn(hi.x, w[4], v);
-                v = __fmaf_rn(hi.y, w[5], v);
-                v = __fmaf_rn(hi.z, w[6], v);
-                v = __fmaf_rn(hi.w, w[7], v);
-                acc[t] = v;
+                acc[t] = hc_dot8(a.normed + (size_t)t * width + 8 * c, w, acc[t]);
             }
         }
     }
@@ -228,18 +226,7 @@ KESTREL_EXTERN void hc_gate_mix(const __grid_constant__ HcGateArgs a) {
 #pragma unroll
             for (int t = 0; t < HC_GATE_MAX_ROWS; ++t) {
                 if (t >= T) break;
-                const float4* x = reinterpret_cast<const float4*>(a.low + (size_t)t * a.rank + 8 * c);
-                const float4 lo = x[0], hi = x[1];
-                float v = acc[t];
-                v = __fmaf_rn(lo.x, w[0], v);
-                v = __fmaf_rn(lo.y, w[1], v);
-                v = __fmaf_rn(lo.z, w[2], v);
-                v = __fmaf_rn(lo.w, w[3], v);
-                v = __fmaf_rn(hi.x, w[4], v);
-                v = __fmaf_rn(hi.y, w[5], v);
-                v = __fmaf_rn(hi.z, w[6], v);
-                v = __fmaf_rn(hi.w, w[7], v);
-                acc[t] = v;
+                acc[t] = hc_dot8(a.low + (size_t)t * a.rank + 8 * c, w, acc[t]);
             }
         }
 #pragma unroll

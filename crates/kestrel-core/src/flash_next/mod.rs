@@ -301,12 +301,7 @@ pub trait FlashNextOps: Backend {
         inject: Option<&Self::Weight>,
         spec: &HyperSpec,
     ) -> (Self::Tensor, Option<Self::Tensor>) {
-        if let Some((out, logits)) = pending {
-            self.hyper_inject(x, out, logits, spec);
-        }
-        let normed = self.grouped_rms_norm(x, norm, spec.hidden, spec.eps);
-        let logits = inject.map(|w| self.matmul(&normed, w));
-        (normed, logits)
+        composed_hyper_norm(self, x, pending, norm, inject, spec)
     }
 
     /// The sublayer input from the normalised streams `[T, streams *
@@ -321,9 +316,7 @@ pub trait FlashNextOps: Backend {
         up: &Self::Weight,
         spec: &HyperSpec,
     ) -> Self::Tensor {
-        let low = self.hyper_low_rank_act(&self.matmul(normed, down), spec.streams);
-        let gate = self.matmul(&low, up);
-        self.hyper_mix(normed, &gate, spec)
+        composed_hyper_gate_mix(self, normed, down, up, spec)
     }
 
     /// The PLE output added to all streams: the per-stream sigmoid gate of
@@ -420,4 +413,36 @@ pub trait FlashNextOps: Backend {
         host::edit_rows(&mut data, cols, edit);
         *t = self.from_host(rows, cols, &data);
     }
+}
+
+/// [`FlashNextOps::hyper_norm`] as its three operations: the default, and
+/// what a backend with a fused form runs where the fused form does not apply.
+pub fn composed_hyper_norm<B: FlashNextOps>(
+    b: &B,
+    x: &mut B::Tensor,
+    pending: Option<(&B::Tensor, &B::Tensor)>,
+    norm: &Channels<B::Weight>,
+    inject: Option<&B::Weight>,
+    spec: &HyperSpec,
+) -> (B::Tensor, Option<B::Tensor>) {
+    if let Some((out, logits)) = pending {
+        b.hyper_inject(x, out, logits, spec);
+    }
+    let normed = b.grouped_rms_norm(x, norm, spec.hidden, spec.eps);
+    let logits = inject.map(|w| b.matmul(&normed, w));
+    (normed, logits)
+}
+
+/// [`FlashNextOps::hyper_gate_mix`] as its four operations (see
+/// [`composed_hyper_norm`]).
+pub fn composed_hyper_gate_mix<B: FlashNextOps>(
+    b: &B,
+    normed: &B::Tensor,
+    down: &B::Weight,
+    up: &B::Weight,
+    spec: &HyperSpec,
+) -> B::Tensor {
+    let low = b.hyper_low_rank_act(&b.matmul(normed, down), spec.streams);
+    let gate = b.matmul(&low, up);
+    b.hyper_mix(normed, &gate, spec)
 }

@@ -2,7 +2,7 @@
 
 use kestrel_core::flash_next::{
     Channels, FlashNextOps, HyperSpec, IndexerKeys, PleParams, PleSpec, QsaNorms, QsaSpec, RowEdit,
-    TokenSelection,
+    TokenSelection, composed_hyper_gate_mix, composed_hyper_norm,
 };
 use kestrel_core::{AttentionSpec, AttentionWeights, Backend, ForwardBatch};
 
@@ -54,8 +54,7 @@ impl FlashNextOps for CudaBackend {
     ) -> CudaTensor {
         let cx = self.cx();
         let s = &cx.gpu.stream;
-        let sixteen = |w: &CudaWeight| matches!(w.format(), Some(Format::Bf16 | Format::F16));
-        if self.plan.hyper_fusion && sixteen(down) && sixteen(up) && down.format() == up.format() {
+        if self.plan.hyper_fusion && sixteen_bit(down) && down.format() == up.format() {
             let (down_m, up_m) = (down.matrix("gate down", s), up.matrix("gate up", s));
             if let Some(mixed) =
                 super::gate_mix_decode(&cx, normed, (down_m, down.dim0()), up_m, spec)
@@ -63,9 +62,7 @@ impl FlashNextOps for CudaBackend {
                 return mixed;
             }
         }
-        let low = self.hyper_low_rank_act(&self.matmul(normed, down), spec.streams);
-        let gate = self.matmul(&low, up);
-        self.hyper_mix(normed, &gate, spec)
+        composed_hyper_gate_mix(self, normed, down, up, spec)
     }
 
     /// With the plan's hyper-connection fusion, one kernel when the inject
@@ -79,18 +76,12 @@ impl FlashNextOps for CudaBackend {
         inject: Option<&CudaWeight>,
         spec: &HyperSpec,
     ) -> (CudaTensor, Option<CudaTensor>) {
-        let cx = self.cx();
-        let sixteen = |w: &CudaWeight| matches!(w.format(), Some(Format::Bf16 | Format::F16));
-        if self.plan.hyper_fusion && inject.is_none_or(sixteen) {
+        if self.plan.hyper_fusion && inject.is_none_or(sixteen_bit) {
+            let cx = self.cx();
             let m = inject.map(|w| w.matrix("hyper-connection inject", &cx.gpu.stream));
             return super::hyper_norm(&cx, x, pending, norm, m, spec);
         }
-        if let Some((out, logits)) = pending {
-            self.hyper_inject(x, out, logits, spec);
-        }
-        let normed = self.grouped_rms_norm(x, norm, spec.hidden, spec.eps);
-        let logits = inject.map(|w| self.matmul(&normed, w));
-        (normed, logits)
+        composed_hyper_norm(self, x, pending, norm, inject, spec)
     }
 
     fn ple_mix(
@@ -140,4 +131,9 @@ impl FlashNextOps for CudaBackend {
     fn edit_rows(&self, t: &mut CudaTensor, edit: RowEdit) {
         super::edit_rows(&self.cx(), t, edit)
     }
+}
+
+/// A bf16 or f16 matrix: what the fused hyper-connection kernels read.
+fn sixteen_bit(w: &CudaWeight) -> bool {
+    matches!(w.format(), Some(Format::Bf16 | Format::F16))
 }
