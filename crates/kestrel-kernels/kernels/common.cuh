@@ -33,6 +33,11 @@ __device__ __forceinline__ void pdl_begin() {
     pdl_wait();
 }
 
+// A shared-memory pointer as the 32-bit address PTX takes.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -45,6 +45,7 @@
 // next chunk's record streams in behind the current chunk's products.
 #include "gdn.cuh"
 #include "kestrel_abi.h"
+#include "mbarrier.cuh"
 #include "tf32_mma.cuh"
 #include "wgmma.cuh"
 
@@ -702,27 +703,6 @@ struct alignas(128) TmaMap {
 // an R-row tile. Warpgroup 0 computes V (and its epilogue) and S rows
 // 0..63, warpgroup 1 O and S rows 64..127.
 
-__device__ __forceinline__ void mbar_init1(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_wait_parity(uint64_t* bar, uint32_t parity) {
-    uint32_t done = 0;
-    while (!done) {
-        asm volatile(
-            "{\n"
-            ".reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n"
-            "}\n"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity)
-            : "memory");
-    }
-}
 // TMA: the box at (column x, row y) of a 2-D tensor map to shared memory
 // (1,024-byte aligned: the map's 128-byte swizzle is the tiles' layout).
 __device__ __forceinline__ void tma_box(float* dst, const TmaMap* map, int x, int y, uint64_t* bar) {
@@ -809,7 +789,7 @@ __device__ __forceinline__ void state_pass_wg(float* __restrict__ core, const fl
     if (tid == 0) {
         mbar_init1(&bar[0]);
         mbar_init1(&bar[1]);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
     auto load_g1 = [&](int c) {

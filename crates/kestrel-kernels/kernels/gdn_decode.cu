@@ -11,8 +11,11 @@
 //   computes them from the old conv state, and the new state is written only
 //   after a cluster barrier (no block can then still read the old one), by
 //   one block per channel;
-// - the gated RMSNorm needs the sum of squares over all Dv columns of a head,
-//   which the blocks of the head exchange through distributed shared memory.
+// - the gated RMSNorm needs the sum of squares over all Dv columns of a head:
+//   each block of the head stores its part into every block of the head
+//   (st.async), which waits on its own barrier for the parts to land. In a
+//   verify step no barrier over the cluster stands between tokens, so a
+//   token's output and checkpoint stores are never waited for.
 // Each thread keeps RPT rows x 4 columns of the f32 state in registers, read
 // and written as float4 (coalesced 16-byte accesses), loaded before anything
 // else so that the state's HBM latency overlaps the conv. Reductions run in a
@@ -21,6 +24,7 @@
 
 #include "gdn.cuh"
 #include "kestrel_abi.h"
+#include "mbarrier.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -94,13 +98,20 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
     static_assert(TPR <= 32 && 32 % TPR == 0 && DK % RPP == 0, "tile shape");
 
     __shared__ float qs[DK], ks[DK], vs[COLS];
-    __shared__ float red[NWARPS][COLS];
+    // Per-warp column sums of S^T k and of S'^T q: two buffers, so that
+    // neither needs a barrier after it is read (the next writes of each come
+    // past the barriers of the other stages).
+    __shared__ float red_kv[NWARPS][COLS], red_o[NWARPS][COLS];
     __shared__ float scratch[2][NWARPS];
     __shared__ float gate[2];
-    // This block's part of the head's sum of squares, by token parity: a
-    // block writes a token's part while the blocks of its head may still read
-    // the previous token's (one cluster barrier per token keeps the two apart).
-    __shared__ float head_ss[2];
+    // The head's sum of squares, by token parity: this block's warps' parts,
+    // and the parts of the head's blocks, stored here by them, with the
+    // barrier that counts their bytes. A buffer is written again two tokens
+    // on, which no block reaches before every block of the head has sent its
+    // part of the token in between (each sends after reading this token's).
+    __shared__ float ss_part[2][NWARPS];
+    __shared__ float ss_in[2][TILES];
+    __shared__ __align__(8) uint64_t ss_bar[2];
     // The channels' carried conv inputs after the latest token, held until the
     // cluster barrier allows writing them (in shared memory rather than
     // registers, for occupancy). Each thread only touches its own channels.
@@ -130,6 +141,11 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
     float4 S[RPT];
 #pragma unroll
     for (int i = 0; i < RPT; ++i) S[i] = st[(size_t)(rp + i * RPP) * (DV / 4)];
+    if (tid == 0) {
+        mbar_init1(&ss_bar[0]);
+        mbar_init1(&ss_bar[1]);
+        mbar_init_fence();
+    }
 
     const int cq = kh * DK + tid, ck = key_dim + kh * DK + tid;
     const int cv = 2 * key_dim + h * DV + col0 + tid;
@@ -182,6 +198,9 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
         //    token and from shared memory after it.
         const bool first = t == t_first;
         const int par = (t - t_first) & 1;
+        // Arms this token's buffer (its previous use, two tokens back, is
+        // complete: thread 0 waited for it).
+        if (tid == 0) mbar_expect(&ss_bar[par], TILES * sizeof(float));
         // Start the next token's copy (an empty group after the last), then
         // wait for this token's: each thread reads only what it copied.
         if (t + 1 < t_end) {
@@ -215,6 +234,11 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
             gate[0] = expf(gdn_log_decay(ga, al, dt));
             gate[1] = sigmoidf_exact(gb);
         }
+        // Past the cluster barrier this arrival opens (waited for before the
+        // first part is sent), every block has read the old conv state and
+        // initialised its barriers. Only the last store writes the live
+        // slot's conv state; no block waits on the cluster after this.
+        if (first) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 
         // 3. L2 norms of q and k over the head (both sums in one block reduction).
         {
@@ -239,9 +263,9 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
         // 4. Delta rule on the tile: kv = S^T k; d = (v - decay*kv) * beta;
         //    S' = decay*S + k d^T; o = S'^T q.
         const float decay = gate[0], beta = gate[1];
-        // Sum a float4 per column group over all rows: lanes of one column
-        // group differ by multiples of TPR, then the warps in order.
-        auto column_sum = [&](float4 v) -> float4 {
+        // Each warp's sums of a float4 per column group over its rows (lanes
+        // of one column group differ by multiples of TPR), into red[warp].
+        auto warp_column_sums = [&](float4 v, float (*red)[COLS]) {
 #pragma unroll
             for (int o = TPR; o < 32; o <<= 1) {
                 v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
@@ -250,18 +274,6 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
                 v.w += __shfl_xor_sync(0xffffffffu, v.w, o);
             }
             if (lane < TPR) *reinterpret_cast<float4*>(&red[warp][lane * 4]) = v;
-            __syncthreads();
-            float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (int w = 0; w < NWARPS; ++w) {
-                const float4 p = *reinterpret_cast<const float4*>(&red[w][c4 * 4]);
-                r.x += p.x;
-                r.y += p.y;
-                r.z += p.z;
-                r.w += p.w;
-            }
-            __syncthreads();  // red is reused by the next call
-            return r;
         };
 
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -273,7 +285,18 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
             acc.z += S[i].z * kr;
             acc.w += S[i].w * kr;
         }
-        const float4 kv = column_sum(acc);
+        // Every thread takes its column group's totals, warps in order.
+        warp_column_sums(acc, red_kv);
+        __syncthreads();
+        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) {
+            const float4 p = *reinterpret_cast<const float4*>(&red_kv[w][c4 * 4]);
+            kv.x += p.x;
+            kv.y += p.y;
+            kv.z += p.z;
+            kv.w += p.w;
+        }
         const float4 v4 = *reinterpret_cast<const float4*>(&vs[c4 * 4]);
         const float4 d = make_float4((v4.x - decay * kv.x) * beta, (v4.y - decay * kv.y) * beta,
                                      (v4.z - decay * kv.z) * beta, (v4.w - decay * kv.w) * beta);
@@ -292,41 +315,39 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
             acc.z += n.z * qr;
             acc.w += n.w * qr;
         }
-        const float4 o4 = column_sum(acc);
-        // Thread tid < COLS takes column tid: component tid % 4 of group tid / 4,
-        // which thread tid / 4 (rp 0) holds; pass it through shared memory.
-        if (rp == 0) *reinterpret_cast<float4*>(&red[0][c4 * 4]) = o4;
+        // Thread tid < COLS takes column tid's total, warps in order.
+        warp_column_sums(acc, red_o);
         __syncthreads();
-        const float o = tid < COLS ? red[0][tid] : 0.f;
+        float o = 0.f;
+        if (tid < COLS) {
+#pragma unroll
+            for (int w = 0; w < NWARPS; ++w) o += red_o[w][tid];
+        }
 
-        // 5. Gated RMSNorm over the head's Dv columns, spread over TILES blocks.
+        // 5. Gated RMSNorm over the head's Dv columns, spread over TILES
+        //    blocks: thread j < TILES sends this block's part to the head's
+        //    block j.
+        const int first_block = (rank / TILES) * TILES;
         {
             const float ss = warp_sum(o * o);
-            if (lane == 0) scratch[0][warp] = ss;
+            if (lane == 0) ss_part[par][warp] = ss;
             __syncthreads();
-            if (tid == 0) {
+            if (first) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+            if (tid < TILES) {
                 float sum = 0.f;
 #pragma unroll
-                for (int w = 0; w < NWARPS; ++w) sum += scratch[0][w];
-                head_ss[par] = sum;
+                for (int w = 0; w < NWARPS; ++w) sum += ss_part[par][w];
+                st_async_f32(&ss_in[par][rank % TILES], &ss_bar[par], first_block + tid, sum);
             }
         }
-        // Past this barrier every block's part is written, and every block of
-        // the cluster has read the old conv state (the first token's). A
-        // block writes head_ss[par] again two tokens on, past the next
-        // barrier, which no block reaches before it has read this token's.
-        cluster.sync();
 
-        // 6. Global writes come after the barrier: a cluster barrier has
-        //    release semantics, so stores issued before one would be waited
-        //    for there. Only the threads that write an output read the other
-        //    blocks' parts, and each uses what it read before the kernel's
-        //    last (relaxed) arrive.
+        // 6. The output, once the head's parts are in (parts summed in block
+        //    order).
         if (tid < COLS) {
+            mbar_wait_parity(&ss_bar[par], ((t - t_first) >> 1) & 1);
             float total = 0.f;
-            const int first_block = (rank / TILES) * TILES;
 #pragma unroll
-            for (int j = 0; j < TILES; ++j) total += *cluster.map_shared_rank(&head_ss[par], first_block + j);
+            for (int j = 0; j < TILES; ++j) total += ss_in[par][j];
             const float inv = 1.f / sqrtf(total / DV + a.eps);
             const int col = col0 + tid;
             a.out[(size_t)t * a.hv * DV + h * DV + col] =
@@ -335,9 +356,9 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
         const int ckpt = a.token_ckpt[t];
         if (ckpt >= 0) store(ckpt);
     }
-    // No block may leave while another still reads its head_ss. The arrive
-    // is relaxed (it does not wait for this block's stores); the wait comes
-    // after the last stores are issued.
+    // No block leaves while a part it sent may still be on its way. The
+    // arrive is relaxed (it does not wait for this block's stores); the wait
+    // comes after the last stores are issued.
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
     store(slot);
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
