@@ -237,7 +237,8 @@ __device__ __forceinline__ void decode(const GdnDecodeArgs& a) {
         // Past the cluster barrier this arrival opens (waited for before the
         // first part is sent), every block has read the old conv state and
         // initialised its barriers. Only the last store writes the live
-        // slot's conv state; no block waits on the cluster after this.
+        // slot's conv state, and the only other cluster barrier is the
+        // kernel's last: none stands between two tokens.
         if (first) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 
         // 3. L2 norms of q and k over the head (both sums in one block reduction).
