@@ -121,8 +121,8 @@ async fn the_achieved_acceptance_is_the_profiles() {
     let rates = [0.87, 0.74, 0.61];
     let spec = replay_server(&rates);
     let want = text(&spec, 128, 0.0).await;
-    // Four requests at a time, each replaying the same recording with its
-    // own draws.
+    // Four requests at a time, each replaying the same recording (with the
+    // same draws: the steps of every request accept alike).
     for _ in 0..3 {
         let texts = futures_util::future::join_all((0..4).map(|_| text(&spec, 128, 0.0))).await;
         assert!(texts.iter().all(|t| *t == want));
@@ -130,11 +130,12 @@ async fn the_achieved_acceptance_is_the_profiles() {
     let c = counters(&spec).await;
     assert!(c.drafts > 300.0, "{} speculative steps", c.drafts);
     for (i, (&accepted, rate)) in c.per_position.iter().zip(rates).enumerate() {
-        // About 4 standard errors, plus the steps near max_tokens that
-        // carry fewer drafts; a profile that is ignored misses by more.
+        // The draws of a request's ~40 steps spread evenly over [0, 1)
+        // (spec::replay), so this is close; the steps near max_tokens carry
+        // fewer drafts. A profile that is ignored misses by more.
         let achieved = accepted / c.drafts;
         assert!(
-            (achieved - rate).abs() < 0.1,
+            (achieved - rate).abs() < 0.06,
             "position {}: achieved {achieved:.3}, profile {rate}",
             i + 1
         );

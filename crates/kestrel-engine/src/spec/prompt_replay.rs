@@ -20,17 +20,16 @@
 //! greedy recording says nothing about a sampled continuation, and drafts
 //! it would reject only cost time.
 //!
-//! Each request draws its corruptions from its own RNG, seeded by the
-//! proposer's seed, the prompt and how many requests of that prompt were
-//! replayed before, so a run repeats its drafts exactly.
+//! Which drafts are corrupted depends only on the proposer's seed and the
+//! output positions ([`super::replay`]): a request that follows its
+//! recording takes the same steps in every round, so a benchmark's rounds
+//! repeat their work exactly, and `bench-model` with the same seed takes
+//! the same steps in process.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-
-use super::replay::Profile;
+use super::replay::{Profile, StepCounter, StepDraws};
 use super::{DraftSource, Retired};
 
 /// Prompts remembered at most; the oldest recording goes first.
@@ -49,16 +48,13 @@ struct State {
     recordings: HashMap<Vec<u32>, Arc<[u32]>>,
     /// Prompts in the order they were first recorded, for eviction.
     order: VecDeque<Vec<u32>>,
-    /// Requests replayed so far, per prompt (seeds the next one's RNG).
-    replays: HashMap<Vec<u32>, u64>,
-    /// Requests being decoded: what they replay and their RNG.
+    /// Requests being decoded.
     live: HashMap<String, Live>,
 }
 
-struct Live {
-    recording: Option<Arc<[u32]>>,
-    rng: ChaCha8Rng,
-}
+/// A request being decoded: the recording it replays (none: its prompt had
+/// none when it started) and its draft calls.
+type Live = (Option<Arc<[u32]>>, StepCounter);
 
 impl PromptReplay {
     /// Corrupts drafts at `profile`, with draws seeded by `seed`.
@@ -85,49 +81,17 @@ impl PromptReplay {
 }
 
 impl State {
-    fn start(&mut self, prompt: &[u32], seed: u64) -> Live {
-        let Some(recording) = self.recordings.get(prompt).cloned() else {
-            return Live {
-                recording: None,
-                rng: ChaCha8Rng::seed_from_u64(seed),
-            };
-        };
-        let replays = self.replays.entry(prompt.to_vec()).or_default();
-        let rng = ChaCha8Rng::seed_from_u64(mix(seed, prompt, *replays));
-        *replays += 1;
-        Live {
-            recording: Some(recording),
-            rng,
-        }
-    }
-
     fn record(&mut self, prompt: &[u32], output: &[u32]) {
         if !self.recordings.contains_key(prompt) {
             if self.order.len() >= MAX_RECORDINGS
                 && let Some(oldest) = self.order.pop_front()
             {
                 self.recordings.remove(&oldest);
-                self.replays.remove(&oldest);
             }
             self.order.push_back(prompt.to_vec());
         }
         self.recordings.insert(prompt.to_vec(), output.into());
     }
-}
-
-/// A seed from the proposer's seed, the prompt and the replay count
-/// (FNV-1a over their words: stable across runs and builds).
-fn mix(seed: u64, prompt: &[u32], replays: u64) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let words = [seed, replays]
-        .into_iter()
-        .chain(prompt.iter().map(|&t| u64::from(t)));
-    for w in words {
-        for byte in w.to_le_bytes() {
-            h = (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
 }
 
 impl DraftSource for PromptReplay {
@@ -136,15 +100,21 @@ impl DraftSource for PromptReplay {
         let state = &mut *guard;
         let prompt_len = prompt_len.min(tokens.len());
         if !state.live.contains_key(request_id) {
-            let live = state.start(&tokens[..prompt_len], self.seed);
-            state.live.insert(request_id.to_string(), live);
+            let recording = state.recordings.get(&tokens[..prompt_len]).cloned();
+            state
+                .live
+                .insert(request_id.to_string(), (recording, StepCounter::default()));
         }
-        let live = state.live.get_mut(request_id).expect("inserted above");
-        let Some(recording) = &live.recording else {
+        let (recording, steps) = state.live.get_mut(request_id).expect("inserted above");
+        let Some(recording) = recording else {
             return Vec::new();
         };
-        self.profile
-            .drafts(recording, &tokens[prompt_len..], max, &mut live.rng)
+        let generated = &tokens[prompt_len..];
+        let draws = StepDraws {
+            seed: self.seed,
+            step: steps.next(generated.len()),
+        };
+        self.profile.drafts(recording, generated, max, draws)
     }
 
     fn drafts_sampled(&self) -> bool {
@@ -220,26 +190,56 @@ mod tests {
         );
     }
 
+    /// Drafts of request `id` at every length of `tokens` past the prompt.
+    fn all_drafts(
+        source: &PromptReplay,
+        id: &str,
+        tokens: &[u32],
+        prompt_len: usize,
+    ) -> Vec<Vec<u32>> {
+        (prompt_len..tokens.len())
+            .map(|n| source.drafts(id, &tokens[..n], prompt_len, 2))
+            .collect()
+    }
+
     #[test]
-    fn replays_of_a_prompt_repeat_from_run_to_run_but_differ_from_each_other() {
-        let run = || {
-            let source = PromptReplay::new(Profile::new(vec![0.5, 0.25]).unwrap(), 9);
-            let tokens: Vec<u32> = (0..200).collect();
-            retire(&source, "rec", &tokens, 4, true);
-            (0..8)
-                .map(|r| {
-                    let id = format!("r{r}");
-                    let d: Vec<Vec<u32>> = (4..100)
-                        .map(|n| source.drafts(&id, &tokens[..n], 4, 2))
-                        .collect();
-                    retire(&source, &id, &tokens, 4, true);
-                    d
+    fn replays_repeat_from_round_to_round_and_prompt_to_prompt_and_follow_the_seed() {
+        let profile = Profile::new(vec![0.5, 0.25]).unwrap();
+        let source = PromptReplay::new(profile.clone(), 9);
+        let a: Vec<u32> = (0..200).collect();
+        let b: Vec<u32> = [7, 7, 7, 7].into_iter().chain(1000..1196).collect();
+        retire(&source, "rec a", &a, 4, true);
+        retire(&source, "rec b", &b, 4, true);
+        let rounds: Vec<_> = (0..3)
+            .map(|r| {
+                let d = all_drafts(&source, &format!("a{r}"), &a, 4);
+                retire(&source, &format!("a{r}"), &a, 4, true);
+                d
+            })
+            .collect();
+        assert!(rounds.iter().all(|d| *d == rounds[0]), "rounds differ");
+        // Which drafts are right depends on the positions only.
+        let right = |d: &[Vec<u32>], tokens: &[u32]| -> Vec<Vec<bool>> {
+            d.iter()
+                .enumerate()
+                .map(|(n, d)| {
+                    d.iter()
+                        .zip(&tokens[4 + n..])
+                        .map(|(x, y)| x == y)
+                        .collect()
                 })
-                .collect::<Vec<_>>()
+                .collect()
         };
-        let (a, b) = (run(), run());
-        assert_eq!(a, b);
-        assert_ne!(a[0], a[1]);
+        let other = all_drafts(&source, "b0", &b, 4);
+        assert_eq!(right(&rounds[0], &a), right(&other, &b));
+        assert!(
+            right(&other, &b).iter().any(|r| !r[0]),
+            "some are corrupted"
+        );
+        // Another seed, other draws.
+        let reseeded = PromptReplay::new(profile, 10);
+        retire(&reseeded, "rec", &a, 4, true);
+        assert_ne!(all_drafts(&reseeded, "x", &a, 4), rounds[0]);
     }
 
     #[test]

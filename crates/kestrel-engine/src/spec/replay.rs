@@ -15,9 +15,20 @@
 //! the vocabulary whenever the recorded one is), so that position i is
 //! accepted with probability a_i. After the first wrong draft the rest are
 //! the recorded tokens: verification stops at the first mismatch anyway.
+//!
+//! Whether a draft is right is a pure function of the seed and the step's
+//! index in its request ([`StepDraws`]), not of a random stream whose position depends on scheduling. So every
+//! request that follows its recording takes the same speculative steps,
+//! from round to round, from prompt to prompt, and in `bench-model` as
+//! through the server with the same seed: a benchmark's rounds repeat their
+//! work, and the server's figure and the in-process one compare equal work.
+//! A step takes one draw u, and its first i drafts are right when u < a_i;
+//! the draws of a request's steps are a low-discrepancy (golden-ratio)
+//! sequence, so even the ~40 steps of one 128-token request accept within
+//! a few percent of the profile, where independent draws would miss by
+//! ~10 %. The price: at batch > 1 all sequences accept at the same steps.
 
 use anyhow::{Result, bail};
-use rand::Rng;
 
 /// Per-position unconditional acceptance rates, non-increasing, in [0, 1].
 #[derive(Clone, Debug, PartialEq)]
@@ -62,21 +73,6 @@ impl Profile {
         &self.0
     }
 
-    /// The probability that the draft at `position` (0-based) is right given
-    /// that the ones before it were.
-    fn conditional(&self, position: usize) -> f64 {
-        let before = if position == 0 {
-            1.0
-        } else {
-            self.0[position - 1]
-        };
-        if before == 0.0 {
-            0.0
-        } else {
-            self.0[position] / before
-        }
-    }
-
     /// Mean tokens a speculative step emits at this profile: 1 + sum a_i.
     pub fn expected_acceptance_length(&self) -> f64 {
         1.0 + self.0.iter().sum::<f64>()
@@ -90,36 +86,90 @@ impl Profile {
 
     /// The drafts after `generated` (the tokens a sequence has generated so
     /// far) from `recording` (a recorded continuation of the same prompt):
-    /// at most `max` and at most k, corrupted at this profile with draws
-    /// from `rng` while the sequence follows the recording. Once it has left
-    /// the recording the drafts are simply what the recording says (and
-    /// will mostly be rejected).
+    /// at most `max` and at most k, corrupted at this profile with `draws`
+    /// while the sequence follows the recording. Once it has left the
+    /// recording the drafts are simply what the recording says (and will
+    /// mostly be rejected).
     pub fn drafts(
         &self,
         recording: &[u32],
         generated: &[u32],
         max: usize,
-        rng: &mut impl Rng,
+        draws: StepDraws,
     ) -> Vec<u32> {
         let ahead = recording.get(generated.len()..).unwrap_or_default();
         let mut drafts = ahead[..max.min(self.len()).min(ahead.len())].to_vec();
         if recording.starts_with(generated) {
-            for (i, draft) in drafts.iter_mut().enumerate() {
-                if !rng.random_bool(self.conditional(i)) {
-                    *draft = if *draft == 0 { 1 } else { *draft - 1 };
-                    break;
-                }
+            // One draw u a step: the first i drafts are right when u < a_i,
+            // which happens with probability a_i as the profile says.
+            let u = draws.uniform();
+            let right = self.0.iter().take_while(|&&a| u < a).count();
+            if let Some(draft) = drafts.get_mut(right) {
+                *draft = if *draft == 0 { 1 } else { *draft - 1 };
             }
         }
         drafts
     }
 }
 
+/// The draws of one speculative step: the proposer's seed and the index of
+/// the step among its request's draft calls (0 for the first).
+#[derive(Clone, Copy, Debug)]
+pub struct StepDraws {
+    pub seed: u64,
+    pub step: u64,
+}
+
+/// Counts a request's draft calls, for [`StepDraws::step`]. A call whose
+/// sequence is no longer than at the previous call starts a new run of
+/// the request (a benchmark that sends the same request id again).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepCounter {
+    /// Generated tokens at the previous call, plus one (0: no call yet).
+    after: usize,
+    steps: u64,
+}
+
+impl StepCounter {
+    /// The index of this call's step, given how many tokens the sequence
+    /// has generated.
+    pub fn next(&mut self, generated: usize) -> u64 {
+        if generated < self.after {
+            self.steps = 0;
+        }
+        self.after = generated + 1;
+        self.steps += 1;
+        self.steps - 1
+    }
+}
+
+/// The golden ratio's fractional part: the step of the draws, whose
+/// sequence (s + 1) * PHI mod 1 covers [0, 1) most evenly.
+const PHI: f64 = 0.618_033_988_749_894_9;
+
+impl StepDraws {
+    /// The step's draw in [0, 1): the seed's offset plus (step + 1) times
+    /// PHI, modulo 1.
+    fn uniform(self) -> f64 {
+        (hashed_unit(self.seed, 0, 0) + (self.step + 1) as f64 * PHI).fract()
+    }
+}
+
+/// A uniform value in [0, 1) from three words: SplitMix64's finaliser,
+/// stable across runs, builds and machines.
+fn hashed_unit(a: u64, b: u64, c: u64) -> f64 {
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+    let h = mix(mix(mix(a.wrapping_add(GOLDEN)) ^ b.wrapping_mul(GOLDEN)) ^ c);
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
 #[cfg(test)]
 mod tests {
-    use rand::SeedableRng;
-    use rand_chacha::ChaCha8Rng;
-
     use super::*;
 
     #[test]
@@ -144,16 +194,17 @@ mod tests {
         Profile::new(vec![1.0, 1.0, 0.0, 0.0]).unwrap();
     }
 
+    const D: StepDraws = StepDraws { seed: 7, step: 0 };
+
     #[test]
     fn drafts_follow_the_recording_at_the_profile() {
         let profile = Profile::new(vec![0.8, 0.4]).unwrap();
         let recording: Vec<u32> = (10..60).collect();
-        let mut rng = ChaCha8Rng::seed_from_u64(7);
         let generated = &recording[..5];
         let (mut first, mut both) = (0, 0);
         let n = 20_000;
-        for _ in 0..n {
-            let d = profile.drafts(&recording, generated, 4, &mut rng);
+        for step in 0..n {
+            let d = profile.drafts(&recording, generated, 4, StepDraws { seed: 7, step });
             assert_eq!(d.len(), 2, "at most k drafts");
             first += usize::from(d[0] == 15);
             both += usize::from(d == [15, 16]);
@@ -169,23 +220,75 @@ mod tests {
         // Off the recording: the recorded tokens, uncorrupted.
         let mut off = generated.to_vec();
         off[1] = 99;
-        assert_eq!(profile.drafts(&recording, &off, 4, &mut rng), [15, 16]);
+        assert_eq!(profile.drafts(&recording, &off, 4, D), [15, 16]);
         // At most `max`; at the recording's end fewer, then none.
-        assert_eq!(profile.drafts(&recording, generated, 1, &mut rng).len(), 1);
-        assert!(
-            profile
-                .drafts(&recording, &recording[..49], 4, &mut rng)
-                .len()
-                <= 1
-        );
-        assert!(
-            profile
-                .drafts(&recording, &recording, 4, &mut rng)
-                .is_empty()
-        );
+        assert_eq!(profile.drafts(&recording, generated, 1, D).len(), 1);
+        assert!(profile.drafts(&recording, &recording[..49], 4, D).len() <= 1);
+        assert!(profile.drafts(&recording, &recording, 4, D).is_empty());
         // A wrong draft stays inside the vocabulary.
         let all_wrong = Profile::new(vec![0.0]).unwrap();
-        assert_eq!(all_wrong.drafts(&[99], &[], 1, &mut rng), [98]);
-        assert_eq!(all_wrong.drafts(&[0], &[], 1, &mut rng), [1]);
+        assert_eq!(all_wrong.drafts(&[99], &[], 1, D), [98]);
+        assert_eq!(all_wrong.drafts(&[0], &[], 1, D), [1]);
+    }
+
+    /// A sequence verified greedily along its recording, `steps` steps or
+    /// to the end: per position, the share of steps whose first i drafts
+    /// were accepted.
+    fn achieved(rates: &[f64], seed: u64, steps: usize, recording: &[u32]) -> Vec<f64> {
+        let profile = Profile::new(rates.to_vec()).unwrap();
+        let k = rates.len();
+        let (mut done, mut accepted_at) = (0usize, vec![0usize; k]);
+        let mut at = 0;
+        while done < steps && at + k < recording.len() {
+            let draws = StepDraws {
+                seed,
+                step: done as u64,
+            };
+            let drafts = profile.drafts(recording, &recording[..at], k, draws);
+            let accepted = drafts
+                .iter()
+                .zip(&recording[at..])
+                .take_while(|(d, r)| d == r)
+                .count();
+            for a in accepted_at.iter_mut().take(accepted) {
+                *a += 1;
+            }
+            done += 1;
+            at += accepted + 1;
+        }
+        accepted_at
+            .iter()
+            .map(|&n| n as f64 / done as f64)
+            .collect()
+    }
+
+    #[test]
+    fn a_sequence_following_its_recording_accepts_at_the_profile_even_in_few_steps() {
+        let recording: Vec<u32> = (1..=100_000).collect();
+        for (rates, steps, tolerance) in [
+            (vec![0.87, 0.74, 0.61], 30_000, 0.002),
+            (vec![0.87, 0.74, 0.61], 40, 0.05),
+            (vec![0.9, 0.5, 0.5, 0.1], 40, 0.05),
+            ((1..=15).map(|i| 0.871f64.powi(i)).collect(), 20_000, 0.005),
+        ] {
+            for seed in [0, 1, 99] {
+                let got = achieved(&rates, seed, steps, &recording);
+                for (i, (g, a)) in got.iter().zip(&rates).enumerate() {
+                    assert!(
+                        (g - a).abs() < tolerance,
+                        "{rates:?}, seed {seed}, {steps} steps, position {}: {g} against {a}",
+                        i + 1
+                    );
+                }
+            }
+        }
+        // Seeds give different patterns.
+        let pattern = |seed| {
+            let p = Profile::new(vec![0.5, 0.5]).unwrap();
+            (0..64)
+                .map(|step| p.drafts(&recording, &[], 2, StepDraws { seed, step }))
+                .collect::<Vec<_>>()
+        };
+        assert_ne!(pattern(0), pattern(1));
     }
 }

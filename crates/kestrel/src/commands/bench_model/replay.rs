@@ -9,32 +9,35 @@ use std::sync::Mutex;
 
 use kestrel_engine::spec::DraftSource;
 pub use kestrel_engine::spec::replay::Profile;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
+use kestrel_engine::spec::replay::{StepCounter, StepDraws};
 
 struct State {
     /// Each request's recorded continuation (generated tokens only).
     recordings: HashMap<String, Vec<u32>>,
     /// Off: no drafts (the engine decodes plainly).
     on: bool,
-    rng: ChaCha8Rng,
+    /// Each request's draft calls.
+    steps: HashMap<String, StepCounter>,
 }
 
 /// A [`DraftSource`] replaying recorded continuations at a [`Profile`].
 pub struct ReplaySource {
     profile: Profile,
+    seed: u64,
     state: Mutex<State>,
 }
 
 impl ReplaySource {
-    /// Starts switched off; `seed` seeds the draws that corrupt drafts.
+    /// Starts switched off; `seed` picks the corrupted drafts (the server's
+    /// replay proposer, seeded alike, picks the same ones).
     pub fn new(profile: Profile, seed: u64) -> Self {
         Self {
             profile,
+            seed,
             state: Mutex::new(State {
                 recordings: HashMap::new(),
                 on: false,
-                rng: ChaCha8Rng::seed_from_u64(seed),
+                steps: HashMap::new(),
             }),
         }
     }
@@ -59,8 +62,12 @@ impl DraftSource for ReplaySource {
             return Vec::new();
         };
         let generated = &tokens[prompt_len.min(tokens.len())..];
-        self.profile
-            .drafts(recording, generated, max, &mut state.rng)
+        let steps = state.steps.entry(request_id.to_string()).or_default();
+        let draws = StepDraws {
+            seed: self.seed,
+            step: steps.next(generated.len()),
+        };
+        self.profile.drafts(recording, generated, max, draws)
     }
 
     fn label(&self) -> String {
@@ -89,5 +96,56 @@ mod tests {
             "replay proposer, profile 1/1",
             "labelled with its profile"
         );
+    }
+
+    #[test]
+    fn the_servers_replay_proposer_with_the_same_seed_drafts_the_same() {
+        use kestrel_engine::spec::Retired;
+        use kestrel_engine::spec::prompt_replay::PromptReplay;
+
+        let profile = Profile::new(vec![0.87, 0.74, 0.61]).unwrap();
+        let prompt = [5u32, 6, 7];
+        let recording: Vec<u32> = (100..400).collect();
+        let tokens: Vec<u32> = prompt.iter().chain(&recording).copied().collect();
+        let local = ReplaySource::new(profile.clone(), 0);
+        local.record("r", recording.clone());
+        local.set_on(true);
+        let served = PromptReplay::new(profile, 0);
+        served.retired(&Retired {
+            request_id: "warm-up",
+            tokens: &tokens,
+            prompt_len: prompt.len(),
+            greedy: true,
+            completed: true,
+        });
+        // Greedy verification along the recording, twice (a benchmark's
+        // rounds): both proposers take the same steps every time.
+        let walk = |id: &str| {
+            let mut steps = Vec::new();
+            let mut n = prompt.len() + 1;
+            while n + 3 < tokens.len() {
+                let d = local.drafts(id, &tokens[..n], prompt.len(), 3);
+                let s = served.drafts(id, &tokens[..n], prompt.len(), 3);
+                assert_eq!(d, s, "at {n}");
+                let accepted = d
+                    .iter()
+                    .zip(&tokens[n..])
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                steps.push(accepted);
+                n += accepted + 1;
+            }
+            served.retired(&Retired {
+                request_id: id,
+                tokens: &tokens,
+                prompt_len: prompt.len(),
+                greedy: true,
+                completed: true,
+            });
+            steps
+        };
+        let first = walk("r");
+        assert!(first.iter().any(|&a| a < 3) && first.contains(&3));
+        assert_eq!(walk("r"), first, "the next round repeats it");
     }
 }
