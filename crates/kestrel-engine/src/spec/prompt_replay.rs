@@ -53,7 +53,7 @@ struct State {
 }
 
 /// A request being decoded: the recording it replays (none: its prompt had
-/// none when it started) and its draft calls.
+/// none when it started) and its step numbers.
 type Live = (Option<Arc<[u32]>>, StepCounter);
 
 impl PromptReplay {
@@ -112,7 +112,7 @@ impl DraftSource for PromptReplay {
         let generated = &tokens[prompt_len..];
         let draws = StepDraws {
             seed: self.seed,
-            step: steps.next(generated.len()),
+            step: steps.step(generated.len()),
         };
         self.profile.drafts(recording, generated, max, draws)
     }

@@ -113,33 +113,35 @@ impl Profile {
 }
 
 /// The draws of one speculative step: the proposer's seed and the index of
-/// the step among its request's draft calls (0 for the first).
+/// the step among its request's speculative steps ([`StepCounter`]).
 #[derive(Clone, Copy, Debug)]
 pub struct StepDraws {
     pub seed: u64,
     pub step: u64,
 }
 
-/// Counts a request's draft calls, for [`StepDraws::step`]. A call whose
-/// sequence is no longer than at the previous call starts a new run of
-/// the request (a benchmark that sends the same request id again).
+/// Numbers a request's speculative steps, for [`StepDraws::step`], by the
+/// sequence's length at each draft call: a longer sequence is the next
+/// step; the same length is the same step asked again (a scheduler may
+/// propose before it knows whether the step runs), which gets the same
+/// number and so the same drafts; a shorter one starts a new run of the
+/// request (a benchmark that sends the same request id again).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StepCounter {
-    /// Generated tokens at the previous call, plus one (0: no call yet).
-    after: usize,
-    steps: u64,
+    /// Generated tokens at the previous call, and that call's step.
+    last: Option<(usize, u64)>,
 }
 
 impl StepCounter {
-    /// The index of this call's step, given how many tokens the sequence
-    /// has generated.
-    pub fn next(&mut self, generated: usize) -> u64 {
-        if generated < self.after {
-            self.steps = 0;
-        }
-        self.after = generated + 1;
-        self.steps += 1;
-        self.steps - 1
+    /// The number of the step that follows `generated` generated tokens.
+    pub fn step(&mut self, generated: usize) -> u64 {
+        let step = match self.last {
+            Some((len, step)) if generated == len => step,
+            Some((len, step)) if generated > len => step + 1,
+            _ => 0,
+        };
+        self.last = Some((generated, step));
+        step
     }
 }
 
@@ -229,6 +231,16 @@ mod tests {
         let all_wrong = Profile::new(vec![0.0]).unwrap();
         assert_eq!(all_wrong.drafts(&[99], &[], 1, D), [98]);
         assert_eq!(all_wrong.drafts(&[0], &[], 1, D), [1]);
+    }
+
+    #[test]
+    fn steps_are_numbered_by_the_sequences_length() {
+        let mut c = StepCounter::default();
+        let got: Vec<u64> = [1, 3, 3, 3, 4, 8, 2, 2, 5]
+            .iter()
+            .map(|&g| c.step(g))
+            .collect();
+        assert_eq!(got, [0, 1, 1, 1, 2, 3, 0, 0, 1]);
     }
 
     /// A sequence verified greedily along its recording, `steps` steps or

@@ -16,7 +16,7 @@ struct State {
     recordings: HashMap<String, Vec<u32>>,
     /// Off: no drafts (the engine decodes plainly).
     on: bool,
-    /// Each request's draft calls.
+    /// Each request's step numbers.
     steps: HashMap<String, StepCounter>,
 }
 
@@ -65,7 +65,7 @@ impl DraftSource for ReplaySource {
         let steps = state.steps.entry(request_id.to_string()).or_default();
         let draws = StepDraws {
             seed: self.seed,
-            step: steps.next(generated.len()),
+            step: steps.step(generated.len()),
         };
         self.profile.drafts(recording, generated, max, draws)
     }
