@@ -253,15 +253,10 @@ pub(crate) fn execute<B: Backend>(
         seq.cache.set_num_tokens(committed, block_size)?;
         if chunk.drafts > 0 {
             // The live state went through every draft; the last accepted
-            // token's checkpoint is the state to keep.
-            let last = committed - chunk.start - 1;
+            // token's checkpoint is the state to keep, and its slot becomes
+            // the live one (no copy on the path between two steps).
             // (There are `drafts` checkpoints: none when every draft was kept.)
-            if let (Some(&checkpoint), Some(live)) = (
-                seq.cache.checkpoint_slots().get(last),
-                seq.cache.state_slot(),
-            ) {
-                cache.copy_state(backend, checkpoint, live);
-            }
+            seq.cache.keep_checkpoint(committed - chunk.start - 1);
         }
         if !emitted.is_empty() {
             let cached = seq.cached_tokens.unwrap_or(0);

@@ -122,6 +122,20 @@ impl SequenceCache {
         Ok(())
     }
 
+    /// Keep checkpoint `i`'s state as the sequence's state: the two slots
+    /// trade places, so the old live slot goes back with the other
+    /// checkpoints and no state is copied. False when there is no such
+    /// checkpoint or no live slot.
+    pub fn keep_checkpoint(&mut self, i: usize) -> bool {
+        match (self.checkpoint_slots.get_mut(i), self.state_slot.as_mut()) {
+            (Some(checkpoint), Some(live)) => {
+                std::mem::swap(checkpoint, live);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Give the checkpoint slots back (the step is over).
     pub fn release_checkpoint_slots(&mut self, slots: &mut StateSlots) -> Result<(), CacheError> {
         let mut first_error = None;
@@ -163,6 +177,22 @@ impl SequenceCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kept_checkpoint_becomes_the_live_slot_and_the_old_one_goes_back() {
+        let mut slots = StateSlots::new(4);
+        let mut s = SequenceCache::new();
+        let live = s.attach_state_slot(&mut slots).unwrap();
+        s.attach_checkpoint_slots(3, &mut slots).unwrap();
+        let checkpoints = s.checkpoint_slots().to_vec();
+        assert!(!s.keep_checkpoint(3), "no fourth checkpoint");
+        assert!(s.keep_checkpoint(1));
+        assert_eq!(s.state_slot(), Some(checkpoints[1]));
+        assert_eq!(s.checkpoint_slots(), [checkpoints[0], live, checkpoints[2]]);
+        s.release_checkpoint_slots(&mut slots).unwrap();
+        assert_eq!(slots.num_free(), 3);
+        assert!(!s.keep_checkpoint(0), "the step is over");
+    }
 
     #[test]
     fn grows_by_whole_blocks() {
