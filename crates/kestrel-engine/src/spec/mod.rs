@@ -19,8 +19,9 @@
 //! State: the KV of rejected positions is never marked computed (their
 //! pages are overwritten by later steps); hybrid models write the recurrent
 //! and conv state after each verified token into per-sequence checkpoint
-//! slots (`SeqChunk::state_checkpoints`) and the step copies back the one of
-//! the last accepted token. Verify chunks start after the prompt, so nothing
+//! slots (`SeqChunk::state_checkpoints`), and the slot of the last accepted
+//! token's checkpoint becomes the sequence's live slot (no state is copied).
+//! Verify chunks start after the prompt, so nothing
 //! speculative is offered to the prefix cache.
 
 pub(crate) mod capture;
