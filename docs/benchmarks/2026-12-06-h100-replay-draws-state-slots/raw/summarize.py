@@ -37,6 +37,7 @@ def ab(folder, prefix, variants):
 ab("norm-rows", "q36", ["base", "verify", "4"])
 ab("route-in-router", "q36", ["old", "new"])
 ab("route-in-router", "df7", ["old", "new"])
+ab("moe-block-rows", "q36", ["base", "g4", "g16", "d16", "d64"])
 ab("state-slots", "q36", ["copy", "swap"])
 ab("state-slots", "df7", ["copy", "swap"])
 ab("state-slots", "df15", ["copy", "swap"])
