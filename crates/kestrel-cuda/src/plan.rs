@@ -152,6 +152,22 @@ pub enum Launch {
     ProgrammaticDependent,
 }
 
+/// How a decode-shaped step (decode and verify rows) picks the K split of
+/// its `gemv` products and the key splits of its attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DecodeSplits {
+    /// By the step's sequence count, the fastest for it; a row's sums then
+    /// depend on how many sequences share its step (a verify step's rows
+    /// take the split of the decode step of the same sequences).
+    Step,
+    /// As for one sequence, whatever the count: a decode or verify row's
+    /// sums are the same in any batch (prefill rows still depend on their
+    /// pass), at some speed at batch 2-8. The batch-invariant mode has its
+    /// own fixed splits.
+    OneSequence,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Plan {
     pub compute_capability: String,
@@ -189,6 +205,7 @@ pub struct Plan {
     /// ([`kestrel_core::Backend::step_cut`]). Off in the batch-invariant
     /// mode, where no row depends on its step anyway.
     pub split_mixed_steps: bool,
+    pub decode_splits: DecodeSplits,
 }
 
 impl Plan {
@@ -260,6 +277,11 @@ impl Plan {
             graphs: o.graphs,
             batch_invariant: bi,
             split_mixed_steps: o.split_mixed_steps && !bi,
+            decode_splits: if o.decode_splits_one_sequence {
+                DecodeSplits::OneSequence
+            } else {
+                DecodeSplits::Step
+            },
         }
     }
 }
@@ -317,11 +339,12 @@ impl fmt::Display for Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         writeln!(
             f,
-            "cuda plan: compute {}, {} SMs, {} arithmetic, batch-invariant {}, mixed steps {}, graphs {}, dense products {}, launch {}",
+            "cuda plan: compute {}, {} SMs, {} arithmetic, batch-invariant {}, decode splits {}, mixed steps {}, graphs {}, dense products {}, launch {}",
             self.compute_capability,
             self.sms,
             name(&self.precision),
             on(self.batch_invariant),
+            name(&self.decode_splits),
             if self.split_mixed_steps {
                 "split"
             } else {

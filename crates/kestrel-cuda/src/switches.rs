@@ -66,6 +66,7 @@ pub const LT_ALGO: &str = "KESTREL_LT_ALGO";
 pub const PDL: &str = "KESTREL_CUDA_PDL";
 pub const BATCH_INVARIANT: &str = "KESTREL_BATCH_INVARIANT";
 pub const MIXED_STEPS: &str = "KESTREL_MIXED_STEPS";
+pub const DECODE_SPLITS: &str = "KESTREL_DECODE_SPLITS";
 
 /// Every `KESTREL_*` variable the project reads.
 pub const REGISTRY: &[Switch] = &[
@@ -80,6 +81,7 @@ pub const REGISTRY: &[Switch] = &[
     switch(NORM_FUSION, Scope::Backend, &["on", "off"]),
     switch(BATCH_INVARIANT, Scope::Backend, &["0", "1"]),
     switch(MIXED_STEPS, Scope::Backend, &["split", "one"]),
+    switch(DECODE_SPLITS, Scope::Backend, &["step", "sequence"]),
     switch(MOE_PREFILL, Scope::Experiment, &["device", "host"]),
     switch(DENSE_GEMM, Scope::Experiment, &["cublas", "lt"]),
     switch(LT_ALGO, Scope::Experiment, &[]),
@@ -154,6 +156,9 @@ pub struct Overrides {
     pub batch_invariant: bool,
     /// Run a step's decode and verify rows apart from its prefill chunks.
     pub split_mixed_steps: bool,
+    /// Decode-shaped steps split K and the keys as for one sequence,
+    /// whatever their sequence count.
+    pub decode_splits_one_sequence: bool,
 }
 
 impl Default for Overrides {
@@ -175,6 +180,7 @@ impl Default for Overrides {
             pdl: false,
             batch_invariant: false,
             split_mixed_steps: true,
+            decode_splits_one_sequence: false,
         }
     }
 }
@@ -281,6 +287,7 @@ impl Overrides {
             hyper_fusion: r.choice(HYPER_FUSION) == Some("on"),
             batch_invariant: r.choice(BATCH_INVARIANT) == Some("1"),
             split_mixed_steps: r.choice(MIXED_STEPS) != Some("one"),
+            decode_splits_one_sequence: r.choice(DECODE_SPLITS) == Some("sequence"),
             moe_prefill_host: r.choice(MOE_PREFILL) == Some("host"),
             dense_gemm_lt: r.choice(DENSE_GEMM) == Some("lt"),
             lt_algo: r.number(LT_ALGO).unwrap_or(d.lt_algo),

@@ -45,6 +45,19 @@ fn mixed_steps_are_split_unless_asked_not_to_or_batch_invariant() {
 }
 
 #[test]
+fn decode_splits_follow_the_step_unless_asked_for_one_sequences() {
+    let p = Plan::resolve(&device((9, 0)), &Overrides::default());
+    assert_eq!(p.decode_splits, DecodeSplits::Step);
+    let one = Overrides {
+        decode_splits_one_sequence: true,
+        ..Overrides::default()
+    };
+    let p = Plan::resolve(&device((9, 0)), &one);
+    assert_eq!(p.decode_splits, DecodeSplits::OneSequence);
+    assert!(p.to_string().contains("decode splits one-sequence"), "{p}");
+}
+
+#[test]
 fn other_gpus_fall_back_to_mma_sync_and_version_one_where_tiles_do_not_fit() {
     let p = Plan::resolve(&device((12, 1)), &Overrides::default());
     assert_eq!(p.attention.prefill.get(0), AttnPrefill::V2);

@@ -28,6 +28,7 @@ fn each_switch_takes_its_values() {
         (MOE_TILES, "narrow"),
         (NORM_FUSION, "off"),
         (MIXED_STEPS, "one"),
+        (DECODE_SPLITS, "sequence"),
         (PRECISION, "f32"),
     ]);
     assert!(w.is_empty(), "{w:?}");
@@ -44,6 +45,7 @@ fn each_switch_takes_its_values() {
             moe_wide_tiles: false,
             norm_fusion: false,
             split_mixed_steps: false,
+            decode_splits_one_sequence: true,
             ..Overrides::default()
         }
     );

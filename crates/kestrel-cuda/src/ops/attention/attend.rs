@@ -8,7 +8,7 @@ use super::kernels::*;
 use crate::context::Cx;
 use crate::device::{Gpu, ptr};
 use crate::launch::Arg;
-use crate::plan::AttnPrefill;
+use crate::plan::{AttnPrefill, DecodeSplits};
 use crate::step::StepLayout;
 
 /// Splits of the decode kernel: a function of the launch shape and the
@@ -77,7 +77,7 @@ impl Attend<'_> {
             // sequence: a verify step's rows then combine their keys in the
             // splits of the decode step at the same position (the same sums).
             let target = decode_target_blocks(self.cx.gpu);
-            let seqs = self.l.seqs.clamp(1, rows);
+            let seqs = self.split_seqs(self.l.seqs.clamp(1, rows));
             let splits = decode_splits(target, seqs, self.decode_blocks_per_row());
             self.decode_rows(dim_index, 0, rows, splits);
         }
@@ -98,12 +98,21 @@ impl Attend<'_> {
             let target = decode_target_blocks(self.cx.gpu);
             decode_splits(
                 target,
-                seqs.clamp(1, rows.max(1)),
+                self.split_seqs(seqs.clamp(1, rows.max(1))),
                 self.decode_blocks_per_row(),
             )
         };
         for first in (0..rows).step_by(ROWS_PER_LAUNCH) {
             self.decode_rows(dim_index, first, ROWS_PER_LAUNCH.min(rows - first), splits);
+        }
+    }
+
+    /// The sequence count a decode step of `seqs` sequences takes its
+    /// splits for: its own, or one ([`DecodeSplits::OneSequence`]).
+    fn split_seqs(&self, seqs: usize) -> usize {
+        match self.cx.plan.decode_splits {
+            DecodeSplits::Step => seqs,
+            DecodeSplits::OneSequence => 1,
         }
     }
 

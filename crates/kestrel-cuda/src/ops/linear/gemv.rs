@@ -10,6 +10,7 @@ use super::kernels::{GEMV_MAX_ROWS, GEMV_PASS_ROWS, NORM_MAX_ROWS, NORM_SMEM_MAX
 use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
+use crate::plan::DecodeSplits;
 use crate::tensor::{CudaTensor, CudaWeight, Format, Matrix};
 
 /// Weight rows a `gemv` launch aims to have in flight, in warps x rows per
@@ -91,8 +92,12 @@ fn gemv_split(cx: &Cx, rows: usize, k: usize, n: usize, format: Format) -> usize
 }
 
 /// The row count a decode-sized launch of `rows` rows is split for: the
-/// step's sequence count when it has fewer (see [`gemv_split`]).
+/// step's sequence count when it has fewer (see [`gemv_split`]), or one
+/// with the plan's [`DecodeSplits::OneSequence`].
 fn split_rows(cx: &Cx, rows: usize) -> usize {
+    if cx.plan.decode_splits == DecodeSplits::OneSequence {
+        return 1;
+    }
     cx.step
         .as_ref()
         .map_or(rows, |step| step.layout.seqs.clamp(1, rows))
