@@ -38,6 +38,7 @@ ab("norm-rows", "q36", ["base", "verify", "4"])
 ab("route-in-router", "q36", ["old", "new"])
 ab("route-in-router", "df7", ["old", "new"])
 ab("moe-block-rows", "q36", ["base", "g4", "g16", "d16", "d64"])
+ab("decode-splits-ab", "q36", ["base", "seq1"])
 ab("state-slots", "q36", ["copy", "swap"])
 ab("state-slots", "df7", ["copy", "swap"])
 ab("state-slots", "df15", ["copy", "swap"])
@@ -54,6 +55,19 @@ for mode in ["default", "bi"]:
               f"(CV {100 * c['aggregate_tps']['cv']:.2f} %, {c['tokens_per_step']['median']:.2f} a step, {acc}); "
               f"bench-model {b['speculative_tokens_per_s']:.1f} "
               f"({b['acceptance_length']:.2f} a step); ratio {c['aggregate_tps']['median'] / b['speculative_tokens_per_s']:.3f}")
+
+print("\nKESTREL_DECODE_SPLITS as committed (decode-splits/)")
+res = json.load(open(os.path.join(root, "decode-splits", "serve-replay", "result.json")))["result"]
+bms = {v: json.load(open(os.path.join(root, "decode-splits", f"bm_{v}.json"))) for v in ["sequence", "step"]}
+for v, j in bms.items():
+    print(f"  bench-model {v:8s} " + "  ".join(f"{k} {x:.3f}" if "ms" in k else f"{k} {x:.1f}" for k, x in steps(j).items()))
+seq = {x["batch"]: x for x in bms["sequence"]["speculative"]["runs"]}
+for c in res["stream_curve"]:
+    b = seq[c["concurrency"]]
+    acc = "/".join(f"{p['median']:.2f}" for p in c["per_position_acceptance"])
+    print(f"  serve streams {c['concurrency']}: {c['aggregate_tps']['median']:.1f} tok/s (CV {100 * c['aggregate_tps']['cv']:.2f} %, "
+          f"{c['tokens_per_step']['median']:.2f} a step, {acc}); bench-model (sequence) {b['speculative_tokens_per_s']:.1f}; "
+          f"ratio {c['aggregate_tps']['median'] / b['speculative_tokens_per_s']:.3f}")
 
 print("\nkernel durations of one eager step (ncu, final/)")
 for what in ["verify", "decode"]:
