@@ -21,7 +21,7 @@
 //! it would reject only cost time.
 //!
 //! Which drafts are corrupted depends only on the proposer's seed and the
-//! output positions ([`super::replay`]): a request that follows its
+//! step numbers ([`super::replay`]): a request that follows its
 //! recording takes the same steps in every round, so a benchmark's rounds
 //! repeat their work exactly, and `bench-model` with the same seed takes
 //! the same steps in process.
@@ -29,7 +29,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use super::replay::{Profile, StepCounter, StepDraws};
+use super::replay::{Profile, StepCounter};
 use super::{DraftSource, Retired};
 
 /// Prompts remembered at most; the oldest recording goes first.
@@ -110,10 +110,7 @@ impl DraftSource for PromptReplay {
             return Vec::new();
         };
         let generated = &tokens[prompt_len..];
-        let draws = StepDraws {
-            seed: self.seed,
-            step: steps.step(generated.len()),
-        };
+        let draws = steps.draws(self.seed, generated.len());
         self.profile.drafts(recording, generated, max, draws)
     }
 
@@ -218,7 +215,7 @@ mod tests {
             })
             .collect();
         assert!(rounds.iter().all(|d| *d == rounds[0]), "rounds differ");
-        // Which drafts are right depends on the positions only.
+        // Which drafts are right depends on the step numbers only.
         let right = |d: &[Vec<u32>], tokens: &[u32]| -> Vec<Vec<bool>> {
             d.iter()
                 .enumerate()

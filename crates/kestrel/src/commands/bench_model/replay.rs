@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use kestrel_engine::spec::DraftSource;
 pub use kestrel_engine::spec::replay::Profile;
-use kestrel_engine::spec::replay::{StepCounter, StepDraws};
+use kestrel_engine::spec::replay::StepCounter;
 
 struct State {
     /// Each request's recorded continuation (generated tokens only).
@@ -63,10 +63,7 @@ impl DraftSource for ReplaySource {
         };
         let generated = &tokens[prompt_len.min(tokens.len())..];
         let steps = state.steps.entry(request_id.to_string()).or_default();
-        let draws = StepDraws {
-            seed: self.seed,
-            step: steps.step(generated.len()),
-        };
+        let draws = steps.draws(self.seed, generated.len());
         self.profile.drafts(recording, generated, max, draws)
     }
 
