@@ -116,9 +116,67 @@ shared_constants! {
     pub const QSA_WARPS: usize = 8;
     /// Largest indexer head dim of the QSA kernels (8 values a lane).
     pub const QSA_MAX_HEAD_DIM: usize = 256;
+    /// Query rows (block rows x q heads of a kv group) per block of the
+    /// block drafter's attention kernel, 16 a warp.
+    pub const BLOCK_ATTN_ROWS: usize = 128;
+    /// Keys per K/V tile of that kernel.
+    pub const BLOCK_ATTN_KEYS: usize = 64;
 }
 
 kernel_records! {
+    /// `block_norm_rope_write`: the q/k norm + RoPE of every sequence's
+    /// block rows, their keys and values written into each sequence's own
+    /// store (`qk_norm_rope_kv_write` with a store per sequence).
+    pub struct BlockNormRopeArgs {
+        /// `[T, proj_stride]`: q | k | v of each row.
+        pub proj: u64 => "const float*",
+        /// `[T, hq, D]`.
+        pub q_out: u64 => "float*",
+        /// Per sequence: its K and V stores (`[slot, hkv, D]` bf16).
+        pub k_base: u64 => "const uint64_t*",
+        pub v_base: u64 => "const uint64_t*",
+        pub q_norm: u64 => "const float*",
+        pub k_norm: u64 => "const float*",
+        /// `[T]`: each row's position and the slot of its store it takes.
+        pub positions: u64 => "const int*",
+        pub slot_mapping: u64 => "const int*",
+        pub proj_stride: i32 => "int",
+        /// Block rows of every sequence (row t belongs to sequence t / rows).
+        pub rows: i32 => "int",
+        pub hq: i32 => "int",
+        pub hkv: i32 => "int",
+        pub d: i32 => "int",
+        pub rotary_dim: i32 => "int",
+        pub theta: f32 => "float",
+        pub eps: f32 => "float",
+        pub k_offset: i32 => "int",
+        pub v_offset: i32 => "int",
+    }
+
+    /// `attention_block_d*`: non-causal attention of every sequence's block
+    /// of drafter rows over that sequence's own key store.
+    pub struct BlockAttentionArgs {
+        /// `[T, hq, splits, D]`, unnormalised (relative to m).
+        pub part_o: u64 => "float*",
+        /// `[T, hq, splits, 2]`: (m in log2 units, l).
+        pub part_ml: u64 => "float*",
+        /// `[T, hq, D]`: normalised and rotated queries, T = sequences x rows.
+        pub q: u64 => "const float*",
+        /// Per sequence: the device address of its K store and of its V
+        /// store (`[slot, hkv, D]` bf16).
+        pub k_base: u64 => "const uint64_t*",
+        pub v_base: u64 => "const uint64_t*",
+        /// Per sequence: the first key's slot and the number of keys.
+        pub key_lo: u64 => "const int*",
+        pub key_len: u64 => "const int*",
+        /// Block rows of every sequence.
+        pub rows: i32 => "int",
+        pub hq: i32 => "int",
+        pub hkv: i32 => "int",
+        pub splits: i32 => "int",
+        pub scale_log2: f32 => "float",
+    }
+
     /// `gdn_decode_g*`: a decode or verify step of one GDN layer.
     pub struct GdnDecodeArgs {
         /// `[T, Hv*Dv]`, after the gated norm.

@@ -18,13 +18,14 @@ pub fn available() -> Result<(), &'static str> {
 }
 
 /// Every embedded module, by name (the `.cu` file stem).
-pub fn modules() -> [(&'static str, &'static [u8]); 17] {
+pub fn modules() -> [(&'static str, &'static [u8]); 18] {
     [
         ("dummy", DUMMY),
         ("elementwise", ELEMENTWISE),
         ("norm", NORM),
         ("attention", ATTENTION),
         ("attention_decode", ATTENTION_DECODE),
+        ("attention_block", ATTENTION_BLOCK),
         ("attention_prefill", ATTENTION_PREFILL),
         ("attention_prefill_sm90", ATTENTION_PREFILL_SM90),
         ("moe", MOE),

@@ -1,30 +1,38 @@
 //! Keys and values kept outside the paged cache, and non-causal attention of
 //! a block of rows over them: what a block drafter (DFlash) runs each step.
 //!
-//! Why it reuses the decode kernels: a drafter's block is at most a few
-//! dozen rows over up to a window of context keys, the decode kernels'
-//! shape (split-KV on tensor cores, one query row as one sequence). The
-//! store is one layer's bf16 K and V in the paged cache's row layout
-//! (`[slot, Hkv, D]`), its live rows a contiguous run of slots
-//! `lo..hi`, and the kernels read it through an identity block table with
-//! pages of one slot: row `i` of a query sees slots `lo .. lo + len`.
-//! A block pass stages its own keys in the spare slots right after `hi`
-//! (the next append overwrites them), and every one of its rows gets the
-//! whole run as its length, which makes the attention non-causal. Order of
-//! keys does not matter to a softmax, and RoPE is applied before a key is
-//! stored, so slots need not follow positions.
+//! The store is one layer's bf16 K and V in the paged cache's row layout
+//! (`[slot, Hkv, D]`), its live rows a contiguous run of slots `lo..hi`. A
+//! block pass stages its own keys in the spare slots right after `hi` (the
+//! next append overwrites them), and every one of its rows sees the whole
+//! run, which makes the attention non-causal. Order of keys does not matter
+//! to a softmax, and RoPE is applied before a key is stored, so slots need
+//! not follow positions.
 //!
-//! Head dims without a tensor-core decode kernel, and the f32 precision
-//! mode (whose caches are f32), keep the rows on the host instead.
+//! At head dims up to `BLOCK_ATTENTION_MAX_HEAD_DIM` one `attention_block`
+//! launch serves every sequence of a pass: a block takes all query rows of
+//! one (sequence, kv head), so each K/V tile is read once for the block's
+//! rows and the q heads of the group (the decode kernels, which take one
+//! query row as one sequence, read it once per row and need a launch per
+//! sequence). Other tensor-core head dims run the rows through the decode
+//! kernels, reading the store through an identity block table with pages
+//! of one slot.
+//!
+//! The f32 precision mode (whose caches are f32) and head dims without a
+//! tensor-core kernel keep the rows on the host instead.
 
 use std::ops::Range;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaFunction, CudaSlice};
 use kestrel_core::AttentionSpec;
 use kestrel_core::block_attention::HostBlockKeys;
+use kestrel_kernels::abi::{BlockAttentionArgs, BlockNormRopeArgs};
 
 use super::attend::Attend;
-use super::kernels::QKN_WARPS;
+use super::kernels::{
+    BLOCK_ATTN_KEYS, BLOCK_ATTN_ROWS, COMBINE_THREADS, DECODE_MAX_SPLITS, QKN_WARPS,
+    block_smem_bytes,
+};
 use crate::context::Cx;
 use crate::device::ptr;
 use crate::launch::Arg;
@@ -252,29 +260,23 @@ pub fn attend(
     spec: &AttentionSpec,
     first_position: usize,
 ) -> CudaTensor {
-    let out = cx.gpu.alloc::<f32>(qkv.rows * spec.q_width());
-    let s = &cx.gpu.stream;
-    let norms = (q_norm, k_norm);
-    attend_rows(
+    attend_batch(
         cx,
-        keys,
-        RowsAt::all(qkv, s),
-        norms,
+        &mut [keys],
+        qkv,
+        q_norm,
+        k_norm,
         spec,
-        first_position,
-        ptr(&out, s),
-    );
-    CudaTensor {
-        bf16: None,
-        rows: qkv.rows,
-        cols: spec.q_width(),
-        buf: out,
-    }
+        &[first_position],
+        qkv.rows,
+    )
 }
 
 /// See `Backend::block_attention_batch`: each sequence's block read in
 /// place from `qkv` and its output written in place into one tensor (no
-/// gathers, no concatenation).
+/// gathers, no concatenation). Head dims with an `attention_block` kernel
+/// take one launch for every sequence; the others run each sequence's rows
+/// through the decode kernels.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_batch(
     cx: &Cx,
@@ -290,10 +292,36 @@ pub fn attend_batch(
     let q_width = spec.q_width();
     let out = cx.gpu.alloc::<f32>(qkv.rows * q_width);
     let s = &cx.gpu.stream;
-    for (i, (keys, &first)) in keys.iter_mut().zip(first_positions).enumerate() {
-        let rows = RowsAt::all(qkv, s).range(i * block, block);
-        let out_at = ptr(&out, s) + (i * block * q_width * 4) as u64;
-        attend_rows(cx, keys, rows, (q_norm, k_norm), spec, first, out_at);
+    let rows = RowsAt::all(qkv, s);
+    check_rows(rows, q_norm, k_norm, spec);
+    let norms = (q_norm, k_norm);
+    if qkv.rows == 0 {
+        // Nothing to attend.
+    } else if let Some(f) = block_kernel(cx, spec.head_dim) {
+        attend_blocks(
+            cx,
+            f,
+            keys,
+            rows,
+            norms,
+            spec,
+            first_positions,
+            block,
+            ptr(&out, s),
+        );
+    } else {
+        for (i, (keys, &first)) in keys.iter_mut().zip(first_positions).enumerate() {
+            let out_at = ptr(&out, s) + (i * block * q_width * 4) as u64;
+            attend_rows(
+                cx,
+                keys,
+                rows.range(i * block, block),
+                norms,
+                spec,
+                first,
+                out_at,
+            );
+        }
     }
     CudaTensor {
         bf16: None,
@@ -301,6 +329,157 @@ pub fn attend_batch(
         cols: q_width,
         buf: out,
     }
+}
+
+/// The `attention_block` kernel of head dim `d`, where there is one.
+fn block_kernel<'a>(cx: &'a Cx, d: usize) -> Option<&'a CudaFunction> {
+    let i = FAST_HEAD_DIMS.iter().position(|&x| x == d)?;
+    cx.k.attention.block[i].as_ref()
+}
+
+/// Shapes every block attention checks: rows of `[q | k | v]`, q heads a
+/// multiple of the kv heads, norms of one head.
+fn check_rows(qkv: RowsAt, q_norm: &CudaWeight, k_norm: &CudaWeight, spec: &AttentionSpec) {
+    let (hq, d) = (spec.num_q_heads, spec.head_dim);
+    assert_eq!(
+        qkv.cols,
+        spec.q_width() + 2 * spec.kv_width(),
+        "block rows must be [q (Hq*D) | k (Hkv*D) | v (Hkv*D)]"
+    );
+    assert!(
+        spec.num_kv_heads > 0 && hq % spec.num_kv_heads == 0,
+        "{hq} q heads are not a multiple of {} kv heads",
+        spec.num_kv_heads
+    );
+    assert_eq!(q_norm.numel(), d, "q_norm must have head_dim values");
+    assert_eq!(k_norm.numel(), d, "k_norm must have head_dim values");
+}
+
+/// Every sequence's `block` rows in three launches: `block_norm_rope_write`
+/// forms the q rows and stages each sequence's keys after its store's live
+/// rows (as the decode path's `norm_rope_write` does, one sequence at a
+/// time), `attention_block` serves every query row of a (sequence, kv head)
+/// from the same blocks, which read each K/V tile once for all of them,
+/// and the decode path's combine merges the splits.
+#[allow(clippy::too_many_arguments)]
+fn attend_blocks(
+    cx: &Cx,
+    f: &CudaFunction,
+    keys: &mut [&mut DeviceBlockKeys],
+    qkv: RowsAt,
+    (q_norm, k_norm): (&CudaWeight, &CudaWeight),
+    spec: &AttentionSpec,
+    first_positions: &[usize],
+    block: usize,
+    out: u64,
+) {
+    let gpu = cx.gpu;
+    let s = &gpu.stream;
+    let (hq, hkv, d) = (spec.num_q_heads, spec.num_kv_heads, spec.head_dim);
+    let (q_width, t) = (spec.q_width(), qkv.rows);
+    let seqs = keys.len();
+    let (mut k_base, mut v_base) = (Vec::with_capacity(seqs), Vec::with_capacity(seqs));
+    let (mut key_lo, mut key_len) = (Vec::with_capacity(seqs), Vec::with_capacity(seqs));
+    let (mut positions, mut slots) = (Vec::with_capacity(t), Vec::with_capacity(t));
+    for (keys, &first) in keys.iter_mut().zip(first_positions) {
+        keys.reserve(cx, block);
+        let (k, v) = keys.caches(cx);
+        k_base.push(k);
+        v_base.push(v);
+        key_lo.push(keys.lo as i32);
+        key_len.push((keys.hi - keys.lo + block) as i32);
+        // The block's keys go to the spare slots after the live rows.
+        positions.extend((first..first + block).map(|p| p as i32));
+        slots.extend((keys.hi..keys.hi + block).map(|slot| slot as i32));
+    }
+    let (k_base, v_base) = (gpu.upload(&k_base), gpu.upload(&v_base));
+    let (positions, slots) = (gpu.upload(&positions), gpu.upload(&slots));
+    let q = gpu.alloc::<f32>(t * q_width);
+    gpu.launch(
+        &cx.k.attention.block_norm_rope_write,
+        (t as u32, (hq + 2 * hkv).div_ceil(QKN_WARPS) as u32, 1),
+        32 * QKN_WARPS as u32,
+        ((spec.rope.rotary_dim + QKN_WARPS * d) * 4) as u32,
+        &[Arg::record(&BlockNormRopeArgs {
+            proj: qkv.ptr,
+            q_out: ptr(&q, s),
+            k_base: ptr(&k_base, s),
+            v_base: ptr(&v_base, s),
+            q_norm: ptr(q_norm.f32("q_norm"), s),
+            k_norm: ptr(k_norm.f32("k_norm"), s),
+            positions: ptr(&positions, s),
+            slot_mapping: ptr(&slots, s),
+            proj_stride: qkv.cols as i32,
+            rows: block as i32,
+            hq: hq as i32,
+            hkv: hkv as i32,
+            d: d as i32,
+            rotary_dim: spec.rope.rotary_dim as i32,
+            theta: spec.rope.theta,
+            eps: spec.norm_eps,
+            k_offset: q_width as i32,
+            v_offset: (q_width + spec.kv_width()) as i32,
+        })],
+    );
+    let row_groups = (block * (hq / hkv)).div_ceil(BLOCK_ATTN_ROWS);
+    let splits = block_splits(
+        2 * gpu.sm_count(),
+        hkv * row_groups * seqs,
+        key_len.iter().copied().max().unwrap_or(0) as usize,
+    );
+    let part_o = gpu.alloc::<f32>(t * hq * splits * d);
+    let part_ml = gpu.alloc::<f32>(t * hq * splits * 2);
+    let (key_lo, key_len) = (gpu.upload(&key_lo), gpu.upload(&key_len));
+    // The combine's "sequence" of each query row: the row itself.
+    let row_ids = gpu.upload(&(0..t as i32).collect::<Vec<_>>());
+    gpu.launch(
+        f,
+        ((hkv * row_groups) as u32, seqs as u32, splits as u32),
+        32 * (BLOCK_ATTN_ROWS / 16) as u32,
+        block_smem_bytes(d),
+        &[Arg::record(&BlockAttentionArgs {
+            part_o: ptr(&part_o, s),
+            part_ml: ptr(&part_ml, s),
+            q: ptr(&q, s),
+            k_base: ptr(&k_base, s),
+            v_base: ptr(&v_base, s),
+            key_lo: ptr(&key_lo, s),
+            key_len: ptr(&key_len, s),
+            rows: block as i32,
+            hq: hq as i32,
+            hkv: hkv as i32,
+            splits: splits as i32,
+            scale_log2: spec.scale * std::f32::consts::LOG2_E,
+        })],
+    );
+    gpu.launch(
+        &cx.k.attention.decode_combine,
+        (hq as u32, t as u32, 1),
+        COMBINE_THREADS,
+        0,
+        &[
+            Arg::Ptr(out),
+            Arg::Ptr(ptr(&part_o, s)),
+            Arg::Ptr(ptr(&part_ml, s)),
+            Arg::Ptr(ptr(&row_ids, s)),
+            Arg::I32(hq as i32),
+            Arg::I32(d as i32),
+            Arg::I32(splits as i32),
+            Arg::Ptr(qkv.ptr),
+            Arg::I32(qkv.cols as i32),
+            Arg::I32(-1),
+        ],
+    );
+}
+
+/// Key splits of an `attention_block` launch of `blocks` blocks a split
+/// over at most `max_keys` keys: about `target` blocks in all, each split
+/// at least two key tiles (fewer partials to merge), at most what the
+/// combine takes.
+fn block_splits(target: usize, blocks: usize, max_keys: usize) -> usize {
+    let tiles = max_keys.div_ceil(BLOCK_ATTN_KEYS);
+    let most = tiles.div_ceil(2).clamp(1, DECODE_MAX_SPLITS);
+    (target / blocks.max(1)).clamp(1, most)
 }
 
 /// The block attention of the rows `qkv` into `out` (`[rows, Hq*D]` f32).
@@ -315,18 +494,6 @@ fn attend_rows(
 ) {
     let (hq, d) = (spec.num_q_heads, spec.head_dim);
     let q_width = spec.q_width();
-    assert_eq!(
-        qkv.cols,
-        q_width + 2 * spec.kv_width(),
-        "block rows must be [q (Hq*D) | k (Hkv*D) | v (Hkv*D)]"
-    );
-    assert!(
-        spec.num_kv_heads > 0 && hq % spec.num_kv_heads == 0,
-        "{hq} q heads are not a multiple of {} kv heads",
-        spec.num_kv_heads
-    );
-    assert_eq!(q_norm.numel(), d, "q_norm must have head_dim values");
-    assert_eq!(k_norm.numel(), d, "k_norm must have head_dim values");
     let dim_index = FAST_HEAD_DIMS
         .iter()
         .position(|&x| x == d)
@@ -394,5 +561,25 @@ impl RowsAt {
             rows,
             cols: self.cols,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_fill_the_device_but_keep_two_tiles_a_split() {
+        // z-lab drafter at batch 1: 4 kv heads, 1,040 keys (17 tiles).
+        assert_eq!(block_splits(264, 4, 1040), 9);
+        // Batch 8: 32 blocks a split.
+        assert_eq!(block_splits(264, 32, 1040), 8);
+        // A short context is never split below two tiles.
+        assert_eq!(block_splits(264, 4, 100), 1);
+        assert_eq!(block_splits(264, 4, 0), 1);
+        // Many blocks: one split.
+        assert_eq!(block_splits(264, 512, 8192), 1);
+        // A long window stops at what the combine takes.
+        assert_eq!(block_splits(100_000, 1, 1 << 20), DECODE_MAX_SPLITS);
     }
 }

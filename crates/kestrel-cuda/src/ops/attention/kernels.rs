@@ -1,5 +1,5 @@
 //! The attention family's kernels (`attention.cu`, `attention_decode.cu`,
-//! `attention_prefill.cu`, `attention_prefill_sm90.cu`), their launch
+//! `attention_block.cu`, `attention_prefill.cu`, `attention_prefill_sm90.cu`), their launch
 //! constants and shared-memory sizes. A kernel the device cannot run is not
 //! loaded (`None`): the plan then picks among the others.
 
@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule};
 use kestrel_core::Result;
+pub use kestrel_kernels::abi::{BLOCK_ATTN_KEYS, BLOCK_ATTN_ROWS};
 
 use crate::device::{Gpu, function, function_with_smem};
 use crate::plan::FAST_HEAD_DIMS;
@@ -74,6 +75,11 @@ pub struct AttentionKernels {
     /// for head dims up to [`FUSED_DECODE_MAX_HEAD_DIM`].
     pub decode_fused: [Option<CudaFunction>; 3],
     pub decode_combine: CudaFunction,
+    /// A block drafter's non-causal attention, at the head dims up to
+    /// [`BLOCK_ATTENTION_MAX_HEAD_DIM`].
+    pub block: [Option<CudaFunction>; 3],
+    /// The q/k norm + RoPE + store write of every sequence's block rows.
+    pub block_norm_rope_write: CudaFunction,
     pub prefill: [CudaFunction; 3],
     /// The 128-query double-buffered prefill; `None` where its tiles exceed
     /// the device's shared memory per block.
@@ -86,6 +92,7 @@ impl AttentionKernels {
     pub fn load(gpu: &Gpu) -> Result<Self> {
         let generic = gpu.module(kestrel_kernels::ATTENTION, "attention")?;
         let decode = gpu.module(kestrel_kernels::ATTENTION_DECODE, "attention_decode")?;
+        let block = gpu.module(kestrel_kernels::ATTENTION_BLOCK, "attention_block")?;
         let prefill = gpu.module(kestrel_kernels::ATTENTION_PREFILL, "attention_prefill")?;
         let sm90 = gpu.module(
             kestrel_kernels::ATTENTION_PREFILL_SM90,
@@ -113,6 +120,10 @@ impl AttentionKernels {
                 |d| d <= FUSED_DECODE_MAX_HEAD_DIM,
             )?,
             decode_combine: function(&decode, "attention_decode_combine")?,
+            block: per_head_dim(&block, "attention_block", block_smem_bytes, |d| {
+                d <= BLOCK_ATTENTION_MAX_HEAD_DIM
+            })?,
+            block_norm_rope_write: function(&block, "block_norm_rope_write")?,
             prefill: every_head_dim(&prefill, "attention_prefill", prefill_smem_bytes)?,
             prefill_v2: per_head_dim(
                 &prefill,
@@ -158,6 +169,16 @@ pub fn decode_smem_bytes(d: usize) -> u32 {
     (decode_warps(d) * 3 * 2 * 16 * d * 2) as u32
 }
 
+/// Largest head dim of `attention_block_d*`: its warps keep a row's
+/// output in registers (D / 2 floats a lane).
+pub const BLOCK_ATTENTION_MAX_HEAD_DIM: usize = 128;
+
+/// Dynamic shared memory of `attention_block_d*`: two stages of a K and a V
+/// tile of `BLOCK_ATTN_KEYS` bf16 rows.
+pub fn block_smem_bytes(d: usize) -> u32 {
+    (2 * 2 * BLOCK_ATTN_KEYS * d * 2) as u32
+}
+
 /// Largest head dim with a fused decode kernel (`attention_decode_fused_d*`):
 /// its blocks have 128 threads up to here, 64 above (too few to form the new
 /// token's rows faster than a kernel of their own).
@@ -191,6 +212,11 @@ mod tests {
             // Version 2 (with its static rows) fits one block per SM on
             // Hopper's 227 KiB per block, and sm_121's 99 KiB up to head_dim
             // 128; it is not loaded where it does not fit.
+            if d <= BLOCK_ATTENTION_MAX_HEAD_DIM {
+                // attention_block: one block per SM with its registers;
+                // within sm_121's 99 KiB.
+                assert!(block_smem_bytes(d) <= 99 * 1024 - 2 * 1024, "{d}");
+            }
             let v2 = prefill_v2_smem_bytes(d) + PREFILL_STATIC_SMEM;
             assert!(v2 <= 227 * 1024, "{d}: {v2}");
             if d <= 128 {
