@@ -262,10 +262,13 @@ KESTREL_GEMV(6, 8, 2, 1)
 KESTREL_GEMV(7, 8, 2, 1)
 KESTREL_GEMV(8, 8, 2, 1)
 // 16 rows: the passes of a decode-shaped step with more rows than 8 (verify
-// steps of several sequences), whose rows must take gemv's sums. Each
-// weight chunk meets 16 x rows, so fewer weight rows per warp keep the
-// accumulators in registers.
-KESTREL_GEMV(16, 4, 2, 1)
+// steps of several sequences, or of one with 15 drafts), whose rows must
+// take gemv's sums. Each weight chunk meets 16 x rows, so the pass is bound
+// by the FMAs and the x loads from L1, not by HBM: 6 weight rows per warp
+// with one chunk each in flight (240 registers, no spills) share each x
+// load over more rows than 4 rows two chunks deep, and took 16-row verify
+// steps 2 % faster; 8 rows spill (docs/benchmarks/2026-12-06-h100-dflash-block-attention/).
+KESTREL_GEMV(16, 6, 1, 1)
 KESTREL_GEMV_NORM(1, 2, 4, 3)
 KESTREL_GEMV_NORM(2, 4, 2, 1)
 // Rows per warp must match `gemv_rows_per_warp` in ops/linear/gemv.rs.

@@ -57,7 +57,8 @@ fn launch_fits(rows: usize, k: usize) -> bool {
 fn gemv_rows_per_warp(rows: usize, format: Format) -> usize {
     match (rows, format) {
         (1, _) | (GEMV_PASS_ROWS, Format::Fp8) => 2,
-        (2..=4, _) | (GEMV_PASS_ROWS, _) => 4,
+        (2..=4, _) => 4,
+        (GEMV_PASS_ROWS, _) => 6,
         (_, Format::Fp8) => 6,
         _ => 8,
     }
