@@ -378,22 +378,24 @@ fn attend_blocks(
     let (hq, hkv, d) = (spec.num_q_heads, spec.num_kv_heads, spec.head_dim);
     let (q_width, t) = (spec.q_width(), qkv.rows);
     let seqs = keys.len();
-    let (mut k_base, mut v_base) = (Vec::with_capacity(seqs), Vec::with_capacity(seqs));
-    let (mut key_lo, mut key_len) = (Vec::with_capacity(seqs), Vec::with_capacity(seqs));
-    let (mut positions, mut slots) = (Vec::with_capacity(t), Vec::with_capacity(t));
-    for (keys, &first) in keys.iter_mut().zip(first_positions) {
+    // Everything the three launches read about the sequences and rows, in
+    // one upload (a pass is short enough at batch 1 for the host's calls
+    // to set its pace): words of the stores' addresses, then i32 arrays.
+    let mut pack = BlockPack::new(seqs, t);
+    for (i, (keys, &first)) in keys.iter_mut().zip(first_positions).enumerate() {
         keys.reserve(cx, block);
         let (k, v) = keys.caches(cx);
-        k_base.push(k);
-        v_base.push(v);
-        key_lo.push(keys.lo as i32);
-        key_len.push((keys.hi - keys.lo + block) as i32);
+        let len = keys.hi - keys.lo + block;
         // The block's keys go to the spare slots after the live rows.
-        positions.extend((first..first + block).map(|p| p as i32));
-        slots.extend((keys.hi..keys.hi + block).map(|slot| slot as i32));
+        pack.set_sequence(i, (k, v), keys.lo, len, first, keys.hi, block);
     }
-    let (k_base, v_base) = (gpu.upload(&k_base), gpu.upload(&v_base));
-    let (positions, slots) = (gpu.upload(&positions), gpu.upload(&slots));
+    let max_len = pack.max_len();
+    let packed = gpu.upload(&pack.words);
+    let at = |offset: usize| ptr(&packed, s) + (offset * 4) as u64;
+    let k_base = at(pack.k_base);
+    let v_base = at(pack.v_base);
+    let (key_lo, key_len) = (at(pack.key_lo), at(pack.key_len));
+    let (positions, slots, row_ids) = (at(pack.positions), at(pack.slots), at(pack.row_ids));
     let q = gpu.alloc::<f32>(t * q_width);
     gpu.launch(
         &cx.k.attention.block_norm_rope_write,
@@ -403,12 +405,12 @@ fn attend_blocks(
         &[Arg::record(&BlockNormRopeArgs {
             proj: qkv.ptr,
             q_out: ptr(&q, s),
-            k_base: ptr(&k_base, s),
-            v_base: ptr(&v_base, s),
+            k_base,
+            v_base,
             q_norm: ptr(q_norm.f32("q_norm"), s),
             k_norm: ptr(k_norm.f32("k_norm"), s),
-            positions: ptr(&positions, s),
-            slot_mapping: ptr(&slots, s),
+            positions,
+            slot_mapping: slots,
             proj_stride: qkv.cols as i32,
             rows: block as i32,
             hq: hq as i32,
@@ -422,16 +424,9 @@ fn attend_blocks(
         })],
     );
     let row_groups = (block * (hq / hkv)).div_ceil(BLOCK_ATTN_ROWS);
-    let splits = block_splits(
-        2 * gpu.sm_count(),
-        hkv * row_groups * seqs,
-        key_len.iter().copied().max().unwrap_or(0) as usize,
-    );
+    let splits = block_splits(2 * gpu.sm_count(), hkv * row_groups * seqs, max_len);
     let part_o = gpu.alloc::<f32>(t * hq * splits * d);
     let part_ml = gpu.alloc::<f32>(t * hq * splits * 2);
-    let (key_lo, key_len) = (gpu.upload(&key_lo), gpu.upload(&key_len));
-    // The combine's "sequence" of each query row: the row itself.
-    let row_ids = gpu.upload(&(0..t as i32).collect::<Vec<_>>());
     gpu.launch(
         f,
         ((hkv * row_groups) as u32, seqs as u32, splits as u32),
@@ -441,10 +436,10 @@ fn attend_blocks(
             part_o: ptr(&part_o, s),
             part_ml: ptr(&part_ml, s),
             q: ptr(&q, s),
-            k_base: ptr(&k_base, s),
-            v_base: ptr(&v_base, s),
-            key_lo: ptr(&key_lo, s),
-            key_len: ptr(&key_len, s),
+            k_base,
+            v_base,
+            key_lo,
+            key_len,
             rows: block as i32,
             hq: hq as i32,
             hkv: hkv as i32,
@@ -461,7 +456,7 @@ fn attend_blocks(
             Arg::Ptr(out),
             Arg::Ptr(ptr(&part_o, s)),
             Arg::Ptr(ptr(&part_ml, s)),
-            Arg::Ptr(ptr(&row_ids, s)),
+            Arg::Ptr(row_ids),
             Arg::I32(hq as i32),
             Arg::I32(d as i32),
             Arg::I32(splits as i32),
@@ -470,6 +465,81 @@ fn attend_blocks(
             Arg::I32(-1),
         ],
     );
+}
+
+/// The per-call inputs of a batched block pass as one buffer of 32-bit
+/// words: each sequence's K and V store addresses (two words each, at even
+/// offsets), then i32 arrays: its first key's slot and key count; each
+/// row's position and store slot; and each row's index (the combine's
+/// "sequence" of a query row is the row itself). Fields are word offsets.
+struct BlockPack {
+    words: Vec<u32>,
+    k_base: usize,
+    v_base: usize,
+    key_lo: usize,
+    key_len: usize,
+    positions: usize,
+    slots: usize,
+    row_ids: usize,
+}
+
+impl BlockPack {
+    fn new(seqs: usize, rows: usize) -> Self {
+        let (k_base, v_base) = (0, 2 * seqs);
+        let key_lo = 4 * seqs;
+        let key_len = key_lo + seqs;
+        let positions = key_len + seqs;
+        let slots = positions + rows;
+        let row_ids = slots + rows;
+        let mut words = vec![0u32; row_ids + rows];
+        for (r, w) in words[row_ids..].iter_mut().enumerate() {
+            *w = r as u32;
+        }
+        BlockPack {
+            words,
+            k_base,
+            v_base,
+            key_lo,
+            key_len,
+            positions,
+            slots,
+            row_ids,
+        }
+    }
+
+    /// Sequence `i`: stores at `caches`, keys `lo .. lo + len`, its `block`
+    /// rows at positions `first..` and slots `slot..`.
+    #[allow(clippy::too_many_arguments)]
+    fn set_sequence(
+        &mut self,
+        i: usize,
+        caches: (u64, u64),
+        lo: usize,
+        len: usize,
+        first: usize,
+        slot: usize,
+        block: usize,
+    ) {
+        let w = &mut self.words;
+        for (base, addr) in [(self.k_base, caches.0), (self.v_base, caches.1)] {
+            w[base + 2 * i] = addr as u32;
+            w[base + 2 * i + 1] = (addr >> 32) as u32;
+        }
+        w[self.key_lo + i] = lo as u32;
+        w[self.key_len + i] = len as u32;
+        for r in 0..block {
+            w[self.positions + i * block + r] = (first + r) as u32;
+            w[self.slots + i * block + r] = (slot + r) as u32;
+        }
+    }
+
+    fn max_len(&self) -> usize {
+        self.words[self.key_len..self.positions]
+            .iter()
+            .map(|&l| l as usize)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// Key splits of an `attention_block` launch of `blocks` blocks a split
@@ -567,6 +637,25 @@ impl RowsAt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pack_lays_out_sequences_then_rows() {
+        let mut p = BlockPack::new(2, 6);
+        p.set_sequence(0, (0x1_0000_0010, 0x2_0000_0020), 5, 40, 100, 37, 3);
+        p.set_sequence(1, (0x30, 0x4_0000_0040), 0, 19, 7, 16, 3);
+        let w = &p.words;
+        assert_eq!(&w[p.k_base..p.k_base + 4], &[0x10, 1, 0x30, 0]);
+        assert_eq!(&w[p.v_base..p.v_base + 4], &[0x20, 2, 0x40, 4]);
+        assert_eq!(&w[p.key_lo..p.key_lo + 2], &[5, 0]);
+        assert_eq!(&w[p.key_len..p.key_len + 2], &[40, 19]);
+        assert_eq!(&w[p.positions..p.slots], &[100, 101, 102, 7, 8, 9]);
+        assert_eq!(&w[p.slots..p.row_ids], &[37, 38, 39, 16, 17, 18]);
+        assert_eq!(&w[p.row_ids..], &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(w.len(), p.row_ids + 6);
+        assert_eq!(p.max_len(), 40);
+        // The address arrays are 8-byte aligned in the buffer.
+        assert!(p.k_base.is_multiple_of(2) && p.v_base.is_multiple_of(2));
+    }
 
     #[test]
     fn splits_fill_the_device_but_keep_two_tiles_a_split() {
