@@ -558,6 +558,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
         first_position: usize,
     );
 
+    /// [`Backend::append_block_keys`] for several stores in one call: store
+    /// `s` takes the next `counts[s]` rows of `kv` at positions
+    /// `first_positions[s]..`. The default appends one store at a time.
+    fn append_block_keys_batch(
+        &self,
+        keys: &mut [&mut Self::BlockKeys],
+        kv: &Self::Tensor,
+        k_norm: &Self::Weight,
+        spec: &AttentionSpec,
+        first_positions: &[usize],
+        counts: &[usize],
+    ) {
+        crate::block_attention::append_each(self, keys, kv, k_norm, spec, first_positions, counts)
+    }
+
     /// Keeps only the rows `range` of `keys` (the oldest dropped out of a
     /// window, or the newest rolled back).
     fn keep_block_keys(&self, keys: &mut Self::BlockKeys, range: std::ops::Range<usize>);

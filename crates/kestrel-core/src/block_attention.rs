@@ -263,6 +263,40 @@ pub fn attend_each<B: Backend>(
     joined.expect("at least one sequence")
 }
 
+/// [`Backend::append_block_keys_batch`] one store at a time: each store's
+/// rows gathered from `kv` (all of them when there is one store).
+#[allow(clippy::too_many_arguments)]
+pub fn append_each<B: Backend>(
+    b: &B,
+    keys: &mut [&mut B::BlockKeys],
+    kv: &B::Tensor,
+    k_norm: &B::Weight,
+    spec: &AttentionSpec,
+    first_positions: &[usize],
+    counts: &[usize],
+) {
+    check_append_batch(b.dims(kv).0, keys.len(), first_positions.len(), counts);
+    if keys.len() == 1 {
+        return b.append_block_keys(keys[0], kv, k_norm, spec, first_positions[0]);
+    }
+    let mut start = 0;
+    for ((keys, &first), &n) in keys.iter_mut().zip(first_positions).zip(counts) {
+        if n > 0 {
+            let own = b.gather_rows(kv, &(start..start + n).collect::<Vec<_>>());
+            b.append_block_keys(keys, &own, k_norm, spec, first);
+        }
+        start += n;
+    }
+}
+
+/// The shape rules of [`Backend::append_block_keys_batch`].
+pub fn check_append_batch(rows: usize, stores: usize, positions: usize, counts: &[usize]) {
+    assert_eq!(stores, positions, "one first position per store");
+    assert_eq!(stores, counts.len(), "one row count per store");
+    let total: usize = counts.iter().sum();
+    assert_eq!(rows, total, "{total} rows to append, {rows} given");
+}
+
 /// The shape rules of [`Backend::block_attention_batch`].
 pub fn check_batch(rows: usize, sequences: usize, positions: usize, block: usize) {
     assert!(sequences > 0, "a batch of no blocks");

@@ -334,6 +334,46 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn append_block_keys_batch(
+        &self,
+        keys: &mut [&mut CudaBlockKeys],
+        kv: &CudaTensor,
+        k_norm: &CudaWeight,
+        spec: &AttentionSpec,
+        first_positions: &[usize],
+        counts: &[usize],
+    ) {
+        let on_device = keys.iter().all(|k| matches!(**k, CudaBlockKeys::Device(_)));
+        if on_device && keys.len() > 1 {
+            let mut device: Vec<_> = keys
+                .iter_mut()
+                .filter_map(|k| match &mut **k {
+                    CudaBlockKeys::Device(d) => Some(d),
+                    CudaBlockKeys::Host(_) => None,
+                })
+                .collect();
+            ops::attention::block::append_batch(
+                &self.cx(),
+                &mut device,
+                kv,
+                k_norm,
+                spec,
+                first_positions,
+                counts,
+            );
+        } else {
+            kestrel_core::block_attention::append_each(
+                self,
+                keys,
+                kv,
+                k_norm,
+                spec,
+                first_positions,
+                counts,
+            );
+        }
+    }
+
     fn keep_block_keys(&self, keys: &mut CudaBlockKeys, range: std::ops::Range<usize>) {
         keys.keep(range)
     }

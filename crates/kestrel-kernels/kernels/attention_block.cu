@@ -237,14 +237,14 @@ __device__ __forceinline__ void block_attention_body(const BlockAttentionArgs& a
 BLOCK_ATTENTION_KERNEL(64)
 BLOCK_ATTENTION_KERNEL(128)
 
-// qk_norm_rope_kv_write over the rows of every sequence of a block pass, the
-// same arithmetic: row t belongs to sequence t / rows, whose stores receive
-// its key and value at slot_mapping[t]. Grid (T, ceil((hq + 2 hkv) /
-// QKN_WARPS)), block 32 * QKN_WARPS, dynamic shared memory (rotary_dim +
-// QKN_WARPS * d) floats.
+// qk_norm_rope_kv_write over the rows of several sequences (a block pass's,
+// or context rows appended; hq = 0 forms no q), the same arithmetic: row t
+// belongs to sequence row_seq[t], whose stores receive its key and value at
+// slot_mapping[t]. Grid (T, ceil((hq + 2 hkv) / QKN_WARPS)), block
+// 32 * QKN_WARPS, dynamic shared memory (rotary_dim + QKN_WARPS * d) floats.
 KESTREL_EXTERN void block_norm_rope_write(const __grid_constant__ BlockNormRopeArgs a) {
     pdl_begin();
-    const int seq = blockIdx.x / a.rows;
+    const int seq = a.row_seq[blockIdx.x];
     qk_norm_rope_kv_write_impl<__nv_bfloat16>(
         a.proj, a.proj_stride, a.q_out, reinterpret_cast<__nv_bfloat16*>(a.k_base[seq]),
         reinterpret_cast<__nv_bfloat16*>(a.v_base[seq]), a.q_norm, a.k_norm, a.positions, a.slot_mapping, a.hq,

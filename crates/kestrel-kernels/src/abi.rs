@@ -125,12 +125,13 @@ shared_constants! {
 
 kernel_records! {
     /// `block_norm_rope_write`: the q/k norm + RoPE of every sequence's
-    /// block rows, their keys and values written into each sequence's own
-    /// store (`qk_norm_rope_kv_write` with a store per sequence).
+    /// rows (a drafter block's, or context rows to append), their keys and
+    /// values written into each sequence's own store
+    /// (`qk_norm_rope_kv_write` with a store per sequence).
     pub struct BlockNormRopeArgs {
         /// `[T, proj_stride]`: q | k | v of each row.
         pub proj: u64 => "const float*",
-        /// `[T, hq, D]`.
+        /// `[T, hq, D]` (unused with `hq` 0).
         pub q_out: u64 => "float*",
         /// Per sequence: its K and V stores (`[slot, hkv, D]` bf16).
         pub k_base: u64 => "const uint64_t*",
@@ -140,9 +141,9 @@ kernel_records! {
         /// `[T]`: each row's position and the slot of its store it takes.
         pub positions: u64 => "const int*",
         pub slot_mapping: u64 => "const int*",
+        /// `[T]`: each row's sequence (its store).
+        pub row_seq: u64 => "const int*",
         pub proj_stride: i32 => "int",
-        /// Block rows of every sequence (row t belongs to sequence t / rows).
-        pub rows: i32 => "int",
         pub hq: i32 => "int",
         pub hkv: i32 => "int",
         pub d: i32 => "int",

@@ -130,22 +130,35 @@ impl<B: Backend> DflashProposer<B> {
         // The longest run a drafting sequence will take: one block serves
         // them all, so it is as long as the longest.
         let mut longest = 0;
+        // Every sequence's committed rows go into its context in one append:
+        // the drafter's products run once over all of them.
+        let mut appending: Vec<(SeqId, DraftContext<B>)> = Vec::new();
+        let (mut rows, mut counts) = (Vec::new(), Vec::new());
         for s in seqs {
-            let ctx = self
+            let mut ctx = self
                 .contexts
-                .entry(s.id)
-                .or_insert_with(|| DraftContext::starting_at(s.start, window));
+                .remove(&s.id)
+                .unwrap_or_else(|| DraftContext::starting_at(s.start, window));
             if ctx.end() > s.start {
                 ctx.truncate(b, s.start);
             }
             if ctx.end() < s.start {
-                *ctx = DraftContext::starting_at(s.start, window);
+                ctx = DraftContext::starting_at(s.start, window);
             }
-            if s.committed > s.start {
-                let rows: Vec<usize> = (s.first_row..s.first_row + s.committed - s.start).collect();
-                let own: Vec<B::Tensor> = taps.iter().map(|t| b.gather_rows(t, &rows)).collect();
-                ctx.append(b, &self.drafter, &own);
-            }
+            let n = s.committed.saturating_sub(s.start);
+            rows.extend(s.first_row..s.first_row + n);
+            counts.push(n);
+            appending.push((s.id, ctx));
+        }
+        if !rows.is_empty() {
+            let own: Vec<B::Tensor> = taps.iter().map(|t| b.gather_rows(t, &rows)).collect();
+            let mut contexts: Vec<&mut DraftContext<B>> =
+                appending.iter_mut().map(|(_, c)| c).collect();
+            DraftContext::append_all(b, &self.drafter, &mut contexts, &own, &counts);
+        }
+        self.contexts.extend(appending);
+        for s in seqs {
+            let ctx = &self.contexts[&s.id];
             if s.decodes_next && ctx.end() == s.committed {
                 let anchor = *s
                     .tokens

@@ -66,22 +66,52 @@ impl<B: Backend> DraftContext<B> {
     /// `end()..end()+n`), then drops the oldest rows beyond the window.
     pub fn append(&mut self, b: &B, drafter: &DflashDrafter<B>, taps: &[B::Tensor]) {
         let n = taps.first().map_or(0, |t| b.dims(t).0);
-        if n == 0 {
+        Self::append_all(b, drafter, &mut [self], taps, &[n]);
+    }
+
+    /// [`DraftContext::append`] of several contexts in one call (the
+    /// drafter's products once over every row): `taps` hold the rows of
+    /// `contexts[i]`, `counts[i]` of them, one context after another.
+    pub fn append_all(
+        b: &B,
+        drafter: &DflashDrafter<B>,
+        contexts: &mut [&mut Self],
+        taps: &[B::Tensor],
+        counts: &[usize],
+    ) {
+        assert_eq!(contexts.len(), counts.len(), "one row count per context");
+        let (mut appending, mut firsts, mut ns) = (Vec::new(), Vec::new(), Vec::new());
+        for (ctx, &n) in contexts.iter_mut().zip(counts) {
+            if n == 0 {
+                continue;
+            }
+            if ctx.layers.is_empty() {
+                ctx.layers = drafter.new_context_keys(b);
+            }
+            firsts.push(ctx.end());
+            ns.push(n);
+            appending.push(&mut **ctx);
+        }
+        if appending.is_empty() {
             return;
         }
-        if self.layers.is_empty() {
-            self.layers = drafter.new_context_keys(b);
+        {
+            let mut stores: Vec<&mut [B::BlockKeys]> = appending
+                .iter_mut()
+                .map(|c| c.layers.as_mut_slice())
+                .collect();
+            drafter.append_contexts(b, &mut stores, taps, &firsts, &ns);
         }
-        let at = self.end();
-        drafter.append_context(b, &mut self.layers, taps, at);
-        self.len += n;
-        if self.len > self.window {
-            let drop = self.len - self.window;
-            for store in &mut self.layers {
-                b.keep_block_keys(store, drop..self.len);
+        for (ctx, n) in appending.into_iter().zip(ns) {
+            ctx.len += n;
+            if ctx.len > ctx.window {
+                let drop = ctx.len - ctx.window;
+                for store in &mut ctx.layers {
+                    b.keep_block_keys(store, drop..ctx.len);
+                }
+                ctx.first += drop;
+                ctx.len = ctx.window;
             }
-            self.first += drop;
-            self.len = self.window;
         }
     }
 

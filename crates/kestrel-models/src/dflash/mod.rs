@@ -180,21 +180,49 @@ impl<B: Backend> DflashDrafter<B> {
         taps: &[B::Tensor],
         first_position: usize,
     ) {
+        let n = taps.first().map_or(0, |t| b.dims(t).0);
+        self.append_contexts(b, &mut [keys], taps, &[first_position], &[n]);
+    }
+
+    /// [`DflashDrafter::append_context`] of several sequences in one call:
+    /// `taps` hold their rows one sequence after another (`counts[s]` rows
+    /// of sequence `s`, whose stores are `keys[s]`, from
+    /// `first_positions[s]` on). The products run once over every row, and
+    /// each layer's rows go to all the sequences' stores in one backend call.
+    pub fn append_contexts(
+        &self,
+        b: &B,
+        keys: &mut [&mut [B::BlockKeys]],
+        taps: &[B::Tensor],
+        first_positions: &[usize],
+        counts: &[usize],
+    ) {
         assert_eq!(
             taps.len(),
             self.fc.len(),
             "one hidden state per target layer tapped"
         );
-        assert_eq!(keys.len(), self.layers.len(), "one store per drafter layer");
+        assert!(
+            keys.iter().all(|k| k.len() == self.layers.len()),
+            "one store per drafter layer"
+        );
         let eps = self.config.layers.rms_norm_eps;
         let mut projected = b.matmul(&taps[0], &self.fc[0]);
         for (tap, fc) in taps.iter().zip(&self.fc).skip(1) {
             b.add_assign(&mut projected, &b.matmul(tap, fc));
         }
         let x = b.rms_norm(&projected, &self.hidden_norm, eps);
-        for (layer, store) in self.layers.iter().zip(keys) {
+        for (i, layer) in self.layers.iter().enumerate() {
             let kv = b.matmul(&x, &layer.kv_proj);
-            b.append_block_keys(store, &kv, &layer.k_norm, &self.spec, first_position);
+            let mut stores: Vec<&mut B::BlockKeys> = keys.iter_mut().map(|k| &mut k[i]).collect();
+            b.append_block_keys_batch(
+                &mut stores,
+                &kv,
+                &layer.k_norm,
+                &self.spec,
+                first_positions,
+                counts,
+            );
         }
     }
 

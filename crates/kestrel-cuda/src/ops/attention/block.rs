@@ -387,41 +387,24 @@ fn attend_blocks(
         let (k, v) = keys.caches(cx);
         let len = keys.hi - keys.lo + block;
         // The block's keys go to the spare slots after the live rows.
-        pack.set_sequence(i, (k, v), keys.lo, len, first, keys.hi, block);
+        let rows = i * block..(i + 1) * block;
+        pack.set_sequence(i, (k, v), keys.lo..keys.lo + len, rows, first, keys.hi);
     }
     let max_len = pack.max_len();
     let packed = gpu.upload(&pack.words);
     let at = |offset: usize| ptr(&packed, s) + (offset * 4) as u64;
-    let k_base = at(pack.k_base);
-    let v_base = at(pack.v_base);
-    let (key_lo, key_len) = (at(pack.key_lo), at(pack.key_len));
-    let (positions, slots, row_ids) = (at(pack.positions), at(pack.slots), at(pack.row_ids));
+    let (k_base, v_base) = (at(pack.k_base), at(pack.v_base));
+    let (key_lo, key_len, row_ids) = (at(pack.key_lo), at(pack.key_len), at(pack.row_ids));
     let q = gpu.alloc::<f32>(t * q_width);
-    gpu.launch(
-        &cx.k.attention.block_norm_rope_write,
-        (t as u32, (hq + 2 * hkv).div_ceil(QKN_WARPS) as u32, 1),
-        32 * QKN_WARPS as u32,
-        ((spec.rope.rotary_dim + QKN_WARPS * d) * 4) as u32,
-        &[Arg::record(&BlockNormRopeArgs {
-            proj: qkv.ptr,
-            q_out: ptr(&q, s),
-            k_base,
-            v_base,
-            q_norm: ptr(q_norm.f32("q_norm"), s),
-            k_norm: ptr(k_norm.f32("k_norm"), s),
-            positions,
-            slot_mapping: slots,
-            proj_stride: qkv.cols as i32,
-            rows: block as i32,
-            hq: hq as i32,
-            hkv: hkv as i32,
-            d: d as i32,
-            rotary_dim: spec.rope.rotary_dim as i32,
-            theta: spec.rope.theta,
-            eps: spec.norm_eps,
-            k_offset: q_width as i32,
-            v_offset: (q_width + spec.kv_width()) as i32,
-        })],
+    stage_rows(
+        cx,
+        &pack,
+        &packed,
+        qkv,
+        (ptr(&q, s), hq),
+        (q_norm, k_norm),
+        spec,
+        q_width,
     );
     let row_groups = (block * (hq / hkv)).div_ceil(BLOCK_ATTN_ROWS);
     let splits = block_splits(2 * gpu.sm_count(), hkv * row_groups * seqs, max_len);
@@ -467,11 +450,115 @@ fn attend_blocks(
     );
 }
 
-/// The per-call inputs of a batched block pass as one buffer of 32-bit
-/// words: each sequence's K and V store addresses (two words each, at even
-/// offsets), then i32 arrays: its first key's slot and key count; each
-/// row's position and store slot; and each row's index (the combine's
-/// "sequence" of a query row is the row itself). Fields are word offsets.
+/// `block_norm_rope_write` over the rows of `pack` (uploaded as `packed`):
+/// `q` (address, heads) receives the normed and rotated q heads of rows
+/// `[q | k | v]` (no q with 0 heads, rows `[k | v]`); every row's key and
+/// value go to its sequence's stores, keys from column `k_offset`.
+#[allow(clippy::too_many_arguments)]
+fn stage_rows(
+    cx: &Cx,
+    pack: &BlockPack,
+    packed: &CudaSlice<u32>,
+    rows: RowsAt,
+    (q, hq): (u64, usize),
+    (q_norm, k_norm): (&CudaWeight, &CudaWeight),
+    spec: &AttentionSpec,
+    k_offset: usize,
+) {
+    let s = &cx.gpu.stream;
+    let (hkv, d) = (spec.num_kv_heads, spec.head_dim);
+    let at = |offset: usize| ptr(packed, s) + (offset * 4) as u64;
+    cx.gpu.launch(
+        &cx.k.attention.block_norm_rope_write,
+        (
+            rows.rows as u32,
+            (hq + 2 * hkv).div_ceil(QKN_WARPS) as u32,
+            1,
+        ),
+        32 * QKN_WARPS as u32,
+        ((spec.rope.rotary_dim + QKN_WARPS * d) * 4) as u32,
+        &[Arg::record(&BlockNormRopeArgs {
+            proj: rows.ptr,
+            q_out: q,
+            k_base: at(pack.k_base),
+            v_base: at(pack.v_base),
+            q_norm: ptr(q_norm.f32("q_norm"), s),
+            k_norm: ptr(k_norm.f32("k_norm"), s),
+            positions: at(pack.positions),
+            slot_mapping: at(pack.slots),
+            row_seq: at(pack.row_seq),
+            proj_stride: rows.cols as i32,
+            hq: hq as i32,
+            hkv: hkv as i32,
+            d: d as i32,
+            rotary_dim: spec.rope.rotary_dim as i32,
+            theta: spec.rope.theta,
+            eps: spec.norm_eps,
+            k_offset: k_offset as i32,
+            v_offset: (k_offset + spec.kv_width()) as i32,
+        })],
+    );
+}
+
+/// See `Backend::append_block_keys_batch`: every store's rows in one
+/// `block_norm_rope_write` launch.
+pub fn append_batch(
+    cx: &Cx,
+    keys: &mut [&mut DeviceBlockKeys],
+    kv: &CudaTensor,
+    k_norm: &CudaWeight,
+    spec: &AttentionSpec,
+    first_positions: &[usize],
+    counts: &[usize],
+) {
+    kestrel_core::block_attention::check_append_batch(
+        kv.rows,
+        keys.len(),
+        first_positions.len(),
+        counts,
+    );
+    assert_eq!(
+        kv.cols,
+        2 * spec.kv_width(),
+        "key/value rows must be [k (Hkv*D) | v (Hkv*D)]"
+    );
+    assert_eq!(
+        k_norm.numel(),
+        spec.head_dim,
+        "k_norm must have head_dim values"
+    );
+    if kv.rows == 0 {
+        return;
+    }
+    let mut pack = BlockPack::new(keys.len(), kv.rows);
+    let mut start = 0;
+    for (i, ((keys, &first), &n)) in keys.iter_mut().zip(first_positions).zip(counts).enumerate() {
+        keys.reserve(cx, n);
+        let (k, v) = keys.caches(cx);
+        pack.set_sequence(
+            i,
+            (k, v),
+            keys.lo..keys.hi,
+            start..start + n,
+            first,
+            keys.hi,
+        );
+        start += n;
+    }
+    let packed = cx.gpu.upload(&pack.words);
+    let rows = RowsAt::all(kv, &cx.gpu.stream);
+    stage_rows(cx, &pack, &packed, rows, (0, 0), (k_norm, k_norm), spec, 0);
+    for (keys, &n) in keys.iter_mut().zip(counts) {
+        keys.hi += n;
+    }
+}
+
+/// The per-call inputs of a batched block pass (or append) as one buffer
+/// of 32-bit words: each sequence's K and V store addresses (two words
+/// each, at even offsets), then i32 arrays: its first key's slot and key
+/// count; each row's position, store slot and sequence; and each row's
+/// index (the combine's "sequence" of a query row is the row itself).
+/// Fields are word offsets.
 struct BlockPack {
     words: Vec<u32>,
     k_base: usize,
@@ -480,6 +567,7 @@ struct BlockPack {
     key_len: usize,
     positions: usize,
     slots: usize,
+    row_seq: usize,
     row_ids: usize,
 }
 
@@ -490,7 +578,8 @@ impl BlockPack {
         let key_len = key_lo + seqs;
         let positions = key_len + seqs;
         let slots = positions + rows;
-        let row_ids = slots + rows;
+        let row_seq = slots + rows;
+        let row_ids = row_seq + rows;
         let mut words = vec![0u32; row_ids + rows];
         for (r, w) in words[row_ids..].iter_mut().enumerate() {
             *w = r as u32;
@@ -503,33 +592,33 @@ impl BlockPack {
             key_len,
             positions,
             slots,
+            row_seq,
             row_ids,
         }
     }
 
-    /// Sequence `i`: stores at `caches`, keys `lo .. lo + len`, its `block`
-    /// rows at positions `first..` and slots `slot..`.
-    #[allow(clippy::too_many_arguments)]
+    /// Sequence `i`: stores at `caches`, keys in the slots `keys`; its
+    /// `rows` at positions `first..` going to slots `slot..`.
     fn set_sequence(
         &mut self,
         i: usize,
         caches: (u64, u64),
-        lo: usize,
-        len: usize,
+        keys: Range<usize>,
+        rows: Range<usize>,
         first: usize,
         slot: usize,
-        block: usize,
     ) {
         let w = &mut self.words;
         for (base, addr) in [(self.k_base, caches.0), (self.v_base, caches.1)] {
             w[base + 2 * i] = addr as u32;
             w[base + 2 * i + 1] = (addr >> 32) as u32;
         }
-        w[self.key_lo + i] = lo as u32;
-        w[self.key_len + i] = len as u32;
-        for r in 0..block {
-            w[self.positions + i * block + r] = (first + r) as u32;
-            w[self.slots + i * block + r] = (slot + r) as u32;
+        w[self.key_lo + i] = keys.start as u32;
+        w[self.key_len + i] = keys.len() as u32;
+        for (j, r) in rows.enumerate() {
+            w[self.positions + r] = (first + j) as u32;
+            w[self.slots + r] = (slot + j) as u32;
+            w[self.row_seq + r] = i as u32;
         }
     }
 
@@ -641,15 +730,16 @@ mod tests {
     #[test]
     fn the_pack_lays_out_sequences_then_rows() {
         let mut p = BlockPack::new(2, 6);
-        p.set_sequence(0, (0x1_0000_0010, 0x2_0000_0020), 5, 40, 100, 37, 3);
-        p.set_sequence(1, (0x30, 0x4_0000_0040), 0, 19, 7, 16, 3);
+        p.set_sequence(0, (0x1_0000_0010, 0x2_0000_0020), 5..45, 0..2, 100, 37);
+        p.set_sequence(1, (0x30, 0x4_0000_0040), 0..19, 2..6, 7, 16);
         let w = &p.words;
         assert_eq!(&w[p.k_base..p.k_base + 4], &[0x10, 1, 0x30, 0]);
         assert_eq!(&w[p.v_base..p.v_base + 4], &[0x20, 2, 0x40, 4]);
         assert_eq!(&w[p.key_lo..p.key_lo + 2], &[5, 0]);
         assert_eq!(&w[p.key_len..p.key_len + 2], &[40, 19]);
-        assert_eq!(&w[p.positions..p.slots], &[100, 101, 102, 7, 8, 9]);
-        assert_eq!(&w[p.slots..p.row_ids], &[37, 38, 39, 16, 17, 18]);
+        assert_eq!(&w[p.positions..p.slots], &[100, 101, 7, 8, 9, 10]);
+        assert_eq!(&w[p.slots..p.row_seq], &[37, 38, 16, 17, 18, 19]);
+        assert_eq!(&w[p.row_seq..p.row_ids], &[0, 0, 1, 1, 1, 1]);
         assert_eq!(&w[p.row_ids..], &[0, 1, 2, 3, 4, 5]);
         assert_eq!(w.len(), p.row_ids + 6);
         assert_eq!(p.max_len(), 40);

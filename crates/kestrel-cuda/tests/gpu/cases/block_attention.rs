@@ -115,9 +115,14 @@ pub fn block_attention(c: &mut Ctx) {
 /// store, a short one and one of a single row.
 const BATCH_CONTEXTS: [usize; 3] = [150, 37, 1];
 
+/// Rows then appended to those stores in one batched call (none to one).
+const BATCH_APPENDS: [usize; 3] = [3, 0, 5];
+
 /// [`Backend::block_attention_batch`]: the blocks of several sequences, each
 /// over its own store at its own positions, in one call; twice, so that the
-/// second pass finds the stores after the first staged its keys.
+/// second pass finds the stores after the first staged its keys. Before the
+/// passes, [`Backend::append_block_keys_batch`] adds rows to every store
+/// but one in one call.
 pub fn block_attention_batch(c: &mut Ctx) {
     for (label, hq, hkv, d, rotary_dim, theta) in SHAPES {
         let spec = spec_of(hq, hkv, d, rotary_dim, theta);
@@ -134,11 +139,14 @@ pub fn block_attention_batch(c: &mut Ctx) {
                 (block, c.data.randn(rows * (spec.q_width() + kv_cols), 1.0))
             })
             .collect();
+        let appended = c
+            .data
+            .randn(BATCH_APPENDS.iter().sum::<usize>() * kv_cols, 1.0);
         fn run<B: Backend>(
             b: &B,
             spec: &AttentionSpec,
             norms: (&HostTensor, &HostTensor),
-            contexts: &[Vec<f32>],
+            (contexts, appended): (&[Vec<f32>], &[f32]),
             blocks: &[(usize, Vec<f32>)],
         ) -> Result<Outputs> {
             let (q_norm, k_norm) = (b.upload(norms.0)?, b.upload(norms.1)?);
@@ -151,6 +159,13 @@ pub fn block_attention_batch(c: &mut Ctx) {
                 b.append_block_keys(&mut keys, &b.from_host(n, kv_cols, x), &k_norm, spec, first);
                 stores.push(keys);
                 firsts.push(first + n);
+            }
+            let total = BATCH_APPENDS.iter().sum();
+            let kv = b.from_host(total, kv_cols, appended);
+            let mut keys: Vec<&mut B::BlockKeys> = stores.iter_mut().collect();
+            b.append_block_keys_batch(&mut keys, &kv, &k_norm, spec, &firsts, &BATCH_APPENDS);
+            for (first, n) in firsts.iter_mut().zip(BATCH_APPENDS) {
+                *first += n;
             }
             let mut outputs = Vec::new();
             for (block, x) in blocks {
@@ -166,8 +181,8 @@ pub fn block_attention_batch(c: &mut Ctx) {
         }
         let norms = (&q_norm, &k_norm);
         let (cpu, gpu) = (
-            run(&c.cpu, &spec, norms, &contexts, &blocks),
-            run(&c.gpu, &spec, norms, &contexts, &blocks),
+            run(&c.cpu, &spec, norms, (&contexts, &appended), &blocks),
+            run(&c.gpu, &spec, norms, (&contexts, &appended), &blocks),
         );
         c.record(
             &format!("block_attention_batch {label}"),

@@ -291,6 +291,21 @@ impl<B: Backend> Backend for Timed<B> {
         })
     }
 
+    fn append_block_keys_batch(
+        &self,
+        keys: &mut [&mut B::BlockKeys],
+        kv: &B::Tensor,
+        k_norm: &B::Weight,
+        spec: &AttentionSpec,
+        first_positions: &[usize],
+        counts: &[usize],
+    ) {
+        self.time(fixed("append_block_keys_batch"), || {
+            self.inner
+                .append_block_keys_batch(keys, kv, k_norm, spec, first_positions, counts)
+        })
+    }
+
     fn keep_block_keys(&self, keys: &mut B::BlockKeys, range: std::ops::Range<usize>) {
         self.inner.keep_block_keys(keys, range)
     }
