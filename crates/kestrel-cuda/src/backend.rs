@@ -272,28 +272,18 @@ impl Backend for CudaBackend {
         first_positions: &[usize],
         block: usize,
     ) -> CudaTensor {
-        let on_device = keys.iter().all(|k| matches!(**k, CudaBlockKeys::Device(_)));
-        match keys {
-            keys if on_device && keys.len() > 1 => {
-                let mut device: Vec<_> = keys
-                    .iter_mut()
-                    .filter_map(|k| match &mut **k {
-                        CudaBlockKeys::Device(d) => Some(d),
-                        CudaBlockKeys::Host(_) => None,
-                    })
-                    .collect();
-                ops::attention::block::attend_batch(
-                    &self.cx(),
-                    &mut device,
-                    qkv,
-                    q_norm,
-                    k_norm,
-                    spec,
-                    first_positions,
-                    block,
-                )
-            }
-            _ => kestrel_core::block_attention::attend_each(
+        match CudaBlockKeys::batch_on_device(keys) {
+            Some(mut device) => ops::attention::block::attend_batch(
+                &self.cx(),
+                &mut device,
+                qkv,
+                q_norm,
+                k_norm,
+                spec,
+                first_positions,
+                block,
+            ),
+            None => kestrel_core::block_attention::attend_each(
                 self,
                 qkv,
                 q_norm,
@@ -343,15 +333,7 @@ impl Backend for CudaBackend {
         first_positions: &[usize],
         counts: &[usize],
     ) {
-        let on_device = keys.iter().all(|k| matches!(**k, CudaBlockKeys::Device(_)));
-        if on_device && keys.len() > 1 {
-            let mut device: Vec<_> = keys
-                .iter_mut()
-                .filter_map(|k| match &mut **k {
-                    CudaBlockKeys::Device(d) => Some(d),
-                    CudaBlockKeys::Host(_) => None,
-                })
-                .collect();
+        if let Some(mut device) = CudaBlockKeys::batch_on_device(keys) {
             ops::attention::block::append_batch(
                 &self.cx(),
                 &mut device,

@@ -32,13 +32,6 @@ constexpr int BLK_WARPS = BLOCK_ATTN_ROWS / 16;
 constexpr int BLK_KEYS = BLOCK_ATTN_KEYS;
 constexpr int BLK_STAGES = 2;
 
-// 16-byte chunk `ch` of row `row` in a tile of D / 8 chunks a row, XOR-
-// swizzled so that the eight rows an ldmatrix reads hit distinct banks.
-template <int D>
-__device__ __forceinline__ int blk_swz(int row, int ch) {
-    return row * (D / 8) + (ch ^ (row & 7));
-}
-
 // Grid (hkv * row_groups, sequences, splits), block 32 * BLK_WARPS, dynamic
 // shared memory BLK_STAGES * 2 * BLK_KEYS * D * 2 bytes. Query row m of a
 // (sequence, kv head) is block row m / group, q head kvh * group + m % group;
@@ -100,8 +93,8 @@ __device__ __forceinline__ void block_attention_body(const BlockAttentionArgs& a
             const int r = idx / CH, ch = idx % CH, key = kb + r;
             const bool ok = key < end;  // past the end: zeros (masked scores; V must not be NaN)
             const int64_t row = ok ? ((int64_t)(lo + key) * a.hkv + kvh) * D : 0;
-            cp_async_16(smem_addr(kt + blk_swz<D>(r, ch)), k_store + row + ch * 8, ok);
-            cp_async_16(smem_addr(kt + TILE + blk_swz<D>(r, ch)), v_store + row + ch * 8, ok);
+            cp_async_16(smem_addr(kt + tile_swz<D>(r, ch)), k_store + row + ch * 8, ok);
+            cp_async_16(smem_addr(kt + TILE + tile_swz<D>(r, ch)), v_store + row + ch * 8, ok);
         }
     };
     issue(0);
@@ -153,7 +146,7 @@ __device__ __forceinline__ void block_attention_body(const BlockAttentionArgs& a
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ++ks) {
                     uint32_t b[4];
-                    ldmatrix_x4(b, smem_addr(kt + blk_swz<D>(16 * kp + k_row, 2 * ks + k_hi)));
+                    ldmatrix_x4(b, smem_addr(kt + tile_swz<D>(16 * kp + k_row, 2 * ks + k_hi)));
                     mma_bf16(sc[2 * kp], qa[ks], b[0], b[1]);
                     mma_bf16(sc[2 * kp + 1], qa[ks], b[2], b[3]);
                 }
@@ -203,7 +196,7 @@ __device__ __forceinline__ void block_attention_body(const BlockAttentionArgs& a
 #pragma unroll
                 for (int dp = 0; dp < D / 16; ++dp) {
                     uint32_t b[4];
-                    ldmatrix_x4_trans(b, smem_addr(vt + blk_swz<D>(16 * kk + v_row, 2 * dp + v_hi)));
+                    ldmatrix_x4_trans(b, smem_addr(vt + tile_swz<D>(16 * kk + v_row, 2 * dp + v_hi)));
                     mma_bf16(o[2 * dp], pa[kk], b[0], b[1]);
                     mma_bf16(o[2 * dp + 1], pa[kk], b[2], b[3]);
                 }

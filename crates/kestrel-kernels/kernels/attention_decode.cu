@@ -19,11 +19,6 @@ __host__ __device__ constexpr int dec_warps() {
     return D >= 256 ? 2 : 4;
 }
 
-template <int D>
-__device__ __forceinline__ int dec_swz(int row, int ch) {
-    return row * (D / 8) + (ch ^ (row & 7));
-}
-
 // The step's new token as attention_decode_fused reads it: instead of a
 // kernel of its own (q/k norm + RoPE + cache write, attention.cu) before the
 // attention, every block normalises and rotates the q heads it serves from the
@@ -242,8 +237,8 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
             const bool valid = key < end;  // past the end: zeros (masked scores, and V must not be NaN)
             const int64_t row =
                 !valid ? 0 : one_page ? (first + r) * hkv + kvh : kv_row(table, key, block_size, hkv, kvh);
-            cp_async_16(smem_addr(kt + dec_swz<D>(r, ch)), k_cache + row * D + ch * 8, valid);
-            cp_async_16(smem_addr(kt + TILE + dec_swz<D>(r, ch)), v_cache + row * D + ch * 8, valid);
+            cp_async_16(smem_addr(kt + tile_swz<D>(r, ch)), k_cache + row * D + ch * 8, valid);
+            cp_async_16(smem_addr(kt + TILE + tile_swz<D>(r, ch)), v_cache + row * D + ch * 8, valid);
         }
         if (one_page && n + 1 < n_steps) page = table[(kb + STEP) / block_size];
     };
@@ -313,7 +308,7 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
             uint32_t b[4];
-            ldmatrix_x4(b, smem_addr(kt + dec_swz<D>(ld_row, 2 * ks + ld_hi)));
+            ldmatrix_x4(b, smem_addr(kt + tile_swz<D>(ld_row, 2 * ks + ld_hi)));
             const uint32_t a[4] = {qa[ks][0], 0u, qa[ks][1], 0u};
             mma_bf16(sc[0], a, b[0], b[1]);
             mma_bf16(sc[1], a, b[2], b[3]);
@@ -350,7 +345,7 @@ __device__ __forceinline__ void decode_split(float* __restrict__ part_o, float* 
 #pragma unroll
         for (int mt = 0; mt < D / 16; ++mt) {
             uint32_t a[4];
-            ldmatrix_x4_trans(a, smem_addr(vt + dec_swz<D>(ld_row, 2 * mt + ld_hi)));
+            ldmatrix_x4_trans(a, smem_addr(vt + tile_swz<D>(ld_row, 2 * mt + ld_hi)));
             // The matrices come as (keys lo, dims lo), (keys lo, dims hi), (keys hi, dims lo),
             // (keys hi, dims hi): A's registers are (rows lo, k lo), (rows hi, k lo), (rows lo, k hi),
             // (rows hi, k hi), i.e. the same order.

@@ -54,6 +54,13 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Shared tiles hold rows of D bf16 as 16-byte chunks; chunk ch of row r sits
+// at ch ^ (r % 8), so the 8 row addresses of every ldmatrix hit distinct banks.
+template <int D>
+__device__ __forceinline__ int tile_swz(int row, int ch) {
+    return row * (D / 8) + (ch ^ (row & 7));
+}
+
 // Max and sum over the four lanes of a quad (the lanes sharing one mma row).
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 1));

@@ -9,13 +9,6 @@ constexpr int PF_THREADS = 128;
 
 // ---- pieces of both mma.sync versions (one warp = 16 query rows) ----------
 
-// Shared tiles hold rows of D bf16 as 16-byte chunks; chunk ch of row r sits
-// at ch ^ (r % 8), so the 8 row addresses of every ldmatrix hit distinct banks.
-template <int D>
-__device__ __forceinline__ int swz(int row, int ch) {
-    return row * (D / 8) + (ch ^ (row & 7));
-}
-
 // sc = this warp's 16 query rows . the tile's PF_KEYS keys.
 template <int D>
 __device__ __forceinline__ void qk_scores(float (&sc)[PF_KEYS / 8][4], const uint4* sq, const uint4* sk, int warp,
@@ -25,11 +18,11 @@ __device__ __forceinline__ void qk_scores(float (&sc)[PF_KEYS / 8][4], const uin
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         uint32_t a[4];
-        ldmatrix_x4(a, smem_addr(sq + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
+        ldmatrix_x4(a, smem_addr(sq + tile_swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4))));
 #pragma unroll
         for (int jp = 0; jp < PF_KEYS / 16; ++jp) {
             uint32_t b[4];
-            ldmatrix_x4(b, smem_addr(sk + swz<D>(jp * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + ((lane >> 3) & 1))));
+            ldmatrix_x4(b, smem_addr(sk + tile_swz<D>(jp * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + ((lane >> 3) & 1))));
             mma_bf16(sc[2 * jp], a, b[0], b[1]);
             mma_bf16(sc[2 * jp + 1], a, b[2], b[3]);
         }
@@ -48,7 +41,7 @@ __device__ __forceinline__ void pv_accumulate(float (&o)[D / 8][4], const float 
 #pragma unroll
         for (int np = 0; np < D / 16; ++np) {
             uint32_t b[4];
-            ldmatrix_x4_trans(b, smem_addr(sv + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+            ldmatrix_x4_trans(b, smem_addr(sv + tile_swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
                                                        2 * np + (lane >> 4))));
             mma_bf16(o[2 * np], a, b[0], b[1]);
             mma_bf16(o[2 * np + 1], a, b[2], b[3]);
@@ -96,11 +89,11 @@ __device__ __forceinline__ void prefill_tile(float* __restrict__ out, const floa
         for (int idx = tid; idx < PF_KEYS * CH; idx += PF_THREADS) {
             const int r = idx / CH, ch = idx % CH;
             const int64_t row = s_row[buf][r];
-            cp_async_16(smem_addr(dst + swz<D>(r, ch)), cache + (row < 0 ? 0 : row) * D + ch * 8, row >= 0);
+            cp_async_16(smem_addr(dst + tile_swz<D>(r, ch)), cache + (row < 0 ? 0 : row) * D + ch * 8, row >= 0);
         }
     };
 
-    load_q_tile<D, PF_ROWS, PF_THREADS>(sq, q, p, hq, h, [](int r, int ch) { return swz<D>(r, ch); });
+    load_q_tile<D, PF_ROWS, PF_THREADS>(sq, q, p, hq, h, [](int r, int ch) { return tile_swz<D>(r, ch); });
     stage_rows(0, 0);
     __syncthreads();
     load_tile(sk, k_cache, 0);
@@ -208,7 +201,7 @@ __device__ __forceinline__ void prefill_tile_v2(float* __restrict__ out, const f
     const int wrow0 = p.row0 + warp * 16;
     const int w_end = wrow0 < p.n_new ? p.cached + min(p.n_new, wrow0 + 16) : 0;
 
-    const auto at = [](int r, int ch) { return swz<D>(r, ch); };
+    const auto at = [](int r, int ch) { return tile_swz<D>(r, ch); };
     auto stage_rows = [&](int buf, int kb) { stage_key_rows(s_row[buf], p, kb, block_size, hkv); };
     auto load_tile = [&](int buf) {
         uint4* sk = skv + 2 * buf * TILE;

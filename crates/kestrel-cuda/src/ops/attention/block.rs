@@ -64,6 +64,23 @@ impl CudaBlockKeys {
         }
     }
 
+    /// The device stores of `keys` when there are several and every one is
+    /// on the device: what the batched launches take (otherwise each store
+    /// goes its own way).
+    pub fn batch_on_device<'a>(
+        keys: &'a mut [&mut CudaBlockKeys],
+    ) -> Option<Vec<&'a mut DeviceBlockKeys>> {
+        let on_device = keys.iter().all(|k| matches!(**k, CudaBlockKeys::Device(_)));
+        if !on_device || keys.len() < 2 {
+            return None;
+        }
+        let device = keys.iter_mut().filter_map(|k| match &mut **k {
+            CudaBlockKeys::Device(d) => Some(d),
+            CudaBlockKeys::Host(_) => None,
+        });
+        Some(device.collect())
+    }
+
     pub fn keep(&mut self, range: Range<usize>) {
         match self {
             CudaBlockKeys::Device(d) => d.keep(range),
@@ -218,15 +235,8 @@ pub(crate) fn norm_rope_write(
     );
 }
 
-/// See `Backend::append_block_keys`.
-pub fn append(
-    cx: &Cx,
-    keys: &mut DeviceBlockKeys,
-    kv: &CudaTensor,
-    k_norm: &CudaWeight,
-    spec: &AttentionSpec,
-    first_position: usize,
-) {
+/// Shapes every append checks: rows of `[k | v]`, a norm of one head.
+fn check_kv_rows(kv: &CudaTensor, k_norm: &CudaWeight, spec: &AttentionSpec) {
     assert_eq!(
         kv.cols,
         2 * spec.kv_width(),
@@ -237,6 +247,18 @@ pub fn append(
         spec.head_dim,
         "k_norm must have head_dim values"
     );
+}
+
+/// See `Backend::append_block_keys`.
+pub fn append(
+    cx: &Cx,
+    keys: &mut DeviceBlockKeys,
+    kv: &CudaTensor,
+    k_norm: &CudaWeight,
+    spec: &AttentionSpec,
+    first_position: usize,
+) {
+    check_kv_rows(kv, k_norm, spec);
     if kv.rows == 0 {
         return;
     }
@@ -517,16 +539,7 @@ pub fn append_batch(
         first_positions.len(),
         counts,
     );
-    assert_eq!(
-        kv.cols,
-        2 * spec.kv_width(),
-        "key/value rows must be [k (Hkv*D) | v (Hkv*D)]"
-    );
-    assert_eq!(
-        k_norm.numel(),
-        spec.head_dim,
-        "k_norm must have head_dim values"
-    );
+    check_kv_rows(kv, k_norm, spec);
     if kv.rows == 0 {
         return;
     }
