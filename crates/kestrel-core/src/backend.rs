@@ -366,7 +366,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// [`crate::SeqChunk::state_snapshot`], and where: `Some(a)` when the
     /// snapshot's `after` must be a multiple of `a` (the backend's state
     /// form has chunk boundaries only there), `None` when it takes none (the
-    /// engine then ends a pass at each snapshot point instead).
+    /// engine then ends a pass at each snapshot point instead). A backend
+    /// that takes them must compute the prompt rows after a snapshot
+    /// ([`crate::SeqChunk::prompt`]) as a later pass resuming from it would:
+    /// a prefix-cache hit does exactly that.
     fn state_snapshot_alignment(&self) -> Option<usize> {
         None
     }

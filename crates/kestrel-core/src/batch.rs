@@ -29,6 +29,12 @@ pub struct SeqChunk {
     /// [`StateSnapshot`]. Only backends whose
     /// [`crate::Backend::state_snapshot_alignment`] is `Some` take one.
     pub state_snapshot: Option<StateSnapshot>,
+    /// The chunk's tokens are its request's prompt (not decode or verify
+    /// rows, nor output replayed after a preemption). A prefix-cache hit
+    /// recomputes a prompt's tail in a pass of its own, so a backend whose
+    /// in-pass snapshots need it ([`crate::Backend::state_snapshot_alignment`])
+    /// computes prompt rows alike whatever their pass's row count.
+    pub prompt: bool,
 }
 
 /// After the first `after` new tokens of a chunk (`0 < after < num_tokens`),
@@ -60,7 +66,14 @@ impl SeqChunk {
             state_slot,
             state_checkpoints: Vec::new(),
             state_snapshot: None,
+            prompt: false,
         }
+    }
+
+    /// The chunk, marked as prompt tokens ([`SeqChunk::prompt`]).
+    pub fn of_prompt(mut self) -> Self {
+        self.prompt = true;
+        self
     }
 
     pub fn total_len(&self) -> usize {
@@ -90,12 +103,19 @@ impl ForwardBatch {
     /// prefill chunks is cut for [`crate::Backend::step_cut`]: after its
     /// leading run of sequences bringing at most `max_new` tokens each, when
     /// that run has 1..=`max_seqs` of them and sequences follow it. `None`
-    /// for a step of one kind.
-    pub fn short_prefix_cut(&self, max_seqs: usize, max_new: usize) -> Option<usize> {
+    /// for a step of one kind. With `prompts_apart`, a prompt chunk
+    /// ([`SeqChunk::prompt`]) is never short, whatever its length (a backend
+    /// that computes prompt rows with its prefill kernels at any count).
+    pub fn short_prefix_cut(
+        &self,
+        max_seqs: usize,
+        max_new: usize,
+        prompts_apart: bool,
+    ) -> Option<usize> {
         let n = self
             .seqs
             .iter()
-            .take_while(|s| s.num_tokens <= max_new)
+            .take_while(|s| s.num_tokens <= max_new && !(prompts_apart && s.prompt))
             .count();
         (n > 0 && n <= max_seqs && n < self.seqs.len()).then_some(n)
     }
@@ -135,6 +155,7 @@ mod tests {
                     state_slot: 0,
                     state_checkpoints: Vec::new(),
                     state_snapshot: None,
+                    prompt: false,
                 })
                 .collect(),
         }
@@ -143,17 +164,28 @@ mod tests {
     #[test]
     fn a_step_is_cut_after_its_leading_short_chunks_when_prefill_follows() {
         // Decode and verify rows, then prefill chunks.
-        assert_eq!(batch(&[1, 4, 1, 100, 3]).short_prefix_cut(8, 16), Some(3));
+        assert_eq!(
+            batch(&[1, 4, 1, 100, 3]).short_prefix_cut(8, 16, false),
+            Some(3)
+        );
         // A short prefill tail counts as short.
-        assert_eq!(batch(&[1, 16, 17]).short_prefix_cut(8, 16), Some(2));
+        assert_eq!(batch(&[1, 16, 17]).short_prefix_cut(8, 16, false), Some(2));
         // One kind only: no cut.
-        assert_eq!(batch(&[1, 1, 4]).short_prefix_cut(8, 16), None);
-        assert_eq!(batch(&[64, 1]).short_prefix_cut(8, 16), None);
+        assert_eq!(batch(&[1, 1, 4]).short_prefix_cut(8, 16, false), None);
+        assert_eq!(batch(&[64, 1]).short_prefix_cut(8, 16, false), None);
         // More short chunks than a decode-shaped step takes: no cut.
         assert_eq!(
-            batch(&[1; 9].iter().copied().chain([50]).collect::<Vec<_>>()).short_prefix_cut(8, 16),
+            batch(&[1; 9].iter().copied().chain([50]).collect::<Vec<_>>())
+                .short_prefix_cut(8, 16, false),
             None
         );
+        // Prompt chunks kept apart: a short prompt tail ends the short run.
+        let mut tail = batch(&[1, 4, 9, 100]);
+        tail.seqs[2].prompt = true;
+        assert_eq!(tail.short_prefix_cut(8, 16, false), Some(3));
+        assert_eq!(tail.short_prefix_cut(8, 16, true), Some(2));
+        tail.seqs.swap(0, 2);
+        assert_eq!(tail.short_prefix_cut(8, 16, true), None);
         let b = batch(&[1, 2, 30]);
         assert_eq!(
             b.part(1..3)

@@ -134,7 +134,7 @@ impl Backend for CpuBackend {
     fn step_cut(&self, batch: &ForwardBatch) -> Option<usize> {
         let (max_seqs, max_new) = CPU_CUT;
         self.cut_mixed_steps
-            .then(|| batch.short_prefix_cut(max_seqs, max_new))
+            .then(|| batch.short_prefix_cut(max_seqs, max_new, false))
             .flatten()
     }
 

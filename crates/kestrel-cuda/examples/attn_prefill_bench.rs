@@ -180,6 +180,7 @@ fn run_case(gpu: &CudaBackend, kernel: &str, c: &Case) {
     drop(x);
     let batch = ForwardBatch {
         seqs: vec![SeqChunk {
+            prompt: false,
             num_tokens: t,
             cached_len: 0,
             block_table: (0..pages as u32).collect(),

@@ -106,6 +106,7 @@ fn main() {
         let batch = ForwardBatch {
             seqs: (0..seqs)
                 .map(|i| SeqChunk {
+                    prompt: false,
                     num_tokens: t / seqs,
                     cached_len: 0,
                     block_table: vec![],

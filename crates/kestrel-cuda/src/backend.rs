@@ -130,17 +130,24 @@ impl Backend for CudaBackend {
         true
     }
 
-    /// Only in the batch-invariant mode, and there anywhere (its GDN path
-    /// takes a checkpoint after any token). In the default mode a pass's
-    /// products and attention round a row differently with the pass's row
-    /// count, so a prompt resumed from an in-pass snapshot would not compute
-    /// what the cold pass computed after it: the engine ends a pass at the
-    /// snapshot point there instead, and a cache hit repeats the miss's
-    /// second pass exactly. (The chunked GDN form can write a snapshot at a
-    /// chunk boundary, `gdn_chunk_state`, for when prefill products become
-    /// row-invariant; the GPU checks cover it.)
+    /// In the batch-invariant mode anywhere (its GDN path takes a
+    /// checkpoint after any token). With invariant prompt rows
+    /// ([`Plan::invariant_prompts`], the default) at every GDN chunk
+    /// boundary of the pass (`gdn_chunk_state` writes it): a hit resumes
+    /// there and computes the prompt's last tokens as the cold pass did.
+    /// Otherwise a pass's products and attention round a row differently
+    /// with the pass's row count, so a prompt resumed from an in-pass
+    /// snapshot would not compute what the cold pass computed after it: the
+    /// engine ends a pass at the snapshot point instead, and a cache hit
+    /// repeats the miss's second pass exactly.
     fn state_snapshot_alignment(&self) -> Option<usize> {
-        self.plan.batch_invariant.then_some(1)
+        if self.plan.batch_invariant {
+            Some(1)
+        } else {
+            self.plan
+                .invariant_prompts
+                .then_some(ops::gdn::kernels::CHUNK)
+        }
     }
 
     /// The decode-shaped chunks the engine puts first (decode and verify
@@ -150,9 +157,12 @@ impl Backend for CudaBackend {
         if !self.plan.split_mixed_steps {
             return None;
         }
+        // Prompt rows under invariant prompts take the prefill kernels, so
+        // they never join the decode rows' part.
         batch.short_prefix_cut(
             context::DECODE_SHAPED_MAX_SEQS,
             context::DECODE_SHAPED_MAX_NEW,
+            self.plan.invariant_prompts,
         )
     }
 

@@ -77,7 +77,6 @@ pub struct Cx<'a> {
     /// The step in progress when the operation is part of one.
     pub step: Option<ActiveStep>,
     /// cuBLASLt, when the plan sends dense products there.
-    #[cfg(feature = "experiments")]
     pub blas_lt: Option<&'a crate::blas_lt::BlasLt>,
 }
 
@@ -101,10 +100,27 @@ impl Cx<'_> {
     /// is. Larger steps take the prefill kernels (tensor cores, bf16
     /// activations).
     pub fn decode_shaped(&self) -> bool {
-        self.step.as_ref().is_some_and(|s| {
-            let l = &s.layout;
-            l.seqs <= DECODE_SHAPED_MAX_SEQS && l.max_new <= DECODE_SHAPED_MAX_NEW
-        })
+        !self.prompt_step()
+            && self.step.as_ref().is_some_and(|s| {
+                let l = &s.layout;
+                l.seqs <= DECODE_SHAPED_MAX_SEQS && l.max_new <= DECODE_SHAPED_MAX_NEW
+            })
+    }
+
+    /// Whether the step in progress has prompt rows that the plan computes
+    /// alike whatever their count ([`Plan::invariant_prompts`]): then every
+    /// row of the step takes the prefill kernels (tensor-core products,
+    /// prefill attention, the chunked GDN form, the device-routed MoE),
+    /// however few rows it has, as the long pass of the same prompt did.
+    pub fn prompt_step(&self) -> bool {
+        self.plan.invariant_prompts && self.step.as_ref().is_some_and(|s| s.layout.prompt)
+    }
+
+    /// Whether `rows` rows may take the kernels sized for few rows (`gemv`,
+    /// the MoE decode path, the decode attention and GDN kernels): they are
+    /// at most `most`, and not rows of a [`Cx::prompt_step`].
+    pub fn few_rows(&self, rows: usize, most: usize) -> bool {
+        rows <= most && !self.prompt_step()
     }
 
     /// Device address of the step's token ids inside a step (they must be

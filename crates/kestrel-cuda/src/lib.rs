@@ -27,7 +27,6 @@
 //! panics too. Construction and uploads return errors.
 
 mod backend;
-#[cfg(feature = "experiments")]
 mod blas_lt;
 mod cache;
 mod context;
@@ -69,7 +68,7 @@ pub struct CudaBackend {
     /// The persistent step buffer and the step in progress.
     step: Mutex<StepState>,
     recordings: Mutex<Recordings>,
-    #[cfg(feature = "experiments")]
+    /// cuBLASLt, set up for the plan's dense products when they need it.
     blas_lt: Option<blas_lt::BlasLt>,
 }
 
@@ -91,30 +90,45 @@ impl CudaBackend {
             ordinal,
             step: Mutex::new(StepState::default()),
             recordings: Mutex::new(Recordings::default()),
-            #[cfg(feature = "experiments")]
             blas_lt: None,
         };
         backend.apply_plan()?;
         Ok(backend)
     }
 
-    /// Set up what the plan needs beyond kernels.
+    /// Set up what the plan needs beyond kernels (after every resolve).
     fn apply_plan(&mut self) -> Result<()> {
         #[cfg(feature = "experiments")]
         {
             self.gpu.pdl = self.plan.launch == plan::Launch::ProgrammaticDependent;
-            let lt = matches!(self.plan.dense_gemm, plan::DenseGemm::CublasLt { .. });
-            if lt && self.blas_lt.is_none() {
-                let algo = self.overrides.lt_algo;
-                self.blas_lt =
-                    Some(blas_lt::BlasLt::new(&self.gpu.stream, algo).ok_or_else(|| {
-                        BackendError::Unavailable(
-                            "KESTREL_DENSE_GEMM=lt: cuBLASLt could not be loaded or set up".into(),
-                        )
-                    })?);
-            }
+        }
+        let choice = match self.plan.dense_gemm {
+            plan::DenseGemm::CublasGemmEx => None,
+            plan::DenseGemm::CublasLtRowInvariant => Some(blas_lt::AlgoChoice::RowInvariant),
+            #[cfg(feature = "experiments")]
+            plan::DenseGemm::CublasLt { algo } => Some(blas_lt::AlgoChoice::PerShape(algo)),
+        };
+        if let Some(choice) = choice
+            && self.blas_lt.as_ref().is_none_or(|lt| lt.choice() != choice)
+        {
+            self.blas_lt = Some(blas_lt::BlasLt::new(&self.gpu.stream, choice).ok_or_else(
+                || {
+                    BackendError::Unavailable(format!(
+                        "the plan's dense products ({:?}) need cuBLASLt, which could not be loaded or set up",
+                        self.plan.dense_gemm
+                    ))
+                },
+            )?);
         }
         Ok(())
+    }
+
+    /// Resolve the plan again after a setter changed an override.
+    fn resolve_plan(&mut self) {
+        self.plan = Plan::resolve(&self.device, &self.overrides);
+        if let Err(e) = self.apply_plan() {
+            panic!("{e}");
+        }
     }
 
     /// Every kernel-path choice, resolved when the backend opened.
@@ -142,21 +156,28 @@ impl CudaBackend {
     /// `KESTREL_CUDA_PRECISION` says.
     pub fn set_precision(&mut self, precision: Precision) {
         self.overrides.precision = precision;
-        self.plan = Plan::resolve(&self.device, &self.overrides);
+        self.resolve_plan();
     }
 
     /// Batch-invariant arithmetic from now on ([`Plan::batch_invariant`]);
     /// starts as `KESTREL_BATCH_INVARIANT` says.
     pub fn set_batch_invariant(&mut self, on: bool) {
         self.overrides.batch_invariant = on;
-        self.plan = Plan::resolve(&self.device, &self.overrides);
+        self.resolve_plan();
     }
 
     /// Mixed steps run as two passes (`true`) or one from now on
     /// ([`Plan::split_mixed_steps`]); starts as `KESTREL_MIXED_STEPS` says.
     pub fn set_split_mixed_steps(&mut self, on: bool) {
         self.overrides.split_mixed_steps = on;
-        self.plan = Plan::resolve(&self.device, &self.overrides);
+        self.resolve_plan();
+    }
+
+    /// Prompt rows computed alike whatever their pass's row count from now
+    /// on ([`Plan::invariant_prompts`]); starts as `KESTREL_PROMPT_ROWS` says.
+    pub fn set_invariant_prompts(&mut self, on: bool) {
+        self.overrides.invariant_prompts = on;
+        self.resolve_plan();
     }
 
     pub fn precision(&self) -> Precision {
@@ -170,7 +191,6 @@ impl CudaBackend {
             k: &self.kernels,
             plan: &self.plan,
             step: self.step.lock().unwrap().active(),
-            #[cfg(feature = "experiments")]
             blas_lt: self.blas_lt.as_ref(),
         }
     }

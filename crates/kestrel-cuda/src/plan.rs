@@ -136,11 +136,14 @@ pub struct GdnPlan {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DenseGemm {
+    /// `cublasGemmEx`: its kernel and K split follow the row count.
     CublasGemmEx,
+    /// cuBLASLt with one unsplit algorithm per weight shape, whatever the
+    /// row count (`blas_lt.rs`): a row's sums are the same in a product of
+    /// any number of rows.
+    CublasLtRowInvariant,
     #[cfg(feature = "experiments")]
-    CublasLt {
-        algo: usize,
-    },
+    CublasLt { algo: usize },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -206,6 +209,18 @@ pub struct Plan {
     /// mode, where no row depends on its step anyway.
     pub split_mixed_steps: bool,
     pub decode_splits: DecodeSplits,
+    /// Prompt rows are computed alike whatever their pass's row count: a
+    /// step with prompt chunks ([`kestrel_core::SeqChunk::prompt`]) takes
+    /// the prefill kernels however few rows it has
+    /// ([`crate::context::Cx::prompt_step`]), and the dense products one
+    /// cuBLASLt algorithm per weight shape ([`DenseGemm::CublasLtRowInvariant`]).
+    /// A prefix-cache hit that recomputes a prompt's last tokens in a short
+    /// pass then computes what the cold prompt's long pass did, so the
+    /// engine takes the prefix-cache snapshot inside that pass instead of
+    /// ending a pass at it ([`kestrel_core::Backend::state_snapshot_alignment`]).
+    /// Off in the batch-invariant mode, which has its own arithmetic, and
+    /// in f32, whose products go through `gemv` eight rows at a time.
+    pub invariant_prompts: bool,
 }
 
 impl Plan {
@@ -277,6 +292,7 @@ impl Plan {
             graphs: o.graphs,
             batch_invariant: bi,
             split_mixed_steps: o.split_mixed_steps && !bi,
+            invariant_prompts: o.invariant_prompts && !bi && o.precision == Precision::Bf16,
             decode_splits: if o.decode_splits_one_sequence {
                 DecodeSplits::OneSequence
             } else {
@@ -286,18 +302,16 @@ impl Plan {
     }
 }
 
-#[cfg(feature = "experiments")]
 fn dense_gemm(o: &Overrides) -> DenseGemm {
+    #[cfg(feature = "experiments")]
     if o.dense_gemm_lt {
-        DenseGemm::CublasLt { algo: o.lt_algo }
+        return DenseGemm::CublasLt { algo: o.lt_algo };
+    }
+    if o.invariant_prompts && !o.batch_invariant && o.precision == Precision::Bf16 {
+        DenseGemm::CublasLtRowInvariant
     } else {
         DenseGemm::CublasGemmEx
     }
-}
-
-#[cfg(not(feature = "experiments"))]
-fn dense_gemm(_: &Overrides) -> DenseGemm {
-    DenseGemm::CublasGemmEx
 }
 
 #[cfg(feature = "experiments")]
@@ -339,11 +353,16 @@ impl fmt::Display for Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         writeln!(
             f,
-            "cuda plan: compute {}, {} SMs, {} arithmetic, batch-invariant {}, decode splits {}, mixed steps {}, graphs {}, dense products {}, launch {}",
+            "cuda plan: compute {}, {} SMs, {} arithmetic, batch-invariant {}, prompt rows {}, decode splits {}, mixed steps {}, graphs {}, dense products {}, launch {}",
             self.compute_capability,
             self.sms,
             name(&self.precision),
             on(self.batch_invariant),
+            if self.invariant_prompts {
+                "invariant"
+            } else {
+                "by size"
+            },
             name(&self.decode_splits),
             if self.split_mixed_steps {
                 "split"

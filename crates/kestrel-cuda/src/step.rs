@@ -27,6 +27,8 @@ pub struct StepLayout {
     /// sizing launches of prefill kernels; kernels of decode steps (which may
     /// be replayed with other lengths) must read lengths from `seq_len`.
     pub max_new: usize,
+    /// Some chunk of the step is prompt tokens ([`kestrel_core::SeqChunk::prompt`]).
+    pub prompt: bool,
     /// Keeps a temporary layout's buffer alive (`None` for the step buffer).
     _owned: Option<CudaSlice<i32>>,
     /// Block tables held elsewhere (`block_rows`); `None`: packed last.
@@ -115,6 +117,7 @@ impl StepLayout {
             tokens: t,
             seqs: 1,
             max_new: t,
+            prompt: false,
             _owned: Some(buf),
             tables: Some(tables),
         }
@@ -150,6 +153,7 @@ struct Packed {
     tokens: usize,
     seqs: usize,
     max_new: usize,
+    prompt: bool,
 }
 
 fn pack(ids: Option<&[u32]>, batch: &ForwardBatch, block_size: usize) -> Packed {
@@ -216,6 +220,7 @@ fn pack(ids: Option<&[u32]>, batch: &ForwardBatch, block_size: usize) -> Packed 
         tokens: t,
         seqs: s,
         max_new: batch.seqs.iter().map(|q| q.num_tokens).max().unwrap_or(0),
+        prompt: batch.seqs.iter().any(|q| q.prompt),
     }
 }
 
@@ -258,6 +263,7 @@ pub fn temporary_layout(gpu: &Gpu, batch: &ForwardBatch, block_size: usize) -> A
         tokens: p.tokens,
         seqs: p.seqs,
         max_new: p.max_new,
+        prompt: p.prompt,
         _owned: Some(buf),
         tables: None,
     })
@@ -297,6 +303,7 @@ impl StepState {
                 tokens: p.tokens,
                 seqs: p.seqs,
                 max_new: p.max_new,
+                prompt: p.prompt,
                 _owned: None,
                 tables: None,
             }),
@@ -323,6 +330,7 @@ mod tests {
         let batch = ForwardBatch {
             seqs: vec![
                 SeqChunk {
+                    prompt: false,
                     num_tokens: 3,
                     cached_len: 2,
                     block_table: vec![7, 9],
@@ -331,6 +339,7 @@ mod tests {
                     state_snapshot: None,
                 },
                 SeqChunk {
+                    prompt: false,
                     num_tokens: 1,
                     cached_len: 0,
                     block_table: vec![5],
@@ -346,6 +355,7 @@ mod tests {
             tokens: p.tokens,
             seqs: p.seqs,
             max_new: p.max_new,
+            prompt: p.prompt,
             _owned: None,
             tables: None,
         };
@@ -375,6 +385,7 @@ mod tests {
             tokens: 3,
             seqs: 1,
             max_new: 3,
+            prompt: false,
             _owned: None,
             tables: Some(0),
         };

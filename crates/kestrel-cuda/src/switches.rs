@@ -67,6 +67,7 @@ pub const PDL: &str = "KESTREL_CUDA_PDL";
 pub const BATCH_INVARIANT: &str = "KESTREL_BATCH_INVARIANT";
 pub const MIXED_STEPS: &str = "KESTREL_MIXED_STEPS";
 pub const DECODE_SPLITS: &str = "KESTREL_DECODE_SPLITS";
+pub const PROMPT_ROWS: &str = "KESTREL_PROMPT_ROWS";
 
 /// Every `KESTREL_*` variable the project reads.
 pub const REGISTRY: &[Switch] = &[
@@ -82,6 +83,7 @@ pub const REGISTRY: &[Switch] = &[
     switch(BATCH_INVARIANT, Scope::Backend, &["0", "1"]),
     switch(MIXED_STEPS, Scope::Backend, &["split", "one"]),
     switch(DECODE_SPLITS, Scope::Backend, &["step", "sequence"]),
+    switch(PROMPT_ROWS, Scope::Backend, &["invariant", "by-size"]),
     switch(MOE_PREFILL, Scope::Experiment, &["device", "host"]),
     switch(DENSE_GEMM, Scope::Experiment, &["cublas", "lt"]),
     switch(LT_ALGO, Scope::Experiment, &[]),
@@ -159,6 +161,8 @@ pub struct Overrides {
     /// Decode-shaped steps split K and the keys as for one sequence,
     /// whatever their sequence count.
     pub decode_splits_one_sequence: bool,
+    /// Prompt rows computed alike whatever their pass's row count.
+    pub invariant_prompts: bool,
 }
 
 impl Default for Overrides {
@@ -181,6 +185,7 @@ impl Default for Overrides {
             batch_invariant: false,
             split_mixed_steps: true,
             decode_splits_one_sequence: false,
+            invariant_prompts: true,
         }
     }
 }
@@ -288,6 +293,7 @@ impl Overrides {
             batch_invariant: r.choice(BATCH_INVARIANT) == Some("1"),
             split_mixed_steps: r.choice(MIXED_STEPS) != Some("one"),
             decode_splits_one_sequence: r.choice(DECODE_SPLITS) == Some("sequence"),
+            invariant_prompts: r.choice(PROMPT_ROWS) != Some("by-size"),
             moe_prefill_host: r.choice(MOE_PREFILL) == Some("host"),
             dense_gemm_lt: r.choice(DENSE_GEMM) == Some("lt"),
             lt_algo: r.number(LT_ALGO).unwrap_or(d.lt_algo),

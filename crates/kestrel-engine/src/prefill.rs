@@ -29,9 +29,11 @@
 //! two passes would, keeping the state in between. `L` is then also a
 //! multiple of the backend's alignment, and where the pass does not start on
 //! that alignment, the pass ends at `L` as before. The CPU backend takes such
-//! snapshots anywhere; CUDA only in its batch-invariant mode, where every row
-//! is computed alike whatever the pass's length (in its default mode a hit
-//! would then not repeat the miss: the products round with the row count).
+//! snapshots anywhere; CUDA at its GDN chunk boundaries where it computes
+//! prompt rows alike whatever the pass's length (its default in bf16; the
+//! chunks carry `SeqChunk::prompt` for it), and anywhere in its
+//! batch-invariant mode. Otherwise a hit would not repeat the miss there: the
+//! products round with the row count.
 //!
 //! A hybrid-model prefix-cache hit may only resume at a point where this
 //! sequence would split anyway, and where the run that cached the state split

@@ -84,6 +84,7 @@ pub(crate) fn execute<B: Backend>(
                 after: at - chunk.start,
                 slot,
             }),
+            prompt: chunk.drafts == 0 && chunk.end <= seq.prompt_len,
         });
         // Logits only for chunks that end at their sequence's last known token.
         let rows = (known_end == seq.tokens.len()).then(|| {

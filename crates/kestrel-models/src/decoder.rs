@@ -236,8 +236,9 @@ impl<B: Backend> Decoder<B> {
     /// The replay key of a decode or verify step: this model, the number of
     /// sequences, their new tokens and state checkpoints, and which rows get
     /// logits. Prefill chunks are not keyed (their shapes vary too much for
-    /// recordings to pay off), nor are steps whose sequences bring different
-    /// numbers of tokens.
+    /// recordings to pay off, and a prompt's last token may take other
+    /// kernels than a decode row: `SeqChunk::prompt`), nor are steps whose
+    /// sequences bring different numbers of tokens.
     fn decode_key(&self, batch: &ForwardBatch, rows: &[usize]) -> Option<StepKey> {
         let n = batch.seqs.len();
         let tokens = batch.seqs.first()?.num_tokens;
@@ -245,7 +246,10 @@ impl<B: Backend> Decoder<B> {
         // them by an uploaded index list, which a recording cannot replay.
         if n > MAX_REPLAYED_BATCH
             || tokens > MAX_REPLAYED_TOKENS
-            || batch.seqs.iter().any(|s| s.num_tokens != tokens)
+            || batch
+                .seqs
+                .iter()
+                .any(|s| s.num_tokens != tokens || s.prompt)
             || !rows.iter().copied().eq(0..batch.num_tokens())
         {
             return None;
@@ -392,6 +396,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, &n)| SeqChunk {
+                    prompt: false,
                     num_tokens: n,
                     cached_len: 3,
                     block_table: vec![i as u32],

@@ -67,6 +67,7 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
         let pages = (self.len + n).div_ceil(self.block_size);
         ForwardBatch {
             seqs: vec![SeqChunk {
+                prompt: false,
                 num_tokens: n,
                 cached_len: self.len,
                 block_table: self.block_table[..pages].to_vec(),
@@ -191,6 +192,7 @@ impl<'a, B: Backend> SequenceRunner<'a, B> {
         let h = b.rms_norm(&h, &decoder.final_norm, self.model.config().rms_norm_eps);
         let batch = ForwardBatch {
             seqs: vec![SeqChunk {
+                prompt: false,
                 num_tokens: n,
                 cached_len: 0,
                 block_table: self.block_table[..n.div_ceil(self.block_size)].to_vec(),

@@ -65,6 +65,7 @@ fn run_in_chunks(
     for &n in chunks {
         let batch = ForwardBatch {
             seqs: vec![SeqChunk {
+                prompt: false,
                 num_tokens: n,
                 cached_len: done,
                 block_table: table.to_vec(),
@@ -156,6 +157,7 @@ fn batch_of_two_sequences_equals_each_alone() {
     let mut c = cache(&s);
     let pre = ForwardBatch {
         seqs: vec![SeqChunk {
+            prompt: false,
             num_tokens: a_pre,
             cached_len: 0,
             block_table: a_table.clone(),
@@ -175,6 +177,7 @@ fn batch_of_two_sequences_equals_each_alone() {
     let batch = ForwardBatch {
         seqs: vec![
             SeqChunk {
+                prompt: false,
                 num_tokens: a_new,
                 cached_len: a_pre,
                 block_table: a_table,
@@ -183,6 +186,7 @@ fn batch_of_two_sequences_equals_each_alone() {
                 state_snapshot: None,
             },
             SeqChunk {
+                prompt: false,
                 num_tokens: b_new,
                 cached_len: 0,
                 block_table: b_table,

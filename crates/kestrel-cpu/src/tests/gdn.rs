@@ -118,6 +118,7 @@ fn run(
         seqs: seqs
             .iter()
             .map(|&(n, slot)| SeqChunk {
+                prompt: false,
                 num_tokens: n,
                 cached_len: 0,
                 block_table: vec![],
@@ -263,6 +264,7 @@ fn state_checkpoints_hold_the_state_after_each_token_bit_for_bit() {
     run(&be, &mut got, &w, &s, 0, &[(20, 0)], &prefix);
     let batch = ForwardBatch {
         seqs: vec![SeqChunk {
+            prompt: false,
             state_checkpoints: vec![5, 6, 7],
             state_snapshot: None,
             ..SeqChunk::new(4, 20, vec![], 0)
@@ -305,6 +307,7 @@ fn a_checkpoint_may_not_alias_a_live_slot() {
     let mut c = cache(&s, 4);
     let batch = ForwardBatch {
         seqs: vec![SeqChunk {
+            prompt: false,
             state_checkpoints: vec![1, 0],
             state_snapshot: None,
             ..SeqChunk::new(3, 0, vec![], 0)
@@ -348,6 +351,7 @@ fn a_snapshot_inside_a_pass_equals_two_passes_split_there_bit_for_bit() {
         let mut got = cache(&s, 4);
         let batch = ForwardBatch {
             seqs: vec![SeqChunk {
+                prompt: false,
                 state_snapshot: Some(StateSnapshot {
                     after,
                     slot: Some(2),

@@ -26,8 +26,33 @@ fn hopper_defaults_take_wgmma_everywhere_it_exists() {
         (p.gdn.chunk_math, p.gdn.state_pass),
         (ChunkMath::Tf32, Mma::Wgmma)
     );
+    assert_eq!(p.dense_gemm, DenseGemm::CublasLtRowInvariant);
+    assert!(p.graphs && p.norm_fusion && p.split_mixed_steps && p.invariant_prompts);
+}
+
+#[test]
+fn prompt_rows_are_invariant_unless_by_size_batch_invariant_or_f32() {
+    let by_size = Overrides {
+        invariant_prompts: false,
+        ..Overrides::default()
+    };
+    let p = Plan::resolve(&device((9, 0)), &by_size);
+    assert!(!p.invariant_prompts);
     assert_eq!(p.dense_gemm, DenseGemm::CublasGemmEx);
-    assert!(p.graphs && p.norm_fusion && p.split_mixed_steps);
+    for o in [
+        Overrides {
+            batch_invariant: true,
+            ..Overrides::default()
+        },
+        Overrides {
+            precision: Precision::F32,
+            ..Overrides::default()
+        },
+    ] {
+        let p = Plan::resolve(&device((9, 0)), &o);
+        assert!(!p.invariant_prompts, "{o:?}");
+        assert_eq!(p.dense_gemm, DenseGemm::CublasGemmEx, "{o:?}");
+    }
 }
 
 #[test]

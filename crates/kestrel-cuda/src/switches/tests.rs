@@ -29,6 +29,7 @@ fn each_switch_takes_its_values() {
         (NORM_FUSION, "off"),
         (MIXED_STEPS, "one"),
         (DECODE_SPLITS, "sequence"),
+        (PROMPT_ROWS, "by-size"),
         (PRECISION, "f32"),
     ]);
     assert!(w.is_empty(), "{w:?}");
@@ -46,6 +47,7 @@ fn each_switch_takes_its_values() {
             norm_fusion: false,
             split_mixed_steps: false,
             decode_splits_one_sequence: true,
+            invariant_prompts: false,
             ..Overrides::default()
         }
     );

@@ -21,9 +21,11 @@ mod device;
 mod golden;
 
 mod cuda_matches_cpu;
+mod engine_runs;
 mod flash_next_fixture;
 mod fp8_fixtures;
 mod golden_fixtures;
 mod mixed_steps;
+mod prefix_hit;
 mod speculative;
 mod speculative_shapes;

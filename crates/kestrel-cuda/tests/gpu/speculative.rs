@@ -18,13 +18,12 @@ use kestrel_cuda::{CudaBackend, Precision};
 use kestrel_engine::spec::{
     DraftSource, DraftVocab, MtpOptions, NgramConfig, SpeculativeConfig, SpeculativeMethod,
 };
-use kestrel_engine::{
-    Engine, EngineConfig, EngineEvent, EngineOptions, EngineStats, GenerateRequest,
-};
+use kestrel_engine::{Engine, EngineConfig, EngineOptions, EngineStats, GenerateRequest};
 use kestrel_models::Model;
 use kestrel_sampling::SamplingParams;
 
 use crate::device::with_gpu;
+use crate::engine_runs::tokens_of;
 
 const MODELS: [&str; 4] = [
     "testdata/golden/qwen3_5_moe/model",
@@ -215,16 +214,7 @@ pub(crate) fn run_from(
         .collect();
     let mut out = HashMap::new();
     for (id, stream) in &mut streams {
-        let mut tokens = Vec::new();
-        loop {
-            match stream.blocking_recv() {
-                Some(EngineEvent::Tokens(t)) => tokens.extend(t),
-                Some(EngineEvent::Logprobs(_) | EngineEvent::PromptLogprobs(_)) => {}
-                Some(EngineEvent::Finished { .. }) => break,
-                Some(EngineEvent::Error(e)) => panic!("{id} failed: {e}"),
-                None => panic!("{id}: stream closed without a terminal event"),
-            }
-        }
+        let tokens = tokens_of(stream, id);
         out.insert(id.clone(), tokens);
     }
     let stats = engine.stats();

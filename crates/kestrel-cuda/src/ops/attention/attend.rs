@@ -86,14 +86,17 @@ impl Attend<'_> {
     /// Every row of a layout whose rows are sequences of their own (each
     /// with its own block table: sparse attention's selected slots), with
     /// the splits a decode step of `seqs` sequences takes, so that a row's
-    /// sums do not depend on how many rows come with it. Rows run in
-    /// launches of at most `ROWS_PER_LAUNCH` (a prefill chunk brings
-    /// thousands, and each launch holds its partials).
+    /// sums do not depend on how many rows come with it; one split in a
+    /// [`Cx::prompt_step`], as a long prefill's rows take, whatever the
+    /// rows. Rows run in launches of at most `ROWS_PER_LAUNCH` (a prefill
+    /// chunk brings thousands, and each launch holds its partials).
     pub fn decode_rows_of(&self, dim_index: usize, seqs: usize) {
         const ROWS_PER_LAUNCH: usize = 1024;
         let rows = self.l.tokens;
         let splits = if self.cx.plan.batch_invariant {
             BATCH_INVARIANT_SPLITS
+        } else if self.cx.prompt_step() {
+            1
         } else {
             let target = decode_target_blocks(self.cx.gpu);
             decode_splits(

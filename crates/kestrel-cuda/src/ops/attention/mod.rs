@@ -58,7 +58,8 @@ pub fn attention(
 
     let f32_cache = cache.kv_precision == Precision::F32;
     let fast = FAST_HEAD_DIMS.iter().position(|&x| x == d);
-    let decode = l.tokens > 0 && (l.max_new <= DECODE_MAX_ROWS || cx.plan.batch_invariant);
+    let decode =
+        l.tokens > 0 && (cx.few_rows(l.max_new, DECODE_MAX_ROWS) || cx.plan.batch_invariant);
     // The fused decode kernel does the first kernel's work itself: only when
     // no row reads a key another row of the step writes.
     let fused = fast.is_some_and(|i| cx.plan.attention.decode.get(i) == AttnDecode::Fused)

@@ -82,7 +82,7 @@ pub fn gated_delta_net(
         q.state_snapshot
             .is_none_or(|s| s.after.is_multiple_of(CHUNK))
     });
-    if (l.max_new <= DECODE_MAX_TOKENS || cx.plan.batch_invariant)
+    if (cx.few_rows(l.max_new, DECODE_MAX_TOKENS) || cx.plan.batch_invariant)
         && square
         && spec.conv_kernel == DECODE_CONV_KERNEL
         && let Some(f) = cx.k.gdn.decode(spec.num_v_heads / spec.num_k_heads)

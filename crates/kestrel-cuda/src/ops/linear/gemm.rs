@@ -1,6 +1,6 @@
 //! Products of more than 8 rows: activations rounded to bf16, cuBLAS
-//! (`cublasGemmEx`; cuBLASLt with the `experiments` feature, as the plan's
-//! `dense_gemm` says), f32 accumulation and output.
+//! (`cublasGemmEx`, or cuBLASLt with one algorithm per weight shape, as the
+//! plan's `dense_gemm` says), f32 accumulation and output.
 
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -42,18 +42,14 @@ pub fn gemm_bf16(cx: &Cx, x: u64, rows: usize, k: usize, w: u64, n: usize, out: 
     }
     let gpu = cx.gpu;
     check(gpu.ctx.bind_to_thread(), "bind context");
-    match cx.plan.dense_gemm {
-        DenseGemm::CublasGemmEx => {}
-        #[cfg(feature = "experiments")]
-        DenseGemm::CublasLt { .. } => {
-            let lt = cx
-                .blas_lt
-                .expect("cuBLASLt is set up when the plan names it");
-            if let Err(e) = lt.gemm(&gpu.stream, x, rows, k, w, n, out) {
-                panic!("{e}");
-            }
-            return;
+    if cx.plan.dense_gemm != DenseGemm::CublasGemmEx {
+        let lt = cx
+            .blas_lt
+            .expect("cuBLASLt is set up when the plan names it");
+        if let Err(e) = lt.gemm(&gpu.stream, x, rows, k, w, n, out) {
+            panic!("{e}");
         }
+        return;
     }
     let (alpha, beta) = (1.0f32, 0.0f32);
     check(
@@ -91,7 +87,8 @@ pub fn takes_bf16(cx: &Cx, rows: usize, k: usize) -> bool {
     let f32_rows =
         (cx.plan.precision == Precision::F32 || cx.plan.batch_invariant) && gemv_fits(1, k);
     let decode_rows = cx.decode_shaped() && gemv_fits(1, k);
-    !(gemv_fits(rows, k) || (f32_rows && rows > 0) || decode_rows)
+    let few_rows = gemv_fits(rows, k) && !cx.prompt_step();
+    !(few_rows || (f32_rows && rows > 0) || decode_rows)
 }
 
 /// A bf16 buffer for the copy of `rows` x `k` values a producing kernel

@@ -158,6 +158,7 @@ pub fn norm_fits(cx: &Cx, rows: usize, k: usize, format: Format) -> bool {
     cx.plan.norm_fusion
         && format != Format::F16
         && gemv_fits(rows, k)
+        && !cx.prompt_step()
         && rows <= NORM_MAX_ROWS
         && rows * k * 4 <= NORM_SMEM_MAX
 }

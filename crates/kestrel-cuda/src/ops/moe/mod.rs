@@ -71,7 +71,11 @@ enum Path {
 fn path(cx: &Cx, t: usize, h: usize, spec: &MoeSpec) -> Path {
     // A decode-shaped step's tokens all take the decode path (each token's
     // sums are then those of its plain decode step).
-    if decode_fits(t, h, spec) || (cx.decode_shaped() && decode_fits(1, h, spec)) {
+    // A prompt step's tokens take the prefill path however few they are
+    // (`Cx::prompt_step`).
+    if (decode_fits(t, h, spec) && !cx.prompt_step())
+        || (cx.decode_shaped() && decode_fits(1, h, spec))
+    {
         return Path::Decode;
     }
     match cx.plan.moe.prefill {

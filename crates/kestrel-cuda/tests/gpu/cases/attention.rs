@@ -13,6 +13,7 @@ pub(super) fn attention_steps(block_size: usize, pages: &[u32]) -> Vec<ForwardBa
     let table_a: Vec<u32> = pages[..3].to_vec();
     let table_b: Vec<u32> = pages[3..5].to_vec();
     let seq = |n, cached, table: &Vec<u32>, slot| SeqChunk {
+        prompt: false,
         num_tokens: n,
         cached_len: cached,
         block_table: table[..(cached + n).div_ceil(block_size)].to_vec(),
@@ -86,6 +87,7 @@ fn attention_prefill_long(c: &mut Ctx, shape: &AttnShape) {
     let totals = [2833, 78, 559, 5];
     let tables = scattered_tables(c, &totals, BS, 256);
     let seq = |i: usize, n: usize, cached: usize| SeqChunk {
+        prompt: false,
         num_tokens: n,
         cached_len: cached,
         block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
@@ -117,6 +119,7 @@ fn attention_decode(c: &mut Ctx, shape: &AttnShape) {
     let lens = [1, 17, 300, 2000, 45, 129, 700, 3];
     let tables = scattered_tables(c, &lens.map(|l| l + 3), BS, 256);
     let seq = |i: usize, n: usize, cached: usize| SeqChunk {
+        prompt: false,
         num_tokens: n,
         cached_len: cached,
         block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),
@@ -152,6 +155,7 @@ fn attention_prefill(c: &mut Ctx, shape: &AttnShape) {
     const BS: usize = 16;
     let tables = scattered_tables(c, &[400, 370], BS, 64);
     let seq = |i: usize, n: usize, cached: usize| SeqChunk {
+        prompt: false,
         num_tokens: n,
         cached_len: cached,
         block_table: tables[i][..(cached + n).div_ceil(BS)].to_vec(),

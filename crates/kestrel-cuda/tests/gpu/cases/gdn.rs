@@ -337,6 +337,7 @@ fn batch(seqs: &[(usize, u32)]) -> ForwardBatch {
         seqs: seqs
             .iter()
             .map(|&(n, slot)| SeqChunk {
+                prompt: false,
                 num_tokens: n,
                 cached_len: 0,
                 block_table: vec![],

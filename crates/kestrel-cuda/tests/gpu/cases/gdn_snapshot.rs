@@ -109,6 +109,7 @@ impl Case {
         let after = self.after;
         let seqs = vec![
             SeqChunk {
+                prompt: false,
                 state_snapshot: Some(StateSnapshot {
                     after,
                     slot: Some(snap),

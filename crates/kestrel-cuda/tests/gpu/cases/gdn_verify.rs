@@ -101,6 +101,7 @@ impl Case {
             seqs: chunks
                 .iter()
                 .map(|&(n, slot, ckpts)| SeqChunk {
+                    prompt: false,
                     num_tokens: n,
                     cached_len: 0,
                     block_table: vec![],

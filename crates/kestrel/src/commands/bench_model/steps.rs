@@ -56,6 +56,7 @@ pub fn prefill_sequence<B: Backend>(
         let n = budget.min(ids.len() - done);
         let batch = ForwardBatch {
             seqs: vec![SeqChunk {
+                prompt: true,
                 num_tokens: n,
                 cached_len: done,
                 block_table: pages[..(done + n).div_ceil(BLOCK_SIZE)].to_vec(),
@@ -143,6 +144,7 @@ impl<C> Prefilled<C> {
                 .iter()
                 .enumerate()
                 .map(|(s, t)| SeqChunk {
+                    prompt: false,
                     num_tokens: new,
                     cached_len: cached,
                     block_table: t[..(cached + new).div_ceil(BLOCK_SIZE)].to_vec(),
