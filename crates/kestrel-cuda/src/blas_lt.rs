@@ -28,13 +28,12 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use crate::device::ptr;
 
 /// Workspace handed to every product (split-K and stream-K algorithms use
-/// it; the row-invariant algorithms measured on an H100 asked for 0-4 bytes).
+/// it; the row-invariant ones ask for a few bytes at most).
 const WORKSPACE_BYTES: usize = 32 << 20;
-/// Row count the row-invariant algorithm is chosen for. Chosen for 8,192
-/// rows, the algorithms cost Qwen3.6's 1,024-token prefill 4 % against
-/// `cublasGemmEx`; chosen for 1,024, every prefill of 1,024 to 8,192 tokens
-/// stayed within 0.4 % of it on an H100
-/// (docs/benchmarks/2026-12-06-h100-invariant-prompt-rows).
+/// Row count the row-invariant algorithm is chosen for: the shortest
+/// prefill whose time matters, which kept every prefill length measured
+/// level with `cublasGemmEx`, where choosing for the longest chunk slowed the
+/// short ones (docs/benchmarks/2026-12-06-h100-invariant-prompt-rows).
 pub const ROW_INVARIANT_ROWS: usize = 1024;
 /// Heuristic results asked for per shape.
 const CANDIDATES: usize = 8;

@@ -9,8 +9,8 @@
 //! other requests arrive every few tokens (each stops at its first token).
 //! With invariant prompt rows (the default, `Plan::invariant_prompts`) a
 //! prompt chunk never joins the decode rows' pass, however short, and the
-//! decoding request's rows keep their bits (measured on an H100: 0 of 48
-//! differ in every run). With `KESTREL_PROMPT_ROWS=by-size` a hybrid
+//! decoding request's rows keep their bits (the runs print how many
+//! differ). With `KESTREL_PROMPT_ROWS=by-size` a hybrid
 //! prompt's tail after its last full page, prefilled in a pass of its own,
 //! is a short chunk that joins the decode rows' part, and the decode
 //! kernels' splits follow the number of sequences in such a step: that
