@@ -7,6 +7,7 @@
 pub mod attention;
 pub mod cache;
 mod flash_next;
+mod forward;
 pub mod gdn;
 pub mod linear;
 pub mod math;

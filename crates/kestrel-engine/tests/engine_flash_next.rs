@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use common::*;
 use kestrel_cpu::CpuBackend;
-use kestrel_engine::spec::{NgramConfig, SpeculativeConfig, SpeculativeMethod};
+use kestrel_engine::spec::{SpeculativeConfig, SpeculativeMethod};
 use kestrel_engine::{Engine, EngineConfig, EngineOptions, GenerateRequest};
 use serde_json::Value;
 
@@ -59,20 +59,7 @@ fn flash_next_serves_the_transformers_greedy_continuations() {
         .enumerate()
         .map(|(i, (prompt, want))| named(&format!("g{i}"), prompt, greedy(want.len())))
         .collect();
-    let ngram = SpeculativeConfig {
-        method: SpeculativeMethod::Ngram(NgramConfig::new(1, 3, 4).unwrap()),
-        num_speculative_tokens: 4,
-    };
-    let preempting = EngineConfig {
-        force_preempt_at: Some(2),
-        ..config()
-    };
-    let runs = [
-        ("plain", config(), None),
-        ("n-gram speculation", config(), Some(ngram)),
-        ("forced preemption", preempting, None),
-    ];
-    for (name, cfg, spec) in runs {
+    for (name, cfg, spec) in serving_variants() {
         let e = engine(cfg, spec);
         let alone: Vec<_> = reqs.iter().map(|r| run_one(&e, r.clone())).collect();
         let together = run_together(&e, &reqs);

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kestrel_cpu::CpuBackend;
+use kestrel_engine::spec::{NgramConfig, SpeculativeConfig, SpeculativeMethod};
 use kestrel_engine::{
     Engine, EngineConfig, EngineEvent, EngineHandle, EngineStats, GenerateRequest, LogitsObserver,
     RequestStream, Usage,
@@ -94,6 +95,24 @@ pub fn config() -> EngineConfig {
         force_preempt_at: None,
         sampled_vocab: None,
     }
+}
+
+/// The three ways of serving that a test of the engine's step shapes runs:
+/// plain, n-gram speculation (4 drafts) and a preemption forced at step 2.
+pub fn serving_variants() -> [(&'static str, EngineConfig, Option<SpeculativeConfig>); 3] {
+    let ngram = SpeculativeConfig {
+        method: SpeculativeMethod::Ngram(NgramConfig::new(1, 3, 4).unwrap()),
+        num_speculative_tokens: 4,
+    };
+    let preempting = EngineConfig {
+        force_preempt_at: Some(2),
+        ..config()
+    };
+    [
+        ("plain", config(), None),
+        ("n-gram speculation", config(), Some(ngram)),
+        ("forced preemption", preempting, None),
+    ]
 }
 
 pub fn spawn(model: TestModel, config: EngineConfig) -> EngineHandle {
