@@ -327,23 +327,27 @@ __device__ __forceinline__ int64_t qsa_pooled_row(const int* table, int block_si
 }
 
 // The pooled, normalised and rotated key of each block this step completes:
-// block b (`blocks[2i + 1]`) of sequence `blocks[2i]` is the f32 mean of the
-// raw keys at positions b * ratio .. (b + 1) * ratio (added in order, then
-// divided), its RMSNorm times `k_norm`, rotated at position b * ratio, written
-// to its row of `pooled`. A warp per block, head dims up to QSA_MAX_HEAD_DIM:
-// grid ceil(blocks / QSA_WARPS), block 32 * QSA_WARPS, dynamic shared memory
-// QSA_WARPS * d floats.
+// new token i (at `positions[i]`, of sequence `token_seq[i]`) completes block
+// b when its position is the block's last, and then block b is the f32 mean
+// of the raw keys at positions b * ratio .. (b + 1) * ratio (added in order,
+// then divided), its RMSNorm times `k_norm`, rotated at position b * ratio,
+// written to its row of `pooled`. The step's layout decides which tokens
+// pool, so a recorded decode step replays it with no host list. A warp per
+// new token, head dims up to QSA_MAX_HEAD_DIM: grid ceil(tokens /
+// QSA_WARPS), block 32 * QSA_WARPS, dynamic shared memory QSA_WARPS * d floats.
 KESTREL_EXTERN void qsa_pool_blocks(float* __restrict__ pooled, const float* __restrict__ keys,
-                                    const int* __restrict__ blocks, int count,
-                                    const int* __restrict__ table_offset, const int* __restrict__ block_tables,
-                                    const float* __restrict__ k_norm, int block_size, int ratio, int d,
-                                    int rotary_dim, float theta, float eps) {
+                                    const int* __restrict__ positions, const int* __restrict__ token_seq,
+                                    int tokens, const int* __restrict__ table_offset,
+                                    const int* __restrict__ block_tables, const float* __restrict__ k_norm,
+                                    int block_size, int ratio, int d, int rotary_dim, float theta, float eps) {
     pdl_begin();
     extern __shared__ float smem_bk[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (i >= count) return;
-    const int s = blocks[2 * i], b = blocks[2 * i + 1];
+    if (i >= tokens) return;
+    const int end = positions[i] + 1;
+    if (end % ratio != 0) return;
+    const int s = token_seq[i], b = end / ratio - 1;
     const int* table = block_tables + table_offset[s];
     float* buf = smem_bk + warp * d;
     float ss = 0.f;

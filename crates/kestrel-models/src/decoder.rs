@@ -20,6 +20,38 @@ pub const MAX_REPLAYED_BATCH: usize = 8;
 /// speculative verify step one per draft plus one.
 pub const MAX_REPLAYED_TOKENS: usize = 16;
 
+/// The new tokens of each sequence when `batch` is decode-shaped: up to
+/// [`MAX_REPLAYED_BATCH`] sequences, each bringing the same number of new
+/// tokens, 1 to [`MAX_REPLAYED_TOKENS`], none of them prompt tokens. Only
+/// such steps are keyed for replay: prefill chunks vary too much in shape
+/// for recordings to pay off, and a prompt's last token may take other
+/// kernels than a decode row (`SeqChunk::prompt`).
+pub(crate) fn decode_shaped(batch: &ForwardBatch) -> Option<usize> {
+    let tokens = batch.seqs.first()?.num_tokens;
+    let fits = batch.seqs.len() <= MAX_REPLAYED_BATCH
+        && (1..=MAX_REPLAYED_TOKENS).contains(&tokens)
+        && batch
+            .seqs
+            .iter()
+            .all(|s| s.num_tokens == tokens && !s.prompt);
+    fits.then_some(tokens)
+}
+
+/// The replay key of a decode-shaped step of model `owner` (its address):
+/// the number of sequences, their new tokens and state checkpoints, and
+/// what else changes the recorded work (`extra`: which rows get logits).
+pub(crate) fn step_key(owner: usize, batch: &ForwardBatch, extra: impl Hash) -> StepKey {
+    let checkpoints: Vec<usize> = batch
+        .seqs
+        .iter()
+        .map(|s| s.state_checkpoints.len())
+        .collect();
+    let mut h = std::hash::DefaultHasher::new();
+    (owner, batch.seqs.len(), batch.num_tokens(), checkpoints).hash(&mut h);
+    extra.hash(&mut h);
+    StepKey(h.finish())
+}
+
 /// The residual stream and the last layer's output, not yet added.
 pub(crate) type Unadded<T> = (T, Option<T>);
 
@@ -233,35 +265,16 @@ impl<B: Backend> Decoder<B> {
         (logits, hidden.expect("an unkeyed step runs its closure"))
     }
 
-    /// The replay key of a decode or verify step: this model, the number of
-    /// sequences, their new tokens and state checkpoints, and which rows get
-    /// logits. Prefill chunks are not keyed (their shapes vary too much for
-    /// recordings to pay off, and a prompt's last token may take other
-    /// kernels than a decode row: `SeqChunk::prompt`), nor are steps whose
-    /// sequences bring different numbers of tokens.
+    /// The replay key of a decode or verify step ([`decode_shaped`]) whose
+    /// every row gets logits: this model and the step's shape ([`step_key`]).
     fn decode_key(&self, batch: &ForwardBatch, rows: &[usize]) -> Option<StepKey> {
-        let n = batch.seqs.len();
-        let tokens = batch.seqs.first()?.num_tokens;
+        decode_shaped(batch)?;
         // Logits of a subset of the rows (a prefill chunk's last) gather
         // them by an uploaded index list, which a recording cannot replay.
-        if n > MAX_REPLAYED_BATCH
-            || tokens > MAX_REPLAYED_TOKENS
-            || batch
-                .seqs
-                .iter()
-                .any(|s| s.num_tokens != tokens || s.prompt)
-            || !rows.iter().copied().eq(0..batch.num_tokens())
-        {
+        if !rows.iter().copied().eq(0..batch.num_tokens()) {
             return None;
         }
-        let checkpoints: Vec<usize> = batch
-            .seqs
-            .iter()
-            .map(|s| s.state_checkpoints.len())
-            .collect();
-        let mut h = std::hash::DefaultHasher::new();
-        (self as *const Self as usize, n, tokens, checkpoints, rows).hash(&mut h);
-        Some(StepKey(h.finish()))
+        Some(step_key(self as *const Self as usize, batch, rows))
     }
 
     fn forward_layers(

@@ -405,6 +405,20 @@ pub trait FlashNextOps: Backend {
         self.attention(proj, w, spec, cache, layer, batch)
     }
 
+    /// Overwrites `t` with `data` (as many values as `t` holds) from the
+    /// host. A backend that records steps writes where `t` already is, so a
+    /// step recorded reading `t` reads the new values when replayed; the
+    /// default makes a new tensor.
+    fn write_rows(&self, t: &mut Self::Tensor, data: &[f32]) {
+        let (rows, cols) = self.dims(t);
+        assert_eq!(
+            data.len(),
+            rows * cols,
+            "write_rows: {rows} x {cols} values"
+        );
+        *t = self.from_host(rows, cols, data);
+    }
+
     /// Zeroes or copies rows of a per-slot state pool in place (a sequence
     /// starting over, a snapshot, a rollback).
     fn edit_rows(&self, t: &mut Self::Tensor, edit: RowEdit) {

@@ -23,6 +23,7 @@ mod golden;
 mod cuda_matches_cpu;
 mod engine_runs;
 mod flash_next_fixture;
+mod flash_next_graphs;
 mod fp8_fixtures;
 mod golden_fixtures;
 mod mixed_steps;

@@ -5,6 +5,11 @@
 //!
 //! `zero_state` and `copy_state` cover all of it; the engine calls these
 //! (through [`crate::TargetCache`]) instead of the backend's.
+//!
+//! It also holds the step's PLE inputs, the n-gram embeddings gathered on
+//! the host before the step (`stage_ple`).
+
+use std::collections::HashMap;
 
 use anyhow::Result;
 use kestrel_core::Backend;
@@ -22,6 +27,15 @@ pub struct FlashNextCache<B: Backend> {
     /// Per slot: the last `ngram_size - 1` tokens, EOS before the first.
     pub ngram_context: Vec<Vec<u32>>,
     pub block_size: usize,
+    /// Per PLE module, the embeddings of recorded steps' tokens: one tensor
+    /// per token count, kept where a recording reads it and rewritten by
+    /// every step of that count.
+    ple_recorded: Vec<HashMap<usize, B::Tensor>>,
+    /// Per PLE module, the embeddings of the step in progress when it is
+    /// not recorded.
+    ple_fresh: Vec<B::Tensor>,
+    /// The step in progress reads `ple_recorded` (at its token count).
+    ple_step: Option<usize>,
     ple_state_rows: usize,
     eos: u32,
     /// The backend's `FlashNextOps::edit_rows`: the engine holds this cache
@@ -68,10 +82,33 @@ impl<B: FlashNextOps> FlashNextCache<B> {
             ple_conv: (0..ple_modules).map(conv).collect(),
             ngram_context: vec![vec![eos; ngram_context]; slots],
             block_size,
+            ple_recorded: (0..ple_modules).map(|_| HashMap::new()).collect(),
+            ple_fresh: Vec::new(),
+            ple_step: None,
             ple_state_rows: state_rows,
             eos,
             edit_rows: <B as FlashNextOps>::edit_rows,
         })
+    }
+
+    /// Stages each PLE module's embeddings of the next step's `rows` tokens
+    /// (`width` values a row): for a recorded step (`recorded`) in that
+    /// module's tensor for `rows` rows, which stays where its recordings
+    /// read it; otherwise in new tensors.
+    pub fn stage_ple(&mut self, b: &B, embeddings: Vec<Vec<f32>>, rows: usize, recorded: bool) {
+        self.ple_fresh.clear();
+        self.ple_step = recorded.then_some(rows);
+        for (module, data) in embeddings.into_iter().enumerate() {
+            let width = data.len() / rows.max(1);
+            if recorded {
+                let t = self.ple_recorded[module]
+                    .entry(rows)
+                    .or_insert_with(|| b.from_host(rows, width, &data));
+                b.write_rows(t, &data);
+            } else {
+                self.ple_fresh.push(b.from_host(rows, width, &data));
+            }
+        }
     }
 }
 
@@ -81,17 +118,24 @@ impl<B: FlashNextOps> FlashNextCache<B> {
 pub struct Pools<'a, B: Backend> {
     pub indexer_keys: &'a mut [IndexerKeys<B::Tensor>],
     pub ple_conv: &'a mut [B::Tensor],
+    /// Per PLE module, the step's staged embeddings.
+    pub ple_input: Vec<&'a B::Tensor>,
     pub block_size: usize,
 }
 
 impl<B: Backend> FlashNextCache<B> {
     /// The backend cache and the layers' pools, borrowed apart.
     pub fn split(&mut self) -> (&mut B::Cache, Pools<'_, B>) {
+        let ple_input = match self.ple_step {
+            Some(rows) => self.ple_recorded.iter().map(|m| &m[&rows]).collect(),
+            None => self.ple_fresh.iter().collect(),
+        };
         (
             &mut self.base,
             Pools {
                 indexer_keys: &mut self.indexer_keys,
                 ple_conv: &mut self.ple_conv,
+                ple_input,
                 block_size: self.block_size,
             },
         )

@@ -159,23 +159,23 @@ impl<B: FlashNextOps> FlashNextLayer<B> {
     /// The layer on the streams `x` (`[T, streams * hidden]`), in place,
     /// except for its last sublayer's output: that is left in `pending` for
     /// the next hyper-connection to add (as the previous layer's was).
-    /// `history` is the n-gram token history of the new tokens.
-    #[allow(clippy::too_many_arguments)]
+    /// A PLE layer reads its module's embeddings of the new tokens from
+    /// `pools.ple_input`.
     pub fn forward(
         &self,
         b: &B,
         x: &mut B::Tensor,
         pending: &mut Option<PendingInject<B::Tensor>>,
-        history: &[u32],
         base: &mut B::Cache,
         pools: &mut Pools<'_, B>,
         batch: &ForwardBatch,
-    ) -> Result<()> {
+    ) {
         if let Some(ple) = &self.ple {
             if let Some(p) = pending.take() {
                 p.apply(b, x, &self.attn_hc.spec);
             }
-            ple.forward(b, x, history, &mut pools.ple_conv[ple.state_index], batch)?;
+            let i = ple.state_index;
+            ple.forward(b, x, pools.ple_input[i], &mut pools.ple_conv[i], batch);
         }
         let (input, logits) = self.attn_hc.mix(b, x, pending.take());
         let out = match &self.mixer {
@@ -187,6 +187,5 @@ impl<B: FlashNextOps> FlashNextLayer<B> {
         let out = b.moe(&input, &self.moe.0, &self.moe.1);
         let logits = logits.expect("layer hyper-connections inject");
         *pending = Some(PendingInject { out, logits });
-        Ok(())
     }
 }

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use kestrel_core::flash_next::{FlashNextOps, HyperSpec};
-use kestrel_core::{ForwardBatch, StateSnapshot};
+use kestrel_core::{ForwardBatch, StateSnapshot, StepKey};
 
 pub use cache::FlashNextCache;
 pub use config::FlashNextConfig;
@@ -34,6 +34,7 @@ use ngram::{NgramHasher, NgramTable, context_after, token_history};
 use ple::Ple;
 
 use crate::config::LayerKind;
+use crate::decoder::{decode_shaped, step_key};
 use crate::loader::Loader;
 use crate::pipeline::{self, LoadMode, LoadPlan};
 use crate::weights::WeightFiles;
@@ -291,35 +292,110 @@ impl<B: FlashNextOps> FlashNext<B> {
                 start += s.num_tokens;
             }
         }
+        let key = self.decode_key(batch, rows);
+        let mut embeddings: Vec<Vec<f32>> = vec![Vec::new(); cache.ple_conv.len()];
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let Some(ple) = &layer.ple {
+                embeddings[ple.state_index] = ple
+                    .embeddings(&history)
+                    .with_context(|| format!("layer {i}: n-gram embeddings"))?;
+            }
+        }
+        cache.stage_ple(b, embeddings, ids.len(), key.is_some());
         let (base, mut pools) = cache.split();
-        let mut failure = None;
-        let out = b.run_step(ids, batch, base, None, &mut |base| {
+        Ok(b.run_step(ids, batch, base, key, &mut |base| {
             let mut x = b.repeat_streams(&b.embedding(&self.embed, ids), self.hyper.streams);
             let mut pending = None;
-            for (i, layer) in self.layers.iter().enumerate() {
-                // The step must return a tensor: a failed layer's error is
-                // kept and the rest skipped.
-                let done =
-                    layer.forward(b, &mut x, &mut pending, &history, base, &mut pools, batch);
-                if let Err(e) = done {
-                    failure = Some(e.context(format!("layer {i}")));
-                    return x;
-                }
+            for layer in &self.layers {
+                layer.forward(b, &mut x, &mut pending, base, &mut pools, batch);
             }
             let hidden = self.mixer.mix(b, &mut x, pending).0;
             match rows {
                 Some(rows) => self.logits(b, &hidden, rows),
                 None => hidden,
             }
-        });
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(out),
+        }))
+    }
+
+    /// The key under which the backend may record a step (see
+    /// `Backend::run_step`): decode-shaped steps (`crate::decoder::decode_shaped`)
+    /// with logits of every row or none, and only while no new token has
+    /// more complete indexer blocks than the budget keeps: past it the
+    /// tokens' block scores come back to the host to be ranked, which a
+    /// recording cannot do.
+    fn decode_key(&self, batch: &ForwardBatch, rows: Option<&[usize]>) -> Option<StepKey> {
+        decode_shaped(batch)?;
+        let qsa = &self.config.qsa;
+        let top = qsa.budget / qsa.compress_ratio;
+        let scores = batch
+            .seqs
+            .iter()
+            .any(|s| s.total_len() / qsa.compress_ratio > top);
+        let some_rows = rows.is_some_and(|r| !r.iter().copied().eq(0..batch.num_tokens()));
+        if scores || some_rows || batch.seqs.iter().any(|s| s.state_snapshot.is_some()) {
+            return None;
         }
+        Some(step_key(
+            self as *const Self as usize,
+            batch,
+            rows.is_some(),
+        ))
     }
 
     /// Logits of the selected rows of `hidden`.
     pub fn logits(&self, b: &B, hidden: &B::Tensor, rows: &[usize]) -> B::Tensor {
         b.matmul(&b.gather_rows(hidden, rows), self.lm_head())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kestrel_core::SeqChunk;
+    use kestrel_cpu::CpuBackend;
+
+    /// Steps of `seqs` sequences at these cached lengths, `tokens` new each.
+    fn step(cached: &[usize], tokens: usize) -> ForwardBatch {
+        ForwardBatch {
+            seqs: cached
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| SeqChunk::new(tokens, c, vec![0; 8], i as u32))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn decode_steps_are_keyed_only_within_the_indexer_budget() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/golden/qwen4_exp/model");
+        let model = FlashNext::load(&dir, &CpuBackend::new()).unwrap();
+        let qsa = &model.config.qsa;
+        // The last position whose complete blocks the budget still keeps.
+        let last = (qsa.budget / qsa.compress_ratio + 1) * qsa.compress_ratio - 1;
+        let all = [0, 1];
+        let key = |b: &ForwardBatch, rows: Option<&[usize]>| model.decode_key(b, rows);
+
+        let within = step(&[last - 1, 3], 1);
+        assert!(key(&within, None).is_some());
+        assert!(key(&within, Some(&all)).is_some());
+        assert_ne!(key(&within, None), key(&within, Some(&all)));
+        // The same shape at other positions replays the same recording.
+        assert_eq!(key(&within, None), key(&step(&[2, 5], 1), None));
+        // Verify steps of 4 tokens per sequence have a key of their own.
+        let verify = step(&[2, 5], 4);
+        assert!(key(&verify, None).is_some());
+        assert_ne!(key(&verify, None), key(&within, None));
+
+        // A token past the budget scores blocks on the host.
+        assert!(key(&step(&[last, 3], 1), None).is_none());
+        // Logits of some rows, uneven chunks and prompt chunks are not keyed.
+        assert!(key(&within, Some(&[1])).is_none());
+        let mut uneven = step(&[2, 5], 1);
+        uneven.seqs[1].num_tokens = 2;
+        assert!(key(&uneven, None).is_none());
+        let mut prompt = step(&[0, 5], 1);
+        prompt.seqs[0].prompt = true;
+        assert!(key(&prompt, None).is_none());
     }
 }

@@ -56,24 +56,26 @@ impl<B: FlashNextOps> Ple<B> {
         })
     }
 
-    /// `x += ple(x)` for the new tokens whose n-gram histories are `history`.
+    /// The n-gram embeddings (`[T, heads * table dim]`, row-major) of the
+    /// new tokens whose n-gram histories are `history`, gathered from the
+    /// table on the host.
+    pub fn embeddings(&self, history: &[u32]) -> Result<Vec<f32>> {
+        self.table.gather(&self.hasher.rows_of(history))
+    }
+
+    /// `x += ple(x)` for the new tokens whose embeddings are `emb`.
     pub fn forward(
         &self,
         b: &B,
         x: &mut B::Tensor,
-        history: &[u32],
+        emb: &B::Tensor,
         state: &mut B::Tensor,
         batch: &ForwardBatch,
-    ) -> Result<()> {
-        let rows = self.hasher.rows_of(history);
-        let t = batch.num_tokens();
-        let emb = self.table.gather(&rows)?;
-        let emb = b.from_host(t, emb.len() / t.max(1), &emb);
-        let key = b.matmul(&emb, &self.key_proj);
-        let value = b.matmul(&emb, &self.value_proj);
+    ) {
+        let key = b.matmul(emb, &self.key_proj);
+        let value = b.matmul(emb, &self.value_proj);
         let out = b.ple_mix(x, &key, &value, &self.params, &self.spec, state, batch);
         b.add_assign(x, &out);
-        Ok(())
     }
 }
 

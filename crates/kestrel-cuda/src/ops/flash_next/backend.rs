@@ -25,11 +25,11 @@ impl FlashNextOps for CudaBackend {
     }
 
     fn hyper_low_rank_act(&self, x: &CudaTensor, streams: usize) -> CudaTensor {
-        super::scaled_silu(&self.cx(), x, streams as f32)
+        super::hyper::scaled_silu(&self.cx(), x, streams as f32)
     }
 
     fn hyper_mix(&self, normed: &CudaTensor, gate: &CudaTensor, spec: &HyperSpec) -> CudaTensor {
-        super::mix(&self.cx(), normed, gate, spec)
+        super::hyper::mix(&self.cx(), normed, gate, spec)
     }
 
     fn hyper_inject(
@@ -39,7 +39,7 @@ impl FlashNextOps for CudaBackend {
         inject: &CudaTensor,
         spec: &HyperSpec,
     ) {
-        super::inject(&self.cx(), x, out, inject, spec)
+        super::hyper::inject(&self.cx(), x, out, inject, spec)
     }
 
     /// With the plan's hyper-connection fusion, two kernels for a
@@ -57,7 +57,7 @@ impl FlashNextOps for CudaBackend {
         if self.plan.hyper_fusion && sixteen_bit(down) && down.format() == up.format() {
             let (down_m, up_m) = (down.matrix("gate down", s), up.matrix("gate up", s));
             if let Some(mixed) =
-                super::gate_mix_decode(&cx, normed, (down_m, down.dim0()), up_m, spec)
+                super::hyper::gate_mix_decode(&cx, normed, (down_m, down.dim0()), up_m, spec)
             {
                 return mixed;
             }
@@ -79,7 +79,7 @@ impl FlashNextOps for CudaBackend {
         if self.plan.hyper_fusion && inject.is_none_or(sixteen_bit) {
             let cx = self.cx();
             let m = inject.map(|w| w.matrix("hyper-connection inject", &cx.gpu.stream));
-            return super::hyper_norm(&cx, x, pending, norm, m, spec);
+            return super::hyper::hyper_norm(&cx, x, pending, norm, m, spec);
         }
         composed_hyper_norm(self, x, pending, norm, inject, spec)
     }
@@ -128,8 +128,12 @@ impl FlashNextOps for CudaBackend {
         super::qsa::sparse_attention(&self.cx(), proj, w, spec, cache, layer, batch, selection)
     }
 
+    fn write_rows(&self, t: &mut CudaTensor, data: &[f32]) {
+        super::pools::write_rows(&self.cx(), t, data)
+    }
+
     fn edit_rows(&self, t: &mut CudaTensor, edit: RowEdit) {
-        super::edit_rows(&self.cx(), t, edit)
+        super::pools::edit_rows(&self.cx(), t, edit)
     }
 }
 

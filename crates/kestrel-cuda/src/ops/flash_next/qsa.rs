@@ -15,7 +15,11 @@
 //! its selected blocks as pages of `compress_ratio` cache slots (then its
 //! tail's page), so the split-KV decode kernels (or the generic kernel on
 //! f32 caches) read exactly those keys (its own, which the first attention
-//! kernel has just written, only when it selects it).
+//! kernel has just written, only when it selects it). A step in which no
+//! token chooses is ordinary causal attention (the backend's `attention`).
+//! Which tokens complete a block, and so pool it, the kernel reads from the
+//! step's layout: within the budget nothing is uploaded, and a decode step
+//! can be recorded as a CUDA graph.
 
 use kestrel_core::flash_next::selection::ScoreLayout;
 use kestrel_core::flash_next::{IndexerKeys, QsaNorms, QsaSpec, TokenSelection};
@@ -87,37 +91,33 @@ pub fn select(
     );
     let layout = ScoreLayout::new(spec, batch);
     let table_args = [Arg::Ptr(l.table_offset()), Arg::Ptr(l.block_tables())];
-    if !layout.completed.is_empty() {
-        let completed: Vec<i32> = layout
-            .completed
-            .iter()
-            .flat_map(|&(seq, b)| [seq as i32, b as i32])
-            .collect();
-        let completed_dev = gpu.upload(&completed);
-        let mut args = vec![
-            Arg::Ptr(ptr(&keys.pooled.buf, s)),
-            Arg::Ptr(ptr(&keys.raw.buf, s)),
-            Arg::Ptr(ptr(&completed_dev, s)),
-            Arg::I32(layout.completed.len() as i32),
-        ];
-        args.extend(table_args);
-        args.extend([
-            Arg::Ptr(ptr(norms.k.weight.f32("indexer k norm"), s)),
-            Arg::I32(block_size as i32),
-            Arg::I32(r as i32),
-            Arg::I32(d as i32),
-            Arg::I32(spec.rope.rotary_dim as i32),
-            Arg::F32(spec.rope.theta),
-            Arg::F32(spec.eps),
-        ]);
-        gpu.launch(
-            &cx.k.flash_next.qsa_pool_blocks,
-            (blocks(layout.completed.len(), QSA_WARPS), 1, 1),
-            32 * QSA_WARPS as u32,
-            (QSA_WARPS * d * 4) as u32,
-            &args,
-        );
-    }
+    // Launched whether or not a token completes a block (which a recorded
+    // decode step replays with other positions): the kernel finds the
+    // completing tokens in the layout.
+    let mut args = vec![
+        Arg::Ptr(ptr(&keys.pooled.buf, s)),
+        Arg::Ptr(ptr(&keys.raw.buf, s)),
+        Arg::Ptr(l.positions()),
+        Arg::Ptr(l.token_seq()),
+        Arg::I32(t as i32),
+    ];
+    args.extend(table_args);
+    args.extend([
+        Arg::Ptr(ptr(norms.k.weight.f32("indexer k norm"), s)),
+        Arg::I32(block_size as i32),
+        Arg::I32(r as i32),
+        Arg::I32(d as i32),
+        Arg::I32(spec.rope.rotary_dim as i32),
+        Arg::F32(spec.rope.theta),
+        Arg::F32(spec.eps),
+    ]);
+    gpu.launch(
+        &cx.k.flash_next.qsa_pool_blocks,
+        (blocks(t, QSA_WARPS), 1, 1),
+        32 * QSA_WARPS as u32,
+        (QSA_WARPS * d * 4) as u32,
+        &args,
+    );
     let scores = if layout.scored.is_empty() {
         Vec::new()
     } else {

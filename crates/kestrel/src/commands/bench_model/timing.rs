@@ -531,6 +531,10 @@ impl<B: FlashNextOps> FlashNextOps for Timed<B> {
         })
     }
 
+    fn write_rows(&self, t: &mut B::Tensor, data: &[f32]) {
+        self.time(fixed("write_rows"), || self.inner.write_rows(t, data))
+    }
+
     fn edit_rows(&self, t: &mut B::Tensor, edit: RowEdit) {
         self.time(fixed("edit_rows"), || self.inner.edit_rows(t, edit))
     }
