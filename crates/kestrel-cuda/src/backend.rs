@@ -3,13 +3,12 @@
 //! layer.
 
 use kestrel_core::{
-    AttentionSpec, AttentionWeights, Backend, BackendError, CacheSpec, DType, ForwardBatch,
-    GdnSpec, GdnWeights, HostTensor, HostWeight, MoeSpec, MoeWeights, PreNorm, Result, StepKey,
+    AttentionSpec, AttentionWeights, Backend, CacheSpec, DType, ForwardBatch, GdnSpec, GdnWeights,
+    HostTensor, HostWeight, MoeSpec, MoeWeights, PreNorm, Result, StepKey,
 };
 
 use crate::ops::attention::block::CudaBlockKeys;
-use crate::tensor::{self, Converted, WeightData};
-use crate::{CudaBackend, CudaCache, CudaTensor, CudaWeight, Precision, context, ops, probe};
+use crate::{CudaBackend, CudaCache, CudaTensor, CudaWeight, context, ops, probe};
 
 impl Backend for CudaBackend {
     type Tensor = CudaTensor;
@@ -22,16 +21,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, t: &HostTensor) -> Result<CudaWeight> {
-        let keep_f16 = self.plan.precision == Precision::F32;
-        let data = match tensor::convert(t, keep_f16)? {
-            Converted::Bf16(bits) => WeightData::Bf16(self.try_upload(&bits[..])?),
-            Converted::F16(bits) => WeightData::F16(self.try_upload(&bits[..])?),
-            Converted::F32(v) => WeightData::F32(self.try_upload(&v)?),
-        };
-        Ok(CudaWeight {
-            shape: t.shape.clone(),
-            data,
-        })
+        self.upload_tensor(t)
     }
 
     /// Block-FP8 weights arrive as they are (codes and block scales): the
@@ -69,30 +59,7 @@ impl Backend for CudaBackend {
         offset: f32,
         scale: f32,
     ) -> Result<CudaWeight> {
-        if shape.len() <= 1 && dtype == DType::F16 {
-            // An f16-rounded vector: rare enough to build on the host.
-            let n: usize = shape.iter().product();
-            let v: Vec<u8> = (0..n as u64)
-                .flat_map(|i| {
-                    let x = kestrel_core::dummy::dummy_value(seed, i, offset, scale);
-                    half::f16::from_f32(x).to_le_bytes()
-                })
-                .collect();
-            return self.upload(&HostTensor {
-                dtype,
-                shape: shape.to_vec(),
-                data: v.into(),
-            });
-        }
-        probe::dummy_weight(
-            &self.gpu,
-            &self.kernels.probe,
-            shape,
-            dtype,
-            seed,
-            offset,
-            scale,
-        )
+        self.draw_dummy(shape, dtype, seed, offset, scale)
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -432,20 +399,5 @@ impl Backend for CudaBackend {
         batch: &ForwardBatch,
     ) -> CudaTensor {
         ops::gdn::gated_delta_net(&self.cx(), proj, w, spec, cache, layer, batch)
-    }
-}
-
-impl CudaBackend {
-    /// Upload with an out-of-memory error instead of a panic.
-    fn try_upload<T: cudarc::driver::DeviceRepr>(
-        &self,
-        data: &[T],
-    ) -> Result<cudarc::driver::CudaSlice<T>> {
-        if data.is_empty() {
-            return Ok(self.gpu.alloc_zeros(1));
-        }
-        self.gpu.stream.clone_htod(data).map_err(|e| {
-            BackendError::OutOfMemory(format!("uploading {} elements: {e:?}", data.len()))
-        })
     }
 }

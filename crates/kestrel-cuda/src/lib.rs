@@ -40,6 +40,7 @@ mod probe;
 mod step;
 pub mod switches;
 mod tensor;
+mod weights;
 
 use kestrel_core::{BackendError, Result};
 
