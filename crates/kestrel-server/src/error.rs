@@ -59,6 +59,22 @@ impl From<SubmitError> for ServerError {
 /// Seconds a client should wait after a 429.
 const RETRY_AFTER_S: &str = "1";
 
+impl ServerError {
+    /// The failure as Anthropic clients read it (`/v1/messages`): the same
+    /// status, Anthropic's error body.
+    pub fn into_anthropic_response(self) -> Response {
+        let status = self.status();
+        let body = kestrel_api::anthropic::error_body(&self.error);
+        let mut response = (status, axum::Json(body)).into_response();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_S));
+        }
+        response
+    }
+}
+
 impl IntoResponse for ServerError {
     fn into_response(self) -> Response {
         let status = self.status();

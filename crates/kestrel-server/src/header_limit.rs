@@ -8,7 +8,6 @@ use axum::response::{IntoResponse, Response};
 use kestrel_api::{ApiError, ErrorKind};
 
 use crate::error::ServerError;
-use crate::routes::messages;
 
 /// Bytes of all header names and values together (each line's `: ` and CRLF
 /// counted): far above any real client's head, a few KiB.
@@ -35,7 +34,7 @@ pub async fn limit_headers(request: Request, next: Next) -> Response {
         ApiError::new(ErrorKind::InvalidRequest, problem),
     );
     if request.uri().path().starts_with("/v1/messages") {
-        messages::error_response(error)
+        error.into_anthropic_response()
     } else {
         error.into_response()
     }

@@ -16,6 +16,7 @@
 //! # }
 //! ```
 
+mod api_keys;
 mod app;
 mod auth;
 mod body;

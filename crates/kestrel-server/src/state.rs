@@ -10,7 +10,7 @@ use kestrel_engine::EngineHandle;
 use kestrel_structured::{GrammarCompiler, ToolCallFormat};
 use kestrel_text::{ChatTemplate, Tokenizer};
 
-use crate::auth::ApiKeys;
+use crate::api_keys::ApiKeys;
 use crate::config::ServerConfig;
 use crate::error::{ServerError, ServerResult};
 use crate::metrics::ServerMetrics;

@@ -16,7 +16,7 @@ use axum::{Extension, Json};
 use kestrel_api::anthropic::stream::error_event;
 use kestrel_api::anthropic::{
     MessageResponse, MessageStream, MessageUsage, Normalization, check_context, content_blocks,
-    error_body, parse_messages_body, stop_reason,
+    parse_messages_body, stop_reason,
 };
 use kestrel_api::output::{ChatOutputParser, OutputOptions, parse_chat_output};
 use kestrel_api::types::{FinishReason, Usage};
@@ -39,7 +39,7 @@ pub async fn messages(
 ) -> Response {
     create_message(state, request_id, headers, body)
         .await
-        .unwrap_or_else(error_response)
+        .unwrap_or_else(ServerError::into_anthropic_response)
 }
 
 pub async fn count_tokens(
@@ -50,19 +50,7 @@ pub async fn count_tokens(
 ) -> Response {
     count(state, request_id, headers, body)
         .await
-        .unwrap_or_else(error_response)
-}
-
-/// A failure as Anthropic clients read it: same status, Anthropic's body.
-pub fn error_response(e: ServerError) -> Response {
-    let status = e.status();
-    let mut response = (status, Json(error_body(&e.error))).into_response();
-    if status.as_u16() == 429 {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    response
+        .unwrap_or_else(ServerError::into_anthropic_response)
 }
 
 /// The Messages body as a validated chat request.
