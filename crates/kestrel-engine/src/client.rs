@@ -8,9 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::handle::{EngineConfig, EngineEvent, EngineStats, GenerateRequest, SubmitError};
-
-/// Engine-internal id of a request (the server's `request_id` need not be unique).
-pub(crate) type SeqId = u64;
+use crate::sequence::SeqId;
 
 /// What the handle and the streams tell the engine thread.
 pub(crate) enum Command {

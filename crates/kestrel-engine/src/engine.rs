@@ -15,16 +15,10 @@ use crate::handle::{EngineConfig, EngineEvent};
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
 use crate::spec::{self, DraftLength, DraftRows, Proposer, SpeculativeConfig, SpeculativeMethod};
-use crate::step;
+use crate::step::{self, LogitsObserver};
 
 /// Starts engines; see [`Engine::spawn`].
 pub struct Engine;
-
-/// Instrumentation: called with a request's `request_id` and each raw logits
-/// row the engine samples that request's next token from (before penalties).
-/// The tests use it to check that outputs are bitwise independent of
-/// batching, preemption and the prefix cache.
-pub type LogitsObserver = Box<dyn FnMut(&str, &[f32]) + Send>;
 
 /// What an engine runs with besides its limits.
 pub struct EngineOptions {

@@ -26,8 +26,9 @@ mod timing;
 pub use choose::{RowSource, StepLogits};
 pub use client::{EngineHandle, RequestStream};
 pub use constraint::{Constraint, TokenConstraint};
-pub use engine::{Engine, EngineOptions, LogitsObserver};
+pub use engine::{Engine, EngineOptions};
 pub use handle::{
     EngineConfig, EngineEvent, EngineStats, GenerateRequest, PromptTokenLogprobs, SubmitError,
     Usage,
 };
+pub use step::LogitsObserver;

@@ -26,9 +26,10 @@ use kestrel_sampling::{Finish, FinishReason};
 use counters::Counters;
 
 use crate::cache::{BlockAllocator, CacheError, RadixCache, StateSlots};
-use crate::client::{SeqId, Shared};
+use crate::client::Shared;
 use crate::handle::{EngineConfig, EngineEvent};
 use crate::prefill::ChunkPolicy;
+use crate::sequence::SeqId;
 use crate::sequence::Sequence;
 use crate::spec::{DraftSource, Retired};
 

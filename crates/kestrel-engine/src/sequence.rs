@@ -5,11 +5,13 @@ use kestrel_sampling::{Sampler, StopConditions};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::cache::SequenceCache;
-use crate::client::SeqId;
 use crate::constraint::TokenConstraint;
 use crate::handle::{EngineConfig, EngineEvent, GenerateRequest, SubmitError, Usage};
 use crate::spec::DraftLength;
 use crate::timing::FirstTokenTiming;
+
+/// Engine-internal id of a request (the server's `request_id` need not be unique).
+pub(crate) type SeqId = u64;
 
 pub(crate) struct Sequence {
     pub id: SeqId,

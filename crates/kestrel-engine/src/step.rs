@@ -12,16 +12,21 @@ use kestrel_models::{Target, TargetCache};
 use kestrel_sampling::{DEFAULT_MAX_CANDIDATES, Finish, FinishReason};
 
 use crate::choose::{RowSource, StepLogits};
-use crate::client::SeqId;
-use crate::engine::LogitsObserver;
 use crate::handle::EngineEvent;
 use crate::logprobs::RowRecorder;
 use crate::prompt_logprobs;
 use crate::scheduler::{Scheduler, StateOp, StepPlan};
+use crate::sequence::SeqId;
 use crate::sequence::Sequence;
 use crate::spec::capture::{self, StepReader};
 use crate::spec::mtp::CommittedRows;
 use crate::timing;
+
+/// Instrumentation: called with a request's `request_id` and each raw logits
+/// row the engine samples that request's next token from (before penalties).
+/// The tests use it to check that outputs are bitwise independent of
+/// batching, preemption and the prefix cache.
+pub type LogitsObserver = Box<dyn FnMut(&str, &[f32]) + Send>;
 
 /// What happened to a sequence in this step, applied after all sampling.
 enum Outcome {

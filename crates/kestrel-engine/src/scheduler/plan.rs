@@ -4,7 +4,7 @@
 
 use super::{ScheduledChunk, Scheduler, StateOp, StepPlan};
 use crate::cache::{CacheError, PrefixMatch, SequenceCache};
-use crate::client::SeqId;
+use crate::sequence::SeqId;
 
 impl Scheduler {
     /// Preempt running sequence `index` by recompute.

@@ -27,7 +27,7 @@ use kestrel_models::{DflashDrafter, DraftContext, DraftHead, Model};
 
 use super::DraftVocab;
 use super::mtp::CommittedRows;
-use crate::client::SeqId;
+use crate::sequence::SeqId;
 
 /// Tokens of context a sequence's drafter keeps by default (SGLang's
 /// `--speculative-dflash-draft-window-size` default).

@@ -43,8 +43,8 @@ pub(crate) use draft_length::DraftLength;
 pub use draft_vocab::DraftVocab;
 pub use ngram::NgramConfig;
 
-use crate::client::SeqId;
 use crate::handle::EngineConfig;
+use crate::sequence::SeqId;
 use crate::sequence::Sequence;
 use capture::StepReader;
 use dflash::DflashProposer;

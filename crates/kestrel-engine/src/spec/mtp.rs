@@ -27,7 +27,7 @@ use kestrel_core::{Backend, ForwardBatch, SeqChunk};
 use kestrel_models::{DraftHead, Model, MtpHead};
 
 use super::DraftVocab;
-use crate::client::SeqId;
+use crate::sequence::SeqId;
 
 /// One sequence's rows in a step, as the drafter needs them.
 pub(crate) struct CommittedRows<'a> {
