@@ -20,6 +20,7 @@ use kestrel_api::{StructuredOutput, Tool};
 use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use serde_json::{Map, Value, json};
 
+use crate::layout::with_layout;
 use crate::xml_call::xml_call_lark;
 
 /// What the output must be.
@@ -127,29 +128,6 @@ fn alternatives(choices: &[String]) -> String {
         .map(|c| Value::String(c.clone()).to_string())
         .collect::<Vec<_>>()
         .join(" | ")
-}
-
-/// The schema with the JSON layout the Qwen tool parser and most clients
-/// expect, unless the schema sets its own.
-pub(crate) fn with_layout(schema: Value) -> Value {
-    let mut schema = match schema {
-        Value::Bool(true) => json!({}),
-        Value::Bool(false) => json!({"not": {}}),
-        other => other,
-    };
-    if let Value::Object(map) = &mut schema
-        && !map.contains_key("x-guidance")
-    {
-        map.insert(
-            "x-guidance".into(),
-            json!({
-                "whitespace_flexible": false,
-                "item_separator": ", ",
-                "key_separator": ": ",
-            }),
-        );
-    }
-    schema
 }
 
 /// One Qwen3 JSON tool call (or several, one per line, with `parallel`),

@@ -20,6 +20,7 @@
 
 pub mod compiler;
 pub mod grammar;
+mod layout;
 pub mod matcher;
 pub mod vocabulary;
 mod xml_call;

@@ -25,7 +25,7 @@ use std::collections::HashSet;
 use kestrel_api::Tool;
 use serde_json::{Map, Value};
 
-use crate::grammar::with_layout;
+use crate::layout::with_layout;
 use crate::xml_value::{ValueGrammar, value_grammar};
 
 /// Value terminals may not hold a second `</parameter>` or any
