@@ -8,7 +8,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::request::typed;
+use super::fields::typed;
 use crate::error::{ApiError, ErrorKind};
 
 #[derive(Debug, Clone, Deserialize)]

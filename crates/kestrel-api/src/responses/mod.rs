@@ -4,6 +4,7 @@
 //! template and output parsers handle as usual; the parsed output becomes
 //! output items and the Responses stream events ([`stream`]).
 
+mod fields;
 mod input;
 pub mod request;
 pub mod response;

@@ -8,10 +8,10 @@
 //! references) is refused with a 400 that says so.
 
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
-use crate::error::{ApiError, ErrorKind};
+use super::fields::typed;
+use crate::error::ApiError;
 
 /// The top level of a Responses request. Unknown keys (`service_tier`,
 /// `prompt_cache_key`, `safety_identifier`, `stream_options`, ...) are
@@ -140,31 +140,6 @@ pub enum TextFormat {
         #[serde(default)]
         strict: Option<bool>,
     },
-}
-
-/// Deserialises `value` as `T`; a failure is a 400 whose `param` is the
-/// path of the field at fault under `prefix` (`input[2].call_id`).
-pub(super) fn typed<T: DeserializeOwned>(value: &Value, prefix: &str) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let param = match (prefix, path.as_str()) {
-            ("", ".") => None,
-            (p, ".") => Some(p.to_string()),
-            ("", rest) => Some(rest.to_string()),
-            (p, rest) if rest.starts_with('[') => Some(format!("{p}{rest}")),
-            (p, rest) => Some(format!("{p}.{rest}")),
-        };
-        let inner = e.into_inner().to_string();
-        let mut err = ApiError::new(
-            ErrorKind::InvalidRequest,
-            match &param {
-                Some(p) => format!("{p}: {inner}"),
-                None => inner,
-            },
-        );
-        err.param = param;
-        err
-    })
 }
 
 /// A 400 for a feature that needs responses stored on the server.
