@@ -190,6 +190,22 @@ pub fn check_series(series: &MetricSeries, tol: &Tolerances) -> MetricCheck {
     }
 }
 
+/// "mode metric: CV x% > y%" for every check whose CV is above the limit or
+/// undefined; empty when the run is steady.
+pub fn noisy_reasons(checks: &[MetricCheck], tol: &Tolerances) -> Vec<String> {
+    checks
+        .iter()
+        .filter(|c| !c.cv_ok)
+        .map(|c| {
+            let name = format!("{} {}", c.mode, c.metric.label());
+            match c.cv {
+                Some(cv) => format!("{name}: CV {:.2}% > {:.2}%", cv * 100.0, tol.cv_max * 100.0),
+                None => format!("{name}: CV undefined over {} round(s)", c.values.len()),
+            }
+        })
+        .collect()
+}
+
 pub fn classify(input: &ClassifyInput) -> Classification {
     let tol = &input.tolerances;
     let checks: Vec<MetricCheck> = input.series.iter().map(|s| check_series(s, tol)).collect();
@@ -218,7 +234,7 @@ pub fn classify(input: &ClassifyInput) -> Classification {
             checks,
         };
     }
-    let noisy = crate::spread::noisy_reasons(&checks, tol);
+    let noisy = noisy_reasons(&checks, tol);
     if !noisy.is_empty() {
         return Classification {
             outcome: Outcome::InvalidRun,

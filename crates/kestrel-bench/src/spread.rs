@@ -2,32 +2,19 @@
 //! (CV above `cv_max`, 3% by default, or undefined) certifies nothing, with
 //! or without a reference to compare it to.
 //!
-//! `reproduce` applies it as step 3 of [`crate::outcome::classify`]; a plain
-//! `bench run` has no reference, so [`grade_unreferenced`] applies it alone:
+//! `reproduce` applies it as step 3 of [`crate::outcome::classify`] (its
+//! reasons: [`crate::outcome::noisy_reasons`]); a plain `bench run` has no
+//! reference, so [`grade_unreferenced`] applies it alone:
 //! `INVALID_RUN` (exit code 2) with the noisy figures as reasons, else
 //! `MEASURED`. The figures graded are the ones a lock would compare: every
 //! mode's TTFT, prefill and decode rates, and the stream curve's aggregate
 //! rate at each concurrency.
 
-use crate::outcome::check_series;
-use crate::outcome::{Classification, MetricCheck, MetricKind, MetricSeries, Outcome, Tolerances};
+use crate::outcome::{
+    Classification, MetricCheck, MetricKind, MetricSeries, Outcome, Tolerances, check_series,
+    noisy_reasons,
+};
 use crate::runner::BenchResult;
-
-/// "mode metric: CV x% > y%" for every check whose CV is above the limit or
-/// undefined; empty when the run is steady.
-pub fn noisy_reasons(checks: &[MetricCheck], tol: &Tolerances) -> Vec<String> {
-    checks
-        .iter()
-        .filter(|c| !c.cv_ok)
-        .map(|c| {
-            let name = format!("{} {}", c.mode, c.metric.label());
-            match c.cv {
-                Some(cv) => format!("{name}: CV {:.2}% > {:.2}%", cv * 100.0, tol.cv_max * 100.0),
-                None => format!("{name}: CV undefined over {} round(s)", c.values.len()),
-            }
-        })
-        .collect()
-}
 
 /// The across-round series of a run, each without a reference.
 pub fn run_series(result: &BenchResult) -> Vec<MetricSeries> {
