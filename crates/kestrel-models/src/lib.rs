@@ -32,6 +32,7 @@ pub mod runner;
 pub mod taps;
 pub mod target;
 pub mod transform;
+mod upload_queue;
 pub mod weights;
 
 use std::path::Path;

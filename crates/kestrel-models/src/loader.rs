@@ -23,8 +23,8 @@ use rayon::prelude::*;
 use crate::buffers::BufferPool;
 use crate::dummy_init::Init;
 use crate::fp8::{self, FP8_COPY_SUFFIX, Quantization, WeightForm};
-use crate::pipeline::{self, Counters, UploadRequest};
 use crate::transform;
+use crate::upload_queue::{self, Counters, UploadRequest};
 use crate::weights::{Stored, WeightFiles};
 
 pub enum Source<'a> {
@@ -357,7 +357,7 @@ impl<'a, B: Backend> Loader<'a, B> {
                 let base = name.split('#').next().unwrap_or(name);
                 let weight = match &self.uploads {
                     None => self.backend.upload_weight(&w).map_err(anyhow::Error::from),
-                    Some(queue) => pipeline::upload_queued(queue, w.into_owned()),
+                    Some(queue) => upload_queue::upload_queued(queue, w.into_owned()),
                 };
                 weight.with_context(|| {
                     format!(

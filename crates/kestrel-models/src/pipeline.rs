@@ -17,17 +17,17 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use kestrel_core::{Backend, DType, HostTensor, HostWeight};
 use serde_json::{Value, json};
 
 use crate::buffers::BufferPool;
 use crate::fp8::WeightForm;
 use crate::loader::Loader;
+use crate::upload_queue::UploadRequest;
 use crate::weights::WeightFiles;
 
 /// What the calling thread does with packed tensors.
@@ -38,34 +38,6 @@ pub enum LoadMode {
     /// Drop them and hand back one-element placeholders: measures reading
     /// and packing alone. The model it builds must not be run.
     PackOnly,
-}
-
-/// A packed tensor on its way to the uploading thread, and where its
-/// weight goes back.
-pub struct UploadRequest<B: Backend> {
-    pub tensor: HostWeight<'static>,
-    pub reply: mpsc::Sender<kestrel_core::Result<B::Weight>>,
-}
-
-/// Byte and time counts of a load, shared by its threads.
-#[derive(Default)]
-pub struct Counters {
-    checkpoint_bytes: AtomicU64,
-    packed_bytes: AtomicU64,
-    pack_nanos: AtomicU64,
-}
-
-impl Counters {
-    pub fn read(&self, bytes: usize) {
-        self.checkpoint_bytes
-            .fetch_add(bytes as u64, Ordering::Relaxed);
-    }
-
-    pub fn packed(&self, bytes: usize, since: Instant) {
-        self.packed_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        self.pack_nanos
-            .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
 }
 
 /// How a load went: what `kestrel bench-load` and `bench-model` report.
@@ -211,9 +183,9 @@ pub fn load<'a, B: Backend, T: Send>(
     let stats = LoadStats {
         mode: plan.mode,
         wall_seconds: start.elapsed().as_secs_f64(),
-        checkpoint_bytes: counters.checkpoint_bytes.into_inner(),
-        packed_bytes: counters.packed_bytes.into_inner(),
-        pack_seconds: counters.pack_nanos.into_inner() as f64 / 1e9,
+        checkpoint_bytes: counters.checkpoint_bytes(),
+        packed_bytes: counters.packed_bytes(),
+        pack_seconds: counters.pack_seconds(),
         upload_seconds,
         workers,
         peak_rss_bytes: status_bytes("VmHWM"),
@@ -228,21 +200,6 @@ fn status_bytes(field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
-}
-
-/// The upload of `tensor` through the queue: blocks until it is done.
-pub fn upload_queued<B: Backend>(
-    queue: &mpsc::SyncSender<UploadRequest<B>>,
-    tensor: HostWeight<'static>,
-) -> Result<B::Weight> {
-    let (reply, answer) = mpsc::channel();
-    queue
-        .send(UploadRequest { tensor, reply })
-        .map_err(|_| anyhow!("the uploading thread stopped"))?;
-    let weight = answer
-        .recv()
-        .map_err(|_| anyhow!("the uploading thread stopped"))?;
-    Ok(weight?)
 }
 
 #[cfg(test)]
