@@ -1,5 +1,5 @@
 //! What the engine-level GPU tests share: the sampled logits rows of every
-//! request, and a request's tokens.
+//! request, a request's tokens, and how two runs' rows compare.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,4 +35,27 @@ pub(crate) fn tokens_of(stream: &mut RequestStream, id: &str) -> Vec<u32> {
             None => panic!("request {id}: the stream closed without a terminal event"),
         }
     }
+}
+
+/// Rows of `a` that are not bit-identical to those of `b` (rows one has and
+/// the other lacks count too).
+pub(crate) fn differing_rows(a: &[Vec<f32>], b: &[Vec<f32>]) -> usize {
+    let mismatched = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| {
+            x.iter()
+                .map(|v| v.to_bits())
+                .ne(y.iter().map(|v| v.to_bits()))
+        })
+        .count();
+    mismatched + a.len().abs_diff(b.len())
+}
+
+/// The largest difference between the rows of `a` and `b`.
+pub(crate) fn worst_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0f32, f32::max)
 }

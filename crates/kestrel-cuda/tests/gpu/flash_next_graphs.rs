@@ -21,7 +21,7 @@ use kestrel_models::Target;
 use kestrel_models::flash_next::FlashNext;
 
 use crate::device::with_gpu;
-use crate::engine_runs::{row_recorder, tokens_of};
+use crate::engine_runs::{differing_rows, row_recorder, tokens_of};
 use crate::mixed_steps::request;
 
 const BLOCK_SIZE: usize = 16;
@@ -87,26 +87,13 @@ fn decode_side_by_side(precision: Precision, graphs: bool) -> (Vec<Vec<f32>>, (u
     (all, gpu.graph_counts())
 }
 
-fn differing(a: &[Vec<f32>], b: &[Vec<f32>]) -> usize {
-    a.iter()
-        .zip(b)
-        .filter(|(x, y)| {
-            x.len() != y.len()
-                || x.iter()
-                    .zip(y.iter())
-                    .any(|(p, q)| p.to_bits() != q.to_bits())
-        })
-        .count()
-        + a.len().abs_diff(b.len())
-}
-
 #[test]
 fn recorded_flash_next_decode_steps_match_eager_ones() {
     with_gpu(|_gpu| {
         for precision in [Precision::F32, Precision::Bf16] {
             let (eager, _) = decode_side_by_side(precision, false);
             let (recorded, (captures, replays)) = decode_side_by_side(precision, true);
-            let bad = differing(&eager, &recorded);
+            let bad = differing_rows(&eager, &recorded);
             println!(
                 "{precision:?}: {STEPS} steps of 3 sequences, {captures} captures, {replays} replays, {bad} steps differ"
             );
@@ -180,7 +167,7 @@ fn recorded_flash_next_verify_steps_match_eager_ones() {
         let (eager, _) = run(false);
         let (recorded, drafts) = run(true);
         for (i, ((et, er), (rt, rr))) in eager.iter().zip(&recorded).enumerate() {
-            let bad = differing(er, rr);
+            let bad = differing_rows(er, rr);
             println!("request {i}: {} tokens, {bad} rows differ", et.len());
             assert_eq!(et, rt, "request {i}: tokens");
             assert_eq!(bad, 0, "request {i}: sampled rows");

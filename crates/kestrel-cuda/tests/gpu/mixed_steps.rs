@@ -26,7 +26,7 @@ use kestrel_models::Model;
 use kestrel_sampling::SamplingParams;
 
 use crate::device::with_gpu;
-use crate::engine_runs::row_recorder;
+use crate::engine_runs::{differing_rows, row_recorder, worst_diff};
 use crate::speculative_shapes::four_layer_config;
 
 const NEW_TOKENS: usize = 48;
@@ -167,29 +167,6 @@ fn decode(split: bool, speculative: Option<SpeculativeConfig>, arrivals: Arrival
     }
 }
 
-/// Rows of `a` that are not bit-identical to those of `b`.
-fn differing_rows(a: &[Vec<f32>], b: &[Vec<f32>]) -> usize {
-    let mismatched = a
-        .iter()
-        .zip(b)
-        .filter(|(x, y)| {
-            x.iter()
-                .map(|v| v.to_bits())
-                .ne(y.iter().map(|v| v.to_bits()))
-        })
-        .count();
-    mismatched + a.len().abs_diff(b.len())
-}
-
-/// The largest difference between the logits rows of `run` and `reference`.
-fn worst_diff(run: &Decode, reference: &Decode) -> f32 {
-    run.rows
-        .iter()
-        .zip(&reference.rows)
-        .flat_map(|(x, y)| x.iter().zip(y).map(|(a, b)| (a - b).abs()))
-        .fold(0.0f32, f32::max)
-}
-
 /// One line on how `run` compares with `reference`.
 fn describe(what: &str, run: &Decode, reference: &Decode) -> String {
     let first = run.rows.iter().zip(&reference.rows).position(|(x, y)| {
@@ -202,7 +179,7 @@ fn describe(what: &str, run: &Decode, reference: &Decode) -> String {
         run.split_steps,
         differing_rows(&run.rows, &reference.rows),
         reference.rows.len(),
-        worst_diff(run, reference),
+        worst_diff(&run.rows, &reference.rows),
         if run.tokens == reference.tokens {
             "the same"
         } else {
@@ -241,7 +218,7 @@ fn prompts_arriving_during_a_decode_keep_its_decode_arithmetic_in_bf16() {
             "decode is deterministic"
         );
         assert!(
-            worst_diff(&joined, &alone) <= DECODE_ARITHMETIC_BOUND,
+            worst_diff(&joined.rows, &alone.rows) <= DECODE_ARITHMETIC_BOUND,
             "rows of the decode moved by more than the decode kernels' splits do"
         );
         assert_eq!(joined.tokens, alone.tokens);

@@ -26,7 +26,7 @@ use kestrel_models::flash_next::FlashNext;
 use kestrel_models::{Model, Target};
 
 use crate::device::with_gpu;
-use crate::engine_runs::{Rows, row_recorder, tokens_of};
+use crate::engine_runs::{Rows, differing_rows, row_recorder, tokens_of, worst_diff};
 use crate::mixed_steps::{prompt, request};
 use crate::speculative_shapes::four_layer_config;
 
@@ -147,22 +147,6 @@ fn cold_and_hit(source: Source, invariant_prompts: bool, lens: &[usize]) -> Vec<
     runs
 }
 
-fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| {
-            x.iter()
-                .map(|v| v.to_bits())
-                .eq(y.iter().map(|v| v.to_bits()))
-        })
-}
-
-fn worst_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    a.iter()
-        .zip(b)
-        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
-        .fold(0.0f32, f32::max)
-}
-
 #[test]
 fn a_prefix_cache_hit_repeats_the_cold_prompt_in_one_pass_in_bf16() {
     with_gpu(|_gpu| {
@@ -185,7 +169,7 @@ fn a_prefix_cache_hit_repeats_the_cold_prompt_in_one_pass_in_bf16() {
                     "{mode}, prompt {len} (tail {tail}): cold {} steps, hit {} steps, {found} tokens found in the cache; rows {}, max |diff| {:.3e}, tokens {}",
                     cold.steps,
                     hit.steps,
-                    if same_bits(&cold.rows, &hit.rows) {
+                    if differing_rows(&cold.rows, &hit.rows) == 0 {
                         "identical"
                     } else {
                         "differ"
@@ -204,7 +188,7 @@ fn a_prefix_cache_hit_repeats_the_cold_prompt_in_one_pass_in_bf16() {
                         "{mode}, prompt {len}: the second run missed the cache"
                     ));
                 }
-                if !same_bits(&cold.rows, &hit.rows) {
+                if differing_rows(&cold.rows, &hit.rows) != 0 {
                     failures.push(format!(
                         "{mode}, prompt {len}: the hit's logits differ from the cold run's"
                     ));

@@ -10,6 +10,7 @@
 //! the host before the step (`stage_ple`).
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 use anyhow::Result;
 use kestrel_core::Backend;
@@ -101,10 +102,12 @@ impl<B: FlashNextOps> FlashNextCache<B> {
         for (module, data) in embeddings.into_iter().enumerate() {
             let width = data.len() / rows.max(1);
             if recorded {
-                let t = self.ple_recorded[module]
-                    .entry(rows)
-                    .or_insert_with(|| b.from_host(rows, width, &data));
-                b.write_rows(t, &data);
+                match self.ple_recorded[module].entry(rows) {
+                    Entry::Occupied(mut t) => b.write_rows(t.get_mut(), &data),
+                    Entry::Vacant(v) => {
+                        v.insert(b.from_host(rows, width, &data));
+                    }
+                }
             } else {
                 self.ple_fresh.push(b.from_host(rows, width, &data));
             }

@@ -332,7 +332,7 @@ impl<B: FlashNextOps> FlashNext<B> {
             .iter()
             .any(|s| s.total_len() / qsa.compress_ratio > top);
         let some_rows = rows.is_some_and(|r| !r.iter().copied().eq(0..batch.num_tokens()));
-        if scores || some_rows || batch.seqs.iter().any(|s| s.state_snapshot.is_some()) {
+        if scores || some_rows {
             return None;
         }
         Some(step_key(
