@@ -114,7 +114,7 @@ __device__ __forceinline__ void norm_prologue(float* __restrict__ xs, const Norm
 // block pays for the norm once, so its grid is sized to the resident blocks
 // and each block takes row groups blockIdx.x, + gridDim.x, ... (a plain gemv
 // launches one block per group and takes one).
-template <int M, int R, int U, typename WT, bool NORM = false>
+template <int M, int R, int U, typename WT, bool NORM = false, bool AHEAD = false>
 __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __restrict__ x,
                                           const void* __restrict__ w, const void* __restrict__ w_last,
                                           int n_rows, int k, int split, const NormIn* norm = nullptr,
@@ -161,8 +161,12 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         for (int m = 0; m < M; ++m)
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-        use_chunks<M, R, U, WT, NORM>(acc, wv0, x, k, first, stride, chunks, sc);
-        dot_chunks<M, R, U, WT, NORM>(acc, rows, x, k, first + U * stride, stride, chunks, sc);
+        if constexpr (AHEAD) {
+            dot_chunks_ahead<M, R, U, WT, NORM>(acc, wv0, rows, x, k, first, stride, chunks, sc);
+        } else {
+            use_chunks<M, R, U, WT, NORM>(acc, wv0, x, k, first, stride, chunks, sc);
+            dot_chunks<M, R, U, WT, NORM>(acc, rows, x, k, first + U * stride, stride, chunks, sc);
+        }
 
         // Every lane ends with every sum; sum v = m * R + r is kept by lane v % 32.
         float mine[SLOTS];
@@ -205,34 +209,40 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 // x rows from L1, so larger M shares each x load over more weight rows to keep
 // L1 traffic well under the HBM traffic; U keeps 8 or 16 loads in flight per
 // lane. Chosen by timing variants (R 1..8, U 1..8, 1..3 blocks per SM) over
-// K 512..4096 and N 512..248320.
+// K 512..4096 and N 512..248320. AHEAD: each step's next chunks are requested
+// before the current ones are used (dot_chunks_ahead), so a warp never waits
+// with no loads in flight; it and R, U only shape the loads, never a row's
+// sums. Retimed at Qwen3.6's shapes with the split a verify step takes
+// (docs/benchmarks/2026-12-06-h100-gemv-tiles/): bf16 at 8 rows, 8 rows one
+// chunk ahead; FP8 at one row, 4 rows two chunks deep, and at 4 rows, 4 rows
+// one chunk ahead.
 // `gemv_f16_m*` take f16 weights (the reference precision's f16 checkpoints),
 // `gemv_fp8_m*` and `gemv_norm_fp8_m*` block-FP8 weights with their scales
 // (no w_last: the router, the only user, stays bf16);
 // `gemv_norm_m*` compute their rows with norm_prologue (dynamic shared
 // memory: M * k floats); at one row, capped at 85 registers so that three
 // blocks share an SM, since each block streams many row groups.
-#define KESTREL_GEMV(M, R, U, MIN_BLOCKS)                                                                     \
+#define KESTREL_GEMV(M, R, U, AHEAD, MIN_BLOCKS)                                                              \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,         \
                   const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                        \
-        gemv_body<M, R, U, Bf16W>(y, x, w, w_last, n_rows, k, split);                                         \
+        gemv_body<M, R, U, Bf16W, false, AHEAD>(y, x, w, w_last, n_rows, k, split);                           \
     }                                                                                                         \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_f16_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,     \
                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                    \
-        gemv_body<M, R, U, F16W>(y, x, w, w_last, n_rows, k, split);                                          \
+        gemv_body<M, R, U, F16W, false, AHEAD>(y, x, w, w_last, n_rows, k, split);                            \
     }
 // Block-FP8 weights convert each chunk before the x rows meet it, which
 // needs registers for the converted chunks: at 5..8 rows, 6 rows per warp
 // with one chunk of each in flight (8 rows spilled); an FP8 chunk holds
 // twice the weights of a bf16 one, so fewer rows per warp would read each
 // x row from L1 more often per weight byte.
-#define KESTREL_GEMV_FP8(M, R, U, MIN_BLOCKS)                                                                 \
+#define KESTREL_GEMV_FP8(M, R, U, AHEAD, MIN_BLOCKS)                                                          \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_fp8_m##M(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,      \
                       const float* __restrict__ scales, int n_rows, int k, int split) {                       \
-        gemv_body<M, R, U, Fp8W>(y, x, w, nullptr, n_rows, k, split, nullptr, scales);                        \
+        gemv_body<M, R, U, Fp8W, false, AHEAD>(y, x, w, nullptr, n_rows, k, split, nullptr, scales);          \
     }
 // Only for the row counts the fused norm takes (`NORM_MAX_ROWS` in ops/linear/gemv.rs).
 #define KESTREL_GEMV_NORM(M, R, U, MIN_BLOCKS)                                                                \
@@ -253,14 +263,15 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         gemv_body<M, R, U, Fp8W, true>(y, nullptr, w, nullptr, n_rows, k, split, &n, scales);                 \
     }
 
-KESTREL_GEMV(1, 2, 4, 1)
-KESTREL_GEMV(2, 4, 2, 1)
-KESTREL_GEMV(3, 4, 2, 1)
-KESTREL_GEMV(4, 4, 2, 1)
-KESTREL_GEMV(5, 8, 2, 1)
-KESTREL_GEMV(6, 8, 2, 1)
-KESTREL_GEMV(7, 8, 2, 1)
-KESTREL_GEMV(8, 8, 2, 1)
+// (M, R, U, AHEAD, MIN_BLOCKS); R must match `gemv_rows_per_warp` in ops/linear/gemv.rs.
+KESTREL_GEMV(1, 2, 4, false, 1)
+KESTREL_GEMV(2, 4, 2, false, 1)
+KESTREL_GEMV(3, 4, 2, false, 1)
+KESTREL_GEMV(4, 4, 2, false, 1)
+KESTREL_GEMV(5, 8, 2, false, 1)
+KESTREL_GEMV(6, 8, 2, false, 1)
+KESTREL_GEMV(7, 8, 2, false, 1)
+KESTREL_GEMV(8, 8, 1, true, 1)
 // 16 rows: the passes of a decode-shaped step with more rows than 8 (verify
 // steps of several sequences, or of one with 15 drafts), whose rows must
 // take gemv's sums. Each weight chunk meets 16 x rows, so the pass is bound
@@ -268,16 +279,16 @@ KESTREL_GEMV(8, 8, 2, 1)
 // with one chunk each in flight (240 registers, no spills) share each x
 // load over more rows than 4 rows two chunks deep, and took 16-row verify
 // steps 2 % faster; 8 rows spill (docs/benchmarks/2026-12-06-h100-dflash-block-attention/).
-KESTREL_GEMV(16, 6, 1, 1)
+KESTREL_GEMV(16, 6, 1, false, 1)
 KESTREL_GEMV_NORM(1, 2, 4, 3)
 KESTREL_GEMV_NORM(2, 4, 2, 1)
-// Rows per warp must match `gemv_rows_per_warp` in ops/linear/gemv.rs.
-KESTREL_GEMV_FP8(1, 2, 4, 1)
-KESTREL_GEMV_FP8(2, 4, 2, 1)
-KESTREL_GEMV_FP8(3, 4, 2, 1)
-KESTREL_GEMV_FP8(4, 4, 2, 1)
-KESTREL_GEMV_FP8(5, 6, 1, 1)
-KESTREL_GEMV_FP8(6, 6, 1, 1)
-KESTREL_GEMV_FP8(7, 6, 1, 1)
-KESTREL_GEMV_FP8(8, 6, 1, 1)
-KESTREL_GEMV_FP8(16, 2, 2, 1)
+KESTREL_GEMV_FP8(1, 4, 2, false, 1)
+KESTREL_GEMV_FP8(2, 4, 2, false, 1)
+KESTREL_GEMV_FP8(3, 4, 2, false, 1)
+KESTREL_GEMV_FP8(4, 4, 1, true, 1)
+KESTREL_GEMV_FP8(5, 6, 1, false, 1)
+KESTREL_GEMV_FP8(6, 6, 1, false, 1)
+KESTREL_GEMV_FP8(7, 6, 1, false, 1)
+KESTREL_GEMV_FP8(8, 6, 1, false, 1)
+KESTREL_GEMV_FP8(16, 2, 2, false, 1)
+

@@ -177,3 +177,21 @@ __device__ __forceinline__ void dot_chunks(float (&acc)[M][R], const uint4* cons
         use_chunks<M, R, U, WT, XS>(acc, wv, x, ldx, c, stride, chunks, sc);
     }
 }
+
+// As use_chunks(wv, first) followed by dot_chunks(first + U * stride), with
+// each step's next U chunks requested before the current ones are used, so
+// a warp always has loads in flight. Same chunks, same order of sums.
+template <int M, int R, int U, typename WT = Bf16W, bool XS = false>
+__device__ __forceinline__ void dot_chunks_ahead(float (&acc)[M][R], uint4 (&wv)[U][R], const uint4* const (&w)[R],
+                                                 const float* __restrict__ x, size_t ldx, int first, int stride,
+                                                 int chunks, const float* const (&sc)[R]) {
+    for (int c = first; c < chunks; c += U * stride) {
+        uint4 next[U][R];
+        load_chunks<R, U>(next, w, c + U * stride, stride, chunks);
+        use_chunks<M, R, U, WT, XS>(acc, wv, x, ldx, c, stride, chunks, sc);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) wv[u][r] = next[u][r];
+    }
+}

@@ -53,8 +53,25 @@ fn launch_fits(rows: usize, k: usize) -> bool {
 }
 
 /// Weight rows per warp in `gemv_m{rows}` (must match `KESTREL_GEMV` and
-/// `KESTREL_GEMV_FP8` in gemv.cu).
+/// `KESTREL_GEMV_FP8` in gemv.cu): the kernels' tiles, which do not change
+/// any row's sums (the split does). Chosen by timing the kernels at Qwen3.6's
+/// shapes (docs/benchmarks/2026-12-06-h100-gemv-tiles/).
 fn gemv_rows_per_warp(rows: usize, format: Format) -> usize {
+    match (rows, format) {
+        (1, Format::Fp8) => 4,
+        (1, _) | (GEMV_PASS_ROWS, Format::Fp8) => 2,
+        (2..=4, _) => 4,
+        (GEMV_PASS_ROWS, _) => 6,
+        (_, Format::Fp8) => 6,
+        _ => 8,
+    }
+}
+
+/// Weight rows per warp that [`gemv_split`] sizes a launch by: the tiles the
+/// split heuristic was tuned with, kept apart from the kernels' own tiles so
+/// that retiling a kernel never changes a product's split, so its sums.
+/// `gemv_norm` (gemv.cu's `KESTREL_GEMV_NORM`) has these tiles.
+fn split_rows_per_warp(rows: usize, format: Format) -> usize {
     match (rows, format) {
         (1, _) | (GEMV_PASS_ROWS, Format::Fp8) => 2,
         (2..=4, _) => 4,
@@ -82,7 +99,7 @@ fn gemv_split(cx: &Cx, rows: usize, k: usize, n: usize, format: Format) -> usize
     } else {
         split_rows(cx, rows)
     };
-    let per_warp = gemv_rows_per_warp(rows, format);
+    let per_warp = split_rows_per_warp(rows, format);
     let target = (GEMV_TARGET_ROWS / per_warp).min(2048);
     let groups = n.div_ceil(per_warp);
     let mut split = 1;
@@ -216,7 +233,7 @@ pub fn gemv_norm(
     // the launch (stream-ordered), never before.
     let residual_out = pre.delta.map(|_| gpu.alloc::<f32>(rows * k));
     let split = gemv_split(cx, rows, k, n, w.format);
-    let rows_per_block = (8 / split) * gemv_rows_per_warp(rows, w.format);
+    let rows_per_block = (8 / split) * split_rows_per_warp(rows, w.format);
     // Each block normalises the rows once and then takes row groups in turn:
     // as many blocks as fit on the device at once.
     let f = match w.format {
