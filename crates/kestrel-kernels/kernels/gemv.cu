@@ -263,7 +263,8 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
         gemv_body<M, R, U, Fp8W, true>(y, nullptr, w, nullptr, n_rows, k, split, &n, scales);                 \
     }
 
-// (M, R, U, AHEAD, MIN_BLOCKS); R must match `gemv_rows_per_warp` in ops/linear/gemv.rs.
+// (M, R, U, AHEAD, MIN_BLOCKS); R must match `gemv_rows_per_warp` in ops/linear/gemv.rs
+// (its tests read these lines).
 KESTREL_GEMV(1, 2, 4, false, 1)
 KESTREL_GEMV(2, 4, 2, false, 1)
 KESTREL_GEMV(3, 4, 2, false, 1)

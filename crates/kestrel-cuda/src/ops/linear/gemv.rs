@@ -300,3 +300,55 @@ pub fn gemv_passes(
         first += r;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(M, R)` of every `NAME(M, R, ...)` line in gemv.cu: the row count a
+    /// kernel takes and the weight rows each of its warps owns.
+    fn instantiations(source: &str, name: &str) -> Vec<(usize, usize)> {
+        source
+            .lines()
+            .filter_map(|line| {
+                let args = line.trim().strip_prefix(name)?.strip_prefix('(')?;
+                let mut args = args.split(',').map(|a| a.trim().parse::<usize>());
+                Some((args.next()?.ok()?, args.next()?.ok()?))
+            })
+            .collect()
+    }
+
+    /// A launch's grid comes from the rows per warp on this side, and a
+    /// kernel built with other ones would leave rows uncomputed or compute
+    /// them twice, with nothing on the CPU to notice.
+    #[test]
+    fn rows_per_warp_are_the_kernels_own() {
+        let source = include_str!("../../../../kestrel-kernels/kernels/gemv.cu");
+        let row_counts: Vec<usize> = (1..=GEMV_MAX_ROWS).chain([GEMV_PASS_ROWS]).collect();
+        let bf16 = instantiations(source, "KESTREL_GEMV");
+        let fp8 = instantiations(source, "KESTREL_GEMV_FP8");
+        let norm = instantiations(source, "KESTREL_GEMV_NORM");
+        assert_eq!(bf16.iter().map(|i| i.0).collect::<Vec<_>>(), row_counts);
+        assert_eq!(fp8.iter().map(|i| i.0).collect::<Vec<_>>(), row_counts);
+        assert_eq!(
+            norm.iter().map(|i| i.0).collect::<Vec<_>>(),
+            (1..=NORM_MAX_ROWS).collect::<Vec<_>>()
+        );
+        for (m, r) in bf16 {
+            assert_eq!(gemv_rows_per_warp(m, Format::Bf16), r, "gemv_m{m}");
+            assert_eq!(gemv_rows_per_warp(m, Format::F16), r, "gemv_f16_m{m}");
+        }
+        for (m, r) in fp8 {
+            assert_eq!(gemv_rows_per_warp(m, Format::Fp8), r, "gemv_fp8_m{m}");
+        }
+        for (m, r) in norm {
+            for format in [Format::Bf16, Format::Fp8] {
+                assert_eq!(
+                    split_rows_per_warp(m, format),
+                    r,
+                    "gemv_norm_m{m} ({format:?})"
+                );
+            }
+        }
+    }
+}
