@@ -281,6 +281,7 @@ KESTREL_GEMV(8, 8, 1, true, 1)
 // load over more rows than 4 rows two chunks deep, and took 16-row verify
 // steps 2 % faster; 8 rows spill (docs/benchmarks/2026-12-06-h100-dflash-block-attention/).
 KESTREL_GEMV(16, 6, 1, false, 1)
+// R must match `norm_rows_per_warp` in ops/linear/gemv.rs.
 KESTREL_GEMV_NORM(1, 2, 4, 3)
 KESTREL_GEMV_NORM(2, 4, 2, 1)
 KESTREL_GEMV_FP8(1, 4, 2, false, 1)
@@ -292,4 +293,3 @@ KESTREL_GEMV_FP8(6, 6, 1, false, 1)
 KESTREL_GEMV_FP8(7, 6, 1, false, 1)
 KESTREL_GEMV_FP8(8, 6, 1, false, 1)
 KESTREL_GEMV_FP8(16, 2, 2, false, 1)
-
