@@ -79,7 +79,8 @@ def write_safetensors(path, tensors):
 
 def quantizable(name):
     """The official checkpoints' FP8 weights: linear-layer matrices but the BF16 exceptions."""
-    if not name.endswith("_proj.weight") or name.startswith("mtp.fc") or ".visual." in name:
+    gdn_input = name.endswith(("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_qkvz.weight"))
+    if not (name.endswith("_proj.weight") or gdn_input) or name.startswith("mtp.fc") or ".visual." in name:
         return False
     return not any(x in name for x in ("in_proj_a.", "in_proj_b.", "in_proj_ba."))
 

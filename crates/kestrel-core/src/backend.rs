@@ -292,6 +292,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
             HostWeight::BlockFp8(q) => self.upload(&q.dequantize()),
         }
     }
+    /// One matrix whose rows are those of `parts` in order (matrices with
+    /// rows of one length), each part kept in the form it was uploaded in:
+    /// how the loader joins the block-FP8 and the dense rows of one
+    /// projection (a Gated DeltaNet in_proj of an FP8 checkpoint: q/k/v and
+    /// z FP8, b and a bf16) without dequantising the FP8 ones.
+    fn stack_rows(&self, parts: Vec<Self::Weight>) -> Result<Self::Weight>;
     // A constructor on the backend instance: the device decides where it lives.
     #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Self::Tensor;

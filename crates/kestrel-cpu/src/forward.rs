@@ -54,6 +54,12 @@ macro_rules! forward_required_to_cpu {
         ) -> ::kestrel_core::Result<$crate::CpuWeight> {
             self.$field.upload(t)
         }
+        fn stack_rows(
+            &self,
+            parts: Vec<$crate::CpuWeight>,
+        ) -> ::kestrel_core::Result<$crate::CpuWeight> {
+            self.$field.stack_rows(parts)
+        }
         fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> $crate::CpuTensor {
             self.$field.from_host(rows, cols, data)
         }

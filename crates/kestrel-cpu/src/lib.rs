@@ -106,6 +106,10 @@ impl Backend for CpuBackend {
         CpuWeight::from_host(t)
     }
 
+    fn stack_rows(&self, parts: Vec<CpuWeight>) -> Result<CpuWeight> {
+        CpuWeight::stack_rows(parts)
+    }
+
     fn from_host(&self, rows: usize, cols: usize, data: &[f32]) -> CpuTensor {
         CpuTensor::new(rows, cols, data.to_vec())
     }

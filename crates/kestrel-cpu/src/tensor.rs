@@ -64,6 +64,32 @@ impl CpuWeight {
         self.data.len()
     }
 
+    /// The rows of `parts` in order, as one matrix (`Backend::stack_rows`).
+    pub fn stack_rows(parts: Vec<CpuWeight>) -> Result<Self> {
+        let cols = match parts.first() {
+            Some(p) if p.shape.len() == 2 => p.shape[1],
+            _ => {
+                return Err(BackendError::Invalid(
+                    "stack_rows: no matrix to stack".into(),
+                ));
+            }
+        };
+        if let Some(p) = parts
+            .iter()
+            .find(|p| p.shape.len() != 2 || p.shape[1] != cols)
+        {
+            return Err(BackendError::Invalid(format!(
+                "stack_rows: a part of shape {:?} among rows of {cols}",
+                p.shape
+            )));
+        }
+        let rows = parts.iter().map(|p| p.shape[0]).sum();
+        Ok(CpuWeight {
+            shape: vec![rows, cols],
+            data: parts.into_iter().flat_map(|p| p.data).collect(),
+        })
+    }
+
     /// Size of the first dimension (rows of a matrix, experts of a stacked tensor).
     pub fn dim0(&self) -> usize {
         self.shape.first().copied().unwrap_or(1)

@@ -41,6 +41,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn stack_rows(&self, parts: Vec<CudaWeight>) -> Result<CudaWeight> {
+        CudaWeight::stack_rows(parts)
+    }
+
     fn dummy_fp8_weight(
         &self,
         shape: &[usize],

@@ -40,6 +40,12 @@ pub enum WeightData {
         codes: CudaSlice<u8>,
         scale_inv: CudaSlice<f32>,
     },
+    /// A matrix whose rows are those of several matrices of different
+    /// formats, in order, all as long: a Gated DeltaNet in_proj of an FP8
+    /// checkpoint, its q/k/v and z rows block-FP8 and its b and a rows bf16
+    /// (`Backend::stack_rows`). Products take it part by part
+    /// (`ops::linear`).
+    Stacked(Vec<CudaWeight>),
 }
 
 /// The element format of a matrix weight.
@@ -94,8 +100,8 @@ impl CudaWeight {
                 "{what}: this path reads bf16 weights, but they were uploaded as f16 \
                  (an f16 checkpoint loaded under the f32 precision runs with that precision only)"
             ),
-            WeightData::Fp8 { .. } => {
-                panic!("{what}: an FP8 weight where a bf16 copy was expected")
+            WeightData::Fp8 { .. } | WeightData::Stacked(_) => {
+                panic!("{what}: an FP8 or stacked weight where a bf16 copy was expected")
             }
             WeightData::F32(_) => panic!(
                 "{what}: expected a matrix weight, got a vector of shape {:?}",
@@ -104,13 +110,57 @@ impl CudaWeight {
         }
     }
 
-    /// The matrix format, `None` for a vector.
+    /// The matrix format, `None` for a vector or a stacked matrix (whose
+    /// parts each have theirs).
     pub fn format(&self) -> Option<Format> {
         match &self.data {
             WeightData::Bf16(_) => Some(Format::Bf16),
             WeightData::F16(_) => Some(Format::F16),
             WeightData::Fp8 { .. } => Some(Format::Fp8),
-            WeightData::F32(_) => None,
+            WeightData::F32(_) | WeightData::Stacked(_) => None,
+        }
+    }
+
+    /// The rows of `parts` in order, as one matrix (`Backend::stack_rows`):
+    /// a part already stacked gives its own parts.
+    pub fn stack_rows(parts: Vec<CudaWeight>) -> Result<CudaWeight> {
+        let mut flat = Vec::with_capacity(parts.len());
+        for part in parts {
+            match part.data {
+                WeightData::Stacked(inner) => flat.extend(inner),
+                _ => flat.push(part),
+            }
+        }
+        let cols = match flat.first() {
+            Some(p) if p.shape.len() == 2 => p.shape[1],
+            _ => {
+                return Err(BackendError::Invalid(
+                    "stack_rows: no matrix to stack".into(),
+                ));
+            }
+        };
+        if let Some(p) = flat
+            .iter()
+            .find(|p| p.shape.len() != 2 || p.shape[1] != cols || p.format().is_none())
+        {
+            return Err(BackendError::Invalid(format!(
+                "stack_rows: a part of shape {:?} among matrices with rows of {cols}",
+                p.shape
+            )));
+        }
+        let rows = flat.iter().map(|p| p.shape[0]).sum();
+        Ok(CudaWeight {
+            shape: vec![rows, cols],
+            data: WeightData::Stacked(flat),
+        })
+    }
+
+    /// The matrices whose rows make up this one, in order: its parts when
+    /// stacked, else itself.
+    pub fn parts(&self) -> &[CudaWeight] {
+        match &self.data {
+            WeightData::Stacked(parts) => parts,
+            _ => std::slice::from_ref(self),
         }
     }
 
@@ -129,13 +179,19 @@ impl CudaWeight {
                 "{what}: expected a matrix weight, got a vector of shape {:?}",
                 self.shape
             ),
+            WeightData::Stacked(_) => {
+                panic!("{what}: this path takes a matrix of one format, not one stacked from parts")
+            }
         }
     }
 
     pub fn f32(&self, what: &str) -> &CudaSlice<f32> {
         match &self.data {
             WeightData::F32(b) => b,
-            WeightData::Bf16(_) | WeightData::F16(_) | WeightData::Fp8 { .. } => panic!(
+            WeightData::Bf16(_)
+            | WeightData::F16(_)
+            | WeightData::Fp8 { .. }
+            | WeightData::Stacked(_) => panic!(
                 "{what}: expected a vector weight, got a matrix of shape {:?}",
                 self.shape
             ),

@@ -114,11 +114,22 @@ __device__ __forceinline__ void norm_prologue(float* __restrict__ xs, const Norm
 // block pays for the norm once, so its grid is sized to the resident blocks
 // and each block takes row groups blockIdx.x, + gridDim.x, ... (a plain gemv
 // launches one block per group and takes one).
+//
+// `ldy`: floats between y's rows (-1: N). A weight stacked from parts of
+// several formats (a Gated DeltaNet in_proj: block-FP8 q/k/v and z, bf16 b
+// and a) runs one launch per part, each writing its columns of the rows, or
+// (gemv_norm_fp8_bf16) one launch whose blocks split between the parts:
+// `block` and `grid` are then the block's place among its part's blocks
+// (-1: blockIdx.x and gridDim.x).
 template <int M, int R, int U, typename WT, bool NORM = false, bool AHEAD = false>
 __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __restrict__ x,
                                           const void* __restrict__ w, const void* __restrict__ w_last,
                                           int n_rows, int k, int split, const NormIn* norm = nullptr,
-                                          const float* __restrict__ scales = nullptr) {
+                                          const float* __restrict__ scales = nullptr, int ldy = -1,
+                                          int block = -1, int grid = -1) {
+    if (ldy < 0) ldy = n_rows;
+    if (block < 0) block = blockIdx.x;
+    if (grid < 0) grid = gridDim.x;
     constexpr int V = M * R, SLOTS = (V + 31) / 32;  // sums per warp, per lane
     __shared__ float part[8][V];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -138,7 +149,7 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
             sc[r] = scale_row<WT>(scales, n, k);
         }
     };
-    int bg = blockIdx.x;
+    int bg = block;
     set_rows((bg * groups + g) * R);
     // Weights are never written by a kernel, so the first U chunks of every
     // row are requested before waiting for the previous kernel (the producer
@@ -181,7 +192,7 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 #pragma unroll
             for (int slot = 0; slot < SLOTS; ++slot) {
                 const int v = slot * 32 + lane, m = v / R, r = v % R;
-                if (v < V && row0 + r < n_rows) y[(size_t)m * n_rows + row0 + r] = mine[slot];
+                if (v < V && row0 + r < n_rows) y[(size_t)m * ldy + row0 + r] = mine[slot];
             }
         } else {
 #pragma unroll
@@ -193,11 +204,11 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
                 const int n = (bg * groups + gg) * R + r;
                 float v = part[gg * split][mr];
                 for (int ss = 1; ss < split; ++ss) v += part[gg * split + ss][mr];
-                if (n < n_rows) y[(size_t)m * n_rows + n] = v;
+                if (n < n_rows) y[(size_t)m * ldy + n] = v;
             }
         }
         if (!NORM) return;
-        bg += gridDim.x;
+        bg += grid;
         if (bg >= block_groups) return;
         if (split != 1) __syncthreads();  // `part` is rewritten next round
         set_rows((bg * groups + g) * R);
@@ -225,13 +236,13 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 #define KESTREL_GEMV(M, R, U, AHEAD, MIN_BLOCKS)                                                              \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,         \
-                  const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                        \
-        gemv_body<M, R, U, Bf16W, false, AHEAD>(y, x, w, w_last, n_rows, k, split);                           \
+                  const uint16_t* __restrict__ w_last, int n_rows, int k, int split, int ldy) {               \
+        gemv_body<M, R, U, Bf16W, false, AHEAD>(y, x, w, w_last, n_rows, k, split, nullptr, nullptr, ldy);    \
     }                                                                                                         \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_f16_m##M(float* __restrict__ y, const float* __restrict__ x, const uint16_t* __restrict__ w,     \
-                      const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                    \
-        gemv_body<M, R, U, F16W, false, AHEAD>(y, x, w, w_last, n_rows, k, split);                            \
+                      const uint16_t* __restrict__ w_last, int n_rows, int k, int split, int ldy) {           \
+        gemv_body<M, R, U, F16W, false, AHEAD>(y, x, w, w_last, n_rows, k, split, nullptr, nullptr, ldy);     \
     }
 // Block-FP8 weights convert each chunk before the x rows meet it, which
 // needs registers for the converted chunks: at 5..8 rows, 6 rows per warp
@@ -241,26 +252,47 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 #define KESTREL_GEMV_FP8(M, R, U, AHEAD, MIN_BLOCKS)                                                          \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_fp8_m##M(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,      \
-                      const float* __restrict__ scales, int n_rows, int k, int split) {                       \
-        gemv_body<M, R, U, Fp8W, false, AHEAD>(y, x, w, nullptr, n_rows, k, split, nullptr, scales);          \
+                      const float* __restrict__ scales, int n_rows, int k, int split, int ldy) {              \
+        gemv_body<M, R, U, Fp8W, false, AHEAD>(y, x, w, nullptr, n_rows, k, split, nullptr, scales, ldy);     \
     }
 // Only for the row counts the fused norm takes (`NORM_MAX_ROWS` in ops/linear/gemv.rs).
 #define KESTREL_GEMV_NORM(M, R, U, MIN_BLOCKS)                                                                \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
-        gemv_norm_m##M(float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out,   \
+        gemv_norm_m##M(float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out,    \
                        const float* __restrict__ residual, const float* __restrict__ delta,                   \
-                       const float* __restrict__ norm_w, float eps, const uint16_t* __restrict__ w,          \
-                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split) {                   \
+                       const float* __restrict__ norm_w, float eps, const uint16_t* __restrict__ w,           \
+                       const uint16_t* __restrict__ w_last, int n_rows, int k, int split, int ldy) {          \
         const NormIn n{x_out, residual_out, residual, delta, norm_w, eps};                                    \
-        gemv_body<M, R, U, Bf16W, true>(y, nullptr, w, w_last, n_rows, k, split, &n);                         \
+        gemv_body<M, R, U, Bf16W, true>(y, nullptr, w, w_last, n_rows, k, split, &n, nullptr, ldy);           \
     }                                                                                                         \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_norm_fp8_m##M(float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out, \
                            const float* __restrict__ residual, const float* __restrict__ delta,               \
                            const float* __restrict__ norm_w, float eps, const uint8_t* __restrict__ w,        \
-                           const float* __restrict__ scales, int n_rows, int k, int split) {                  \
+                           const float* __restrict__ scales, int n_rows, int k, int split, int ldy) {         \
         const NormIn n{x_out, residual_out, residual, delta, norm_w, eps};                                    \
-        gemv_body<M, R, U, Fp8W, true>(y, nullptr, w, nullptr, n_rows, k, split, &n, scales);                 \
+        gemv_body<M, R, U, Fp8W, true>(y, nullptr, w, nullptr, n_rows, k, split, &n, scales, ldy);            \
+    }
+// A weight of a block-FP8 head and a bf16 tail (a Gated DeltaNet in_proj of
+// an FP8 checkpoint: q/k/v and z, then b and a) in one launch: blocks below
+// `head_grid` take the head's rows into y's first n_rows columns, the others
+// the tail's into the next tail_rows, each part with its own split, so every
+// row gets the sums of its part's own gemv_norm; the tail's few blocks run
+// beside the head's instead of after them. Block 0 writes the residual and x.
+#define KESTREL_GEMV_NORM_FP8_BF16(M, R, U, MIN_BLOCKS)                                                       \
+    KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS) gemv_norm_fp8_bf16_m##M(                           \
+        float* __restrict__ y, float* __restrict__ x_out, float* __restrict__ residual_out,                   \
+        const float* __restrict__ residual, const float* __restrict__ delta, const float* __restrict__ norm_w, \
+        float eps, const uint8_t* __restrict__ w, const float* __restrict__ scales, int n_rows, int split,    \
+        const uint16_t* __restrict__ tail, int tail_rows, int tail_split, int head_grid, int k) {             \
+        const NormIn n{x_out, residual_out, residual, delta, norm_w, eps};                                    \
+        const int ldy = n_rows + tail_rows;                                                                   \
+        if ((int)blockIdx.x < head_grid)                                                                      \
+            gemv_body<M, R, U, Fp8W, true>(y, nullptr, w, nullptr, n_rows, k, split, &n, scales, ldy,         \
+                                           blockIdx.x, head_grid);                                            \
+        else                                                                                                  \
+            gemv_body<M, R, U, Bf16W, true>(y + n_rows, nullptr, tail, nullptr, tail_rows, k, tail_split, &n, \
+                                            nullptr, ldy, blockIdx.x - head_grid, gridDim.x - head_grid);     \
     }
 
 // (M, R, U, AHEAD, MIN_BLOCKS); R must match `gemv_rows_per_warp` in ops/linear/gemv.rs
@@ -284,6 +316,8 @@ KESTREL_GEMV(16, 6, 1, false, 1)
 // R must match `norm_rows_per_warp` in ops/linear/gemv.rs.
 KESTREL_GEMV_NORM(1, 2, 4, 3)
 KESTREL_GEMV_NORM(2, 4, 2, 1)
+KESTREL_GEMV_NORM_FP8_BF16(1, 2, 4, 3)
+KESTREL_GEMV_NORM_FP8_BF16(2, 4, 2, 1)
 KESTREL_GEMV_FP8(1, 4, 2, false, 1)
 KESTREL_GEMV_FP8(2, 4, 2, false, 1)
 KESTREL_GEMV_FP8(3, 4, 2, false, 1)

@@ -151,7 +151,16 @@ impl QuantConfig {
 pub fn quantizable(name: &str) -> bool {
     let base = name.split('#').next().unwrap_or(name);
     let experts = base.ends_with("experts.gate_up_proj") || base.ends_with("experts.down_proj");
-    let linear = base.ends_with("_proj.weight")
+    // Gated DeltaNet's input projections are named by what they make
+    // (`in_proj_qkv`, `in_proj_z`, Qwen3-Next's `in_proj_qkvz`).
+    let gdn_input = [
+        "in_proj_qkv.weight",
+        "in_proj_z.weight",
+        "in_proj_qkvz.weight",
+    ]
+    .iter()
+    .any(|x| base.ends_with(x));
+    let linear = (base.ends_with("_proj.weight") || gdn_input)
         && !base.starts_with("mtp.fc")
         && !base.contains("visual.")
         && !["in_proj_a.", "in_proj_b.", "in_proj_ba."]
@@ -338,4 +347,45 @@ pub fn dummy_scales(shape: &[usize], seed: u64, scale: f32) -> Vec<f32> {
     (0..scales as u64)
         .map(|i| dummy::dummy_value(scale_seed, i, 1.0, 0.1) * scale / E4M3_MAX)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantizable;
+
+    /// The official FP8 checkpoints' split, tensor by tensor (Qwen3.5/3.6
+    /// and Qwen3-Next names; `docs/fp8.md`).
+    #[test]
+    fn quantizable_names_the_official_fp8_weights() {
+        let l = "model.language_model.layers.0.";
+        for name in [
+            "linear_attn.in_proj_qkv.weight",
+            "linear_attn.in_proj_z.weight",
+            "linear_attn.in_proj_qkvz.weight",
+            "linear_attn.out_proj.weight",
+            "self_attn.q_proj.weight",
+            "self_attn.o_proj.weight",
+            "mlp.shared_expert.gate_proj.weight",
+            "mlp.experts.7.down_proj.weight",
+            "mlp.experts.gate_up_proj",
+        ] {
+            assert!(quantizable(&format!("{l}{name}")), "{name} is FP8");
+        }
+        for name in [
+            "linear_attn.in_proj_a.weight",
+            "linear_attn.in_proj_b.weight",
+            "linear_attn.in_proj_ba.weight",
+            "linear_attn.conv1d.weight",
+            "linear_attn.A_log",
+            "linear_attn.norm.weight",
+            "mlp.gate.weight",
+            "mlp.shared_expert_gate.weight",
+            "input_layernorm.weight",
+        ] {
+            assert!(!quantizable(&format!("{l}{name}")), "{name} stays BF16");
+        }
+        assert!(!quantizable("mtp.fc.weight"));
+        assert!(!quantizable("lm_head.weight"));
+        assert!(!quantizable("model.language_model.embed_tokens.weight"));
+    }
 }

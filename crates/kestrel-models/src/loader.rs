@@ -418,6 +418,54 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
+    /// Matrices stacked along rows into the weight `name`, for a product:
+    /// as [`Loader::stack`] when the parts come in one format. When
+    /// block-FP8 parts meet dense ones (a Gated DeltaNet in_proj of an FP8
+    /// checkpoint: q/k/v and z FP8, b and a bf16), each run of parts in one
+    /// format is its own weight and the backend stacks them
+    /// ([`Backend::stack_rows`]), so that the FP8 rows stay FP8 on a backend
+    /// that reads the format, instead of the whole matrix going dense.
+    pub fn stacked(&self, name: &str, parts: &[(&str, &[usize])]) -> Result<B::Weight> {
+        let Some(&(_, first_shape)) = parts.first() else {
+            bail!("{name}: nothing to stack")
+        };
+        let runs: Vec<&[(&str, &[usize])]> = parts
+            .chunk_by(|a, b| self.is_fp8(a.0, a.1) == self.is_fp8(b.0, b.1))
+            .collect();
+        let rows_of = |run: &[(&str, &[usize])]| -> Vec<usize> {
+            let mut shape = first_shape.to_vec();
+            shape[0] = run.iter().map(|(_, s)| s[0]).sum();
+            shape
+        };
+        if runs.len() == 1 {
+            return self.materialize(name, &rows_of(parts), || self.stack(parts));
+        }
+        let weights = runs
+            .iter()
+            .map(|run| self.materialize(run[0].0, &rows_of(run), || self.stack(run)))
+            .collect::<Result<Vec<_>>>()?;
+        self.stack_weights(name, weights)
+    }
+
+    /// Weights joined along rows by the backend ([`Backend::stack_rows`]).
+    pub fn stack_weights(&self, name: &str, parts: Vec<B::Weight>) -> Result<B::Weight> {
+        self.backend
+            .stack_rows(parts)
+            .with_context(|| format!("cannot stack the parts of {name}"))
+    }
+
+    /// Whether the tensor `name` is block-FP8 by the time it is uploaded:
+    /// stored so, or quantised on the way (or, in dummy mode, drawn so).
+    pub fn is_fp8(&self, name: &str, shape: &[usize]) -> bool {
+        self.quantizes(name, shape)
+            || match &self.source {
+                Source::Files(files) => {
+                    matches!(files.stored(name), Some((Stored::F8E4M3, _)))
+                }
+                Source::Dummy(_) => false,
+            }
+    }
+
     /// Several matrices stacked along rows, uploaded as one.
     pub fn fused(&self, parts: &[(&str, &[usize])]) -> Result<B::Weight> {
         let rows: usize = parts.iter().map(|(_, s)| s[0]).sum();

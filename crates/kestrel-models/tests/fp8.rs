@@ -9,10 +9,10 @@
 
 use std::path::{Path, PathBuf};
 
-use kestrel_core::{Backend, HostTensor};
+use kestrel_core::{Backend, HostTensor, HostWeight};
 use kestrel_cpu::CpuBackend;
 use kestrel_models::runner::SequenceRunner;
-use kestrel_models::{Model, Quantization, WeightForm};
+use kestrel_models::{LayerKind, Model, Quantization, WeightForm};
 use serde_json::Value;
 
 mod common;
@@ -209,4 +209,85 @@ fn a_tied_embedding_stays_when_the_lm_head_is_fp8() {
     );
     assert_eq!(rows(&fp8_head.decoder.embed), rows(&tied.decoder.embed));
     assert_ne!(rows(fp8_head.decoder.lm_head()), rows(&tied.decoder.embed));
+}
+
+/// The CPU backend taking block-FP8 weights as they are, as the CUDA backend
+/// does, and recording each weight it is handed: `(shape, block-FP8?)`.
+struct KeepsFp8 {
+    cpu: CpuBackend,
+    uploads: std::sync::Mutex<Vec<(Vec<usize>, bool)>>,
+}
+
+impl Backend for KeepsFp8 {
+    type Tensor = kestrel_cpu::CpuTensor;
+    type Weight = kestrel_cpu::CpuWeight;
+    type Cache = kestrel_cpu::CpuCache;
+    type BlockKeys = kestrel_core::block_attention::HostBlockKeys;
+
+    fn name(&self) -> String {
+        "cpu, taking FP8 as it is".into()
+    }
+
+    fn fp8_dequantize_to(&self) -> Option<kestrel_core::DType> {
+        None
+    }
+
+    fn upload_weight(&self, w: &HostWeight) -> kestrel_core::Result<Self::Weight> {
+        let fp8 = matches!(w, HostWeight::BlockFp8(_));
+        self.uploads.lock().unwrap().push((w.shape().to_vec(), fp8));
+        self.cpu.upload_weight(w)
+    }
+
+    kestrel_cpu::forward_required_to_cpu!(cpu);
+}
+
+/// The hybrids' Gated DeltaNet in_proj on a backend that reads FP8: the
+/// q/k/v and z rows reach it apart from the bf16 b and a rows, as block-FP8
+/// where their blocks stay whole (not dequantised to join b and a), and the
+/// model computes what it computes on the CPU. (The tiny Qwen3-Next's
+/// per-head regrouping cuts its 128-row blocks, so its q/k/v/z rows go
+/// dense, apart all the same; at Qwen3-Next-80B's heads of 128 they stay
+/// whole.)
+#[test]
+fn a_gdn_in_proj_keeps_its_fp8_rows_fp8() {
+    for (arch, fp8_rows, dense_rows) in [("qwen3_5_moe", 384, 8), ("qwen3_next", 384, 8)] {
+        let regrouped = arch == "qwen3_next";
+        let dir = testdata().join("fp8").join(arch).join("model");
+        let spy = KeepsFp8 {
+            cpu: CpuBackend::new(),
+            uploads: Default::default(),
+        };
+        let model = Model::load(&dir, &spy).unwrap();
+        let uploads = spy.uploads.lock().unwrap().clone();
+        let layers = model
+            .config()
+            .layer_kinds
+            .iter()
+            .filter(|k| **k == LayerKind::LinearAttention)
+            .count();
+        let count = |rows: usize, fp8: bool| {
+            uploads
+                .iter()
+                .filter(|(shape, f)| *shape == [rows, 64] && *f == fp8)
+                .count()
+        };
+        assert!(layers > 0, "{arch}: has Gated DeltaNet layers");
+        if !regrouped {
+            assert_eq!(count(fp8_rows, true), layers, "{arch}: q/k/v + z as FP8");
+        }
+        assert_eq!(
+            count(fp8_rows + dense_rows, false),
+            0,
+            "{arch}: no in_proj made dense whole"
+        );
+        assert!(
+            count(dense_rows, false) >= layers,
+            "{arch}: b + a as stored"
+        );
+        let tokens = &prompts(arch)[0];
+        let want = teacher_forced(&load(&dir), tokens).0;
+        let mut runner = SequenceRunner::new(&spy, &model, tokens.len()).unwrap();
+        let got = runner.teacher_forced(tokens).unwrap().0;
+        assert_eq!(got, want, "{arch}");
+    }
 }

@@ -2,7 +2,7 @@
 //! backend's conv + delta-rule recurrence + gated norm, `out_proj`.
 
 use anyhow::Result;
-use kestrel_core::{Backend, ForwardBatch, GdnSpec, GdnWeights, PreNorm};
+use kestrel_core::{Backend, ForwardBatch, GdnSpec, GdnWeights, HostWeight, PreNorm};
 
 use crate::config::{Arch, ModelConfig};
 use crate::loader::Loader;
@@ -35,19 +35,20 @@ impl<B: Backend> GatedDeltaNet<B> {
         let spec = gdn_spec(cfg).expect("hybrid config has linear attention");
         let h = cfg.hidden_size;
         let (conv, vw, hv) = (spec.conv_dim(), spec.value_width(), spec.num_v_heads);
-        let in_proj = l.materialize(&format!("{p}in_proj"), &[spec.proj_width(), h], || {
-            if cfg.arch == Arch::Qwen3Next {
-                Self::fused_from_next(l, p, &spec, h)
-            } else {
-                let names = ["qkv", "z", "b", "a"].map(|x| format!("{p}in_proj_{x}.weight"));
-                l.stack(&[
+        let in_proj = if cfg.arch == Arch::Qwen3Next {
+            Self::in_proj_from_next(l, p, &spec, h)?
+        } else {
+            let names = ["qkv", "z", "b", "a"].map(|x| format!("{p}in_proj_{x}.weight"));
+            l.stacked(
+                &format!("{p}in_proj"),
+                &[
                     (&names[0], &[conv, h]),
                     (&names[1], &[vw, h]),
                     (&names[2], &[hv, h]),
                     (&names[3], &[hv, h]),
-                ])
-            }
-        })?;
+                ],
+            )?
+        };
         let conv_name = format!("{p}conv1d.weight");
         let conv_w = l.materialize(&conv_name, &[conv, spec.conv_kernel], || {
             let w = l.tensor(&conv_name, &[conv, 1, spec.conv_kernel])?;
@@ -71,32 +72,51 @@ impl<B: Backend> GatedDeltaNet<B> {
     /// Qwen3-Next fuses the projections per key head:
     /// `in_proj_qkvz` rows are, for each key head, `[q (Dk) | k (Dk) | v (r*Dv) | z (r*Dv)]`
     /// and `in_proj_ba` rows `[b (r) | a (r)]`, with `r = Hv / Hk`. Regroup them
-    /// into `[q | k | v | z | b | a]`, each in head order.
-    fn fused_from_next(
-        l: &Loader<B>,
-        p: &str,
-        s: &GdnSpec,
-        h: usize,
-    ) -> Result<kestrel_core::HostWeight<'static>> {
+    /// into `[q | k | v | z | b | a]`, each in head order: one weight, or,
+    /// when qkvz is block-FP8 and ba is not (an FP8 checkpoint), the two
+    /// regrouped apart and stacked by the backend, as [`Loader::stacked`].
+    fn in_proj_from_next(l: &Loader<B>, p: &str, s: &GdnSpec, h: usize) -> Result<B::Weight> {
         let (hk, dk, dv) = (s.num_k_heads, s.head_k_dim, s.head_v_dim);
         let r = s.num_v_heads / hk;
         let group = 2 * dk + 2 * r * dv;
-        let qkvz = l.tensor(&format!("{p}in_proj_qkvz.weight"), &[hk * group, h])?;
-        let ba = l.tensor(&format!("{p}in_proj_ba.weight"), &[hk * 2 * r, h])?;
+        let (qkvz_name, ba_name) = (
+            format!("{p}in_proj_qkvz.weight"),
+            format!("{p}in_proj_ba.weight"),
+        );
+        let (qkvz_shape, ba_shape) = ([hk * group, h], [hk * 2 * r, h]);
         let pick = |offset: usize, len: usize, stride: usize| -> Vec<usize> {
             (0..hk)
                 .flat_map(|g| (g * stride + offset)..(g * stride + offset + len))
                 .collect()
         };
-        let mut order = pick(0, dk, group);
-        order.extend(pick(dk, dk, group));
-        order.extend(pick(2 * dk, r * dv, group));
-        order.extend(pick(2 * dk + r * dv, r * dv, group));
-        let qkvz = transform::gather_rows(&qkvz, &order);
-        let mut order = pick(0, r, 2 * r);
-        order.extend(pick(r, r, 2 * r));
-        let ba = transform::gather_rows(&ba, &order);
-        transform::concat_rows(&[qkvz, ba])
+        let mut qkvz_order = pick(0, dk, group);
+        qkvz_order.extend(pick(dk, dk, group));
+        qkvz_order.extend(pick(2 * dk, r * dv, group));
+        qkvz_order.extend(pick(2 * dk + r * dv, r * dv, group));
+        let mut ba_order = pick(0, r, 2 * r);
+        ba_order.extend(pick(r, r, 2 * r));
+        let qkvz = || -> Result<HostWeight<'static>> {
+            Ok(transform::gather_rows(
+                &l.tensor(&qkvz_name, &qkvz_shape)?,
+                &qkvz_order,
+            ))
+        };
+        let ba = || -> Result<HostWeight<'static>> {
+            Ok(transform::gather_rows(
+                &l.tensor(&ba_name, &ba_shape)?,
+                &ba_order,
+            ))
+        };
+        if l.is_fp8(&qkvz_name, &qkvz_shape) == l.is_fp8(&ba_name, &ba_shape) {
+            return l.materialize(&format!("{p}in_proj"), &[s.proj_width(), h], || {
+                transform::concat_rows(&[qkvz()?, ba()?])
+            });
+        }
+        let parts = vec![
+            l.materialize(&qkvz_name, &qkvz_shape, qkvz)?,
+            l.materialize(&ba_name, &ba_shape, ba)?,
+        ];
+        l.stack_weights(&format!("{p}in_proj"), parts)
     }
 
     pub fn forward(

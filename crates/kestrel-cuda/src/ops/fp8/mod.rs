@@ -97,23 +97,59 @@ pub struct Bf16Matrix {
 pub fn bf16_matrix(cx: &Cx, w: &CudaWeight, what: &str) -> Bf16Matrix {
     let gpu = cx.gpu;
     let s = &gpu.stream;
-    let WeightData::Fp8 { codes, scale_inv } = &w.data else {
-        return Bf16Matrix {
-            ptr: ptr(w.bf16(what), s),
-            _copy: None,
-        };
-    };
-    let n = w.numel();
-    let dims = w.shape.len();
-    let (rows, cols) = (w.shape[dims - 2], w.shape[dims - 1]);
-    let copy = gpu.alloc::<u16>(n);
+    match &w.data {
+        WeightData::Fp8 { .. } | WeightData::Stacked(_) => {}
+        _ => {
+            return Bf16Matrix {
+                ptr: ptr(w.bf16(what), s),
+                _copy: None,
+            };
+        }
+    }
+    let copy = gpu.alloc::<u16>(w.numel());
+    let base = ptr(&copy, s);
+    // A stacked weight's parts, in row order, each at its place.
+    let mut offset = 0;
+    for part in w.parts() {
+        let n = part.numel();
+        let dst = base + (offset * 2) as u64;
+        match &part.data {
+            WeightData::Fp8 { codes, scale_inv } => {
+                fp8_to_bf16(cx, dst, codes, scale_inv, &part.shape)
+            }
+            WeightData::Bf16(b) => {
+                gpu.copy_dtod(dst, ptr(b, s), n * 2);
+            }
+            _ => panic!("{what}: a stacked weight's parts are block-FP8 or bf16"),
+        }
+        offset += n;
+    }
+    Bf16Matrix {
+        ptr: base,
+        _copy: Some(copy),
+    }
+}
+
+/// The bf16 values of an FP8 weight of `shape` written to `dst`.
+fn fp8_to_bf16(
+    cx: &Cx,
+    dst: u64,
+    codes: &CudaSlice<u8>,
+    scale_inv: &CudaSlice<f32>,
+    shape: &[usize],
+) {
+    let gpu = cx.gpu;
+    let s = &gpu.stream;
+    let n: usize = shape.iter().product();
+    let dims = shape.len();
+    let (rows, cols) = (shape[dims - 2], shape[dims - 1]);
     gpu.launch(
         &cx.k.fp8.to_bf16,
         (GRID.min(blocks(n / 4, 256).max(1)), 1, 1),
         256,
         0,
         &[
-            Arg::Ptr(ptr(&copy, s)),
+            Arg::Ptr(dst),
             Arg::Ptr(ptr(codes, s)),
             Arg::Ptr(ptr(scale_inv, s)),
             Arg::U64((n / (rows * cols).max(1)) as u64),
@@ -121,10 +157,6 @@ pub fn bf16_matrix(cx: &Cx, w: &CudaWeight, what: &str) -> Bf16Matrix {
             Arg::I32(cols as i32),
         ],
     );
-    Bf16Matrix {
-        ptr: ptr(&copy, s),
-        _copy: Some(copy),
-    }
 }
 
 #[cfg(test)]

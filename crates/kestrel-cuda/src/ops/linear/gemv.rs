@@ -3,7 +3,7 @@
 //! rows' RMSNorm itself. Only kernel launches, whose shapes depend only on
 //! the operands' shapes: safe to record in a CUDA graph.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaFunction, CudaSlice};
 use kestrel_core::PreNorm;
 
 use super::kernels::{GEMV_MAX_ROWS, GEMV_PASS_ROWS, NORM_MAX_ROWS, NORM_SMEM_MAX};
@@ -58,9 +58,8 @@ fn launch_fits(rows: usize, k: usize) -> bool {
 /// shapes (docs/benchmarks/2026-12-06-h100-gemv-tiles/).
 fn gemv_rows_per_warp(rows: usize, format: Format) -> usize {
     match (rows, format) {
-        (1, Format::Fp8) => 4,
+        (1, Format::Fp8) | (2..=4, _) => 4,
         (1, _) | (GEMV_PASS_ROWS, Format::Fp8) => 2,
-        (2..=4, _) => 4,
         (GEMV_PASS_ROWS, _) => 6,
         (_, Format::Fp8) => 6,
         _ => 8,
@@ -126,13 +125,24 @@ fn split_rows(cx: &Cx, rows: usize) -> usize {
         .map_or(rows, |step| step.layout.seqs.clamp(1, rows))
 }
 
+/// Where a product's rows go: f32 rows `ld` floats apart from `ptr`, a
+/// device address. `ld` is the product's width, or wider when the product
+/// fills some columns of a wider output (one part of a [`Stacked`] weight).
+///
+/// [`Stacked`]: crate::tensor::WeightData::Stacked
+#[derive(Clone, Copy, Debug)]
+pub struct Out {
+    pub ptr: u64,
+    pub ld: usize,
+}
+
 /// `y[rows, n] = x[rows, k] . w[n, k]^T` with f32 `x` and `y` and matrix
 /// `w`, all raw device addresses (16-byte aligned). `w_last` (0 for none,
 /// else a 16-bit row of `w`'s format) replaces row `n - 1` of `w`, which
 /// lets the MoE router append the shared-expert gate.
 /// Only kernel launches: safe to record in a CUDA graph.
 #[allow(clippy::too_many_arguments)]
-pub fn gemv(cx: &Cx, y: u64, x: u64, rows: usize, k: usize, w: Matrix, n: usize, w_last: u64) {
+pub fn gemv(cx: &Cx, y: Out, x: u64, rows: usize, k: usize, w: Matrix, n: usize, w_last: u64) {
     assert!(
         launch_fits(rows, k),
         "gemv: {rows} rows of {k} not supported"
@@ -141,6 +151,7 @@ pub fn gemv(cx: &Cx, y: u64, x: u64, rows: usize, k: usize, w: Matrix, n: usize,
         (x | w.ptr | w_last).is_multiple_of(16),
         "gemv: operands must be 16-byte aligned"
     );
+    assert!(y.ld >= n, "gemv: output rows of {} for {n} columns", y.ld);
     if n == 0 {
         return;
     }
@@ -162,13 +173,14 @@ pub fn gemv(cx: &Cx, y: u64, x: u64, rows: usize, k: usize, w: Matrix, n: usize,
         256,
         0,
         &[
-            Arg::Ptr(y),
+            Arg::Ptr(y.ptr),
             Arg::Ptr(x),
             Arg::Ptr(w.ptr),
             Arg::Ptr(last_or_scales),
             Arg::I32(n as i32),
             Arg::I32(k as i32),
             Arg::I32(split as i32),
+            Arg::I32(y.ld as i32),
         ],
     );
 }
@@ -193,6 +205,15 @@ pub fn norm_fits(cx: &Cx, rows: usize, k: usize, format: Format) -> bool {
 /// GDN in_proj, has 12,352 rows).
 pub const NORM_MAX_N: usize = 65_536;
 
+/// One product of [`gemv_norm_parts`]: the weight rows of a matrix, the
+/// columns of y they fill, and `w_last` as for [`gemv`].
+#[derive(Clone, Copy, Debug)]
+pub struct NormPart {
+    pub w: Matrix,
+    pub n: usize,
+    pub w_last: u64,
+}
+
 /// `y[rows, n] = x . w^T` where `x = pre`'s normalised rows, which every
 /// block of the kernel computes itself (`gemv_norm`, gemv.cu); the kernel's
 /// first block writes the updated residual, which replaces `pre.residual`,
@@ -206,11 +227,32 @@ pub fn gemv_norm(
     w_last: u64,
     keep_x: bool,
 ) -> (CudaSlice<f32>, Option<CudaTensor>) {
+    gemv_norm_parts(cx, pre, &[NormPart { w, n, w_last }], keep_x)
+}
+
+/// [`gemv_norm`] of a weight stacked from parts of several formats, each
+/// filling its columns of y (in order) with its own split: a block-FP8 head
+/// and a bf16 tail (a Gated DeltaNet in_proj) in one launch whose blocks
+/// split between the two (`gemv_norm_fp8_bf16`), other stacks in one launch
+/// per part. Every launch normalises the same rows (the old residual and
+/// delta), and the first writes the new residual and x.
+pub fn gemv_norm_parts(
+    cx: &Cx,
+    pre: PreNorm<'_, CudaTensor, CudaWeight>,
+    parts: &[NormPart],
+    keep_x: bool,
+) -> (CudaSlice<f32>, Option<CudaTensor>) {
     let (rows, k) = (pre.residual.rows, pre.residual.cols);
-    assert!(
-        norm_fits(cx, rows, k, w.format),
-        "gemv_norm: {rows} rows of {k} not supported"
-    );
+    for part in parts {
+        assert!(
+            norm_fits(cx, rows, k, part.w.format),
+            "gemv_norm: {rows} rows of {k} not supported"
+        );
+        assert!(
+            (part.w.ptr | part.w_last).is_multiple_of(16),
+            "gemv_norm: weights must be 16-byte aligned"
+        );
+    }
     if let Some(d) = pre.delta {
         assert_eq!(
             (d.rows, d.cols),
@@ -219,14 +261,10 @@ pub fn gemv_norm(
         );
     }
     assert_eq!(pre.weight.numel(), k, "gemv_norm: norm weight length");
-    assert!(
-        (w.ptr | w_last).is_multiple_of(16),
-        "gemv_norm: weights must be 16-byte aligned"
-    );
-    let last_or_scales = last_or_scales(w, w_last);
     let gpu = cx.gpu;
     let s = &gpu.stream;
-    let y = gpu.alloc::<f32>(rows * n);
+    let width: usize = parts.iter().map(|p| p.n).sum();
+    let y = gpu.alloc::<f32>(rows * width);
     let x = keep_x.then(|| CudaTensor {
         bf16: None,
         rows,
@@ -235,47 +273,108 @@ pub fn gemv_norm(
     });
     // The other blocks still read the old residual while the first writes
     // the new one, so it goes to a fresh buffer. The old one is freed after
-    // the launch (stream-ordered), never before.
+    // the launches (stream-ordered), never before.
     let residual_out = pre.delta.map(|_| gpu.alloc::<f32>(rows * k));
-    let split = gemv_split(cx, rows, k, n, w.format);
-    let rows_per_block = (8 / split) * norm_rows_per_warp(rows);
-    // Each block normalises the rows once and then takes row groups in turn:
-    // as many blocks as fit on the device at once.
-    let f = match w.format {
-        Format::Fp8 => &cx.k.linear.gemv_norm_fp8[rows - 1],
-        Format::Bf16 | Format::F16 => &cx.k.linear.gemv_norm[rows - 1],
-    };
-    let smem = rows * k * 4;
-    let resident = f
-        .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
-        .unwrap_or(1)
-        .max(1) as usize
-        * gpu.sm_count();
-    gpu.launch(
-        f,
-        (blocks(n, rows_per_block).min(resident as u32), 1, 1),
-        256,
-        smem as u32,
-        &[
-            Arg::Ptr(ptr(&y, s)),
-            Arg::Ptr(x.as_ref().map_or(0, |x| ptr(&x.buf, s))),
-            Arg::Ptr(residual_out.as_ref().map_or(0, |r| ptr(r, s))),
-            Arg::Ptr(ptr(&pre.residual.buf, s)),
-            Arg::Ptr(pre.delta.map_or(0, |d| ptr(&d.buf, s))),
-            Arg::Ptr(ptr(pre.weight.f32("gemv_norm"), s)),
-            Arg::F32(pre.eps),
-            Arg::Ptr(w.ptr),
-            Arg::Ptr(last_or_scales),
-            Arg::I32(n as i32),
-            Arg::I32(k as i32),
-            Arg::I32(split as i32),
-        ],
+    let one_launch = matches!(
+        parts,
+        [head, tail] if head.w.format == Format::Fp8 && tail.w.format == Format::Bf16
+            && tail.w_last == 0
     );
+    if one_launch {
+        let (head, tail) = (parts[0], parts[1]);
+        let f = &cx.k.linear.gemv_norm_fp8_bf16[rows - 1];
+        let smem = rows * k * 4;
+        let resident = resident_blocks(cx, f, smem);
+        let split = |n: usize, format: Format| gemv_split(cx, rows, k, n, format);
+        let (head_split, tail_split) = (split(head.n, Format::Fp8), split(tail.n, Format::Bf16));
+        let groups = |n: usize, split: usize| blocks(n, (8 / split) * norm_rows_per_warp(rows));
+        // The tail's blocks first (a few), the head's in what stays resident.
+        let tail_grid = groups(tail.n, tail_split).min(resident as u32 / 2).max(1);
+        let head_grid = groups(head.n, head_split)
+            .min((resident as u32).saturating_sub(tail_grid))
+            .max(1);
+        gpu.launch(
+            f,
+            (head_grid + tail_grid, 1, 1),
+            256,
+            smem as u32,
+            &[
+                Arg::Ptr(ptr(&y, s)),
+                Arg::Ptr(x.as_ref().map_or(0, |x| ptr(&x.buf, s))),
+                Arg::Ptr(residual_out.as_ref().map_or(0, |r| ptr(r, s))),
+                Arg::Ptr(ptr(&pre.residual.buf, s)),
+                Arg::Ptr(pre.delta.map_or(0, |d| ptr(&d.buf, s))),
+                Arg::Ptr(ptr(pre.weight.f32("gemv_norm"), s)),
+                Arg::F32(pre.eps),
+                Arg::Ptr(head.w.ptr),
+                Arg::Ptr(head.w.scales),
+                Arg::I32(head.n as i32),
+                Arg::I32(head_split as i32),
+                Arg::Ptr(tail.w.ptr),
+                Arg::I32(tail.n as i32),
+                Arg::I32(tail_split as i32),
+                Arg::I32(head_grid as i32),
+                Arg::I32(k as i32),
+            ],
+        );
+    }
+    let mut column = 0;
+    for (i, part) in parts.iter().enumerate().filter(|_| !one_launch) {
+        let (w, n) = (part.w, part.n);
+        let split = gemv_split(cx, rows, k, n, w.format);
+        let rows_per_block = (8 / split) * norm_rows_per_warp(rows);
+        // Each block normalises the rows once and then takes row groups in
+        // turn: as many blocks as fit on the device at once.
+        let f = match w.format {
+            Format::Fp8 => &cx.k.linear.gemv_norm_fp8[rows - 1],
+            Format::Bf16 | Format::F16 => &cx.k.linear.gemv_norm[rows - 1],
+        };
+        let smem = rows * k * 4;
+        let resident = resident_blocks(cx, f, smem);
+        let first = i == 0;
+        gpu.launch(
+            f,
+            (blocks(n, rows_per_block).min(resident as u32), 1, 1),
+            256,
+            smem as u32,
+            &[
+                Arg::Ptr(ptr(&y, s) + (column * 4) as u64),
+                Arg::Ptr(match &x {
+                    Some(x) if first => ptr(&x.buf, s),
+                    _ => 0,
+                }),
+                Arg::Ptr(match &residual_out {
+                    Some(r) if first => ptr(r, s),
+                    _ => 0,
+                }),
+                Arg::Ptr(ptr(&pre.residual.buf, s)),
+                Arg::Ptr(pre.delta.map_or(0, |d| ptr(&d.buf, s))),
+                Arg::Ptr(ptr(pre.weight.f32("gemv_norm"), s)),
+                Arg::F32(pre.eps),
+                Arg::Ptr(w.ptr),
+                Arg::Ptr(last_or_scales(w, part.w_last)),
+                Arg::I32(n as i32),
+                Arg::I32(k as i32),
+                Arg::I32(split as i32),
+                Arg::I32(width as i32),
+            ],
+        );
+        column += n;
+    }
     if let Some(r) = residual_out {
         pre.residual.buf = r;
         pre.residual.bf16 = None;
     }
     (y, x)
+}
+
+/// Blocks of 256 threads with `smem` bytes of dynamic shared memory that
+/// the device holds at once running `f`.
+fn resident_blocks(cx: &Cx, f: &CudaFunction, smem: usize) -> usize {
+    f.occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
+        .unwrap_or(1)
+        .max(1) as usize
+        * cx.gpu.sm_count()
 }
 
 /// `gemv` over any number of rows: passes of [`GEMV_PASS_ROWS`], then of at
@@ -284,7 +383,7 @@ pub fn gemv_norm(
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_passes(
     cx: &Cx,
-    y: u64,
+    y: Out,
     x: u64,
     rows: usize,
     k: usize,
@@ -300,8 +399,12 @@ pub fn gemv_passes(
         } else {
             left.min(GEMV_MAX_ROWS)
         };
-        let (xo, yo) = ((first * k * 4) as u64, (first * n * 4) as u64);
-        gemv(cx, y + yo, x + xo, r, k, w, n, w_last);
+        let (xo, yo) = ((first * k * 4) as u64, (first * y.ld * 4) as u64);
+        let out = Out {
+            ptr: y.ptr + yo,
+            ld: y.ld,
+        };
+        gemv(cx, out, x + xo, r, k, w, n, w_last);
         first += r;
     }
 }
@@ -348,6 +451,14 @@ mod tests {
         }
         for (m, r) in norm {
             assert_eq!(norm_rows_per_warp(m), r, "gemv_norm_m{m}");
+        }
+        let stacked = instantiations(source, "KESTREL_GEMV_NORM_FP8_BF16");
+        assert_eq!(
+            stacked.iter().map(|i| i.0).collect::<Vec<_>>(),
+            (1..=NORM_MAX_ROWS).collect::<Vec<_>>()
+        );
+        for (m, r) in stacked {
+            assert_eq!(norm_rows_per_warp(m), r, "gemv_norm_fp8_bf16_m{m}");
         }
     }
 }

@@ -34,6 +34,9 @@ pub struct LinearKernels {
     /// `gemv` and `gemv_norm` for block-FP8 weights (`ops::fp8`).
     pub gemv_fp8: [CudaFunction; GEMV_MAX_ROWS],
     pub gemv_norm_fp8: [CudaFunction; NORM_MAX_ROWS],
+    /// `gemv_norm` of a weight stacked from a block-FP8 head and a bf16
+    /// tail, in one launch (`gemv::gemv_norm_parts`).
+    pub gemv_norm_fp8_bf16: [CudaFunction; NORM_MAX_ROWS],
 }
 
 /// Rows of the widest `gemv` pass (over a decode-shaped step's rows beyond
@@ -53,6 +56,7 @@ impl LinearKernels {
             gemv_pass_fp8: function(&m, "gemv_fp8_m16")?,
             gemv_fp8: per_row_count(&m, "gemv_fp8_m", function)?,
             gemv_norm_fp8: per_row_count(&m, "gemv_norm_fp8_m", with_norm_smem)?,
+            gemv_norm_fp8_bf16: per_row_count(&m, "gemv_norm_fp8_bf16_m", with_norm_smem)?,
         })
     }
 }

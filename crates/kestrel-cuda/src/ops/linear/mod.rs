@@ -27,10 +27,11 @@ use crate::ops::fp8::bf16_matrix;
 use crate::ops::norm::pre_norm;
 use crate::tensor::{CudaTensor, CudaWeight};
 use gemm::{gemm_bf16, takes_bf16, to_bf16};
-use gemv::{NORM_MAX_N, gemv_norm, gemv_passes, norm_fits};
+use gemv::{NORM_MAX_N, NormPart, Out, gemv_norm_parts, gemv_passes, norm_fits};
 
-/// `pre`'s normalised rows times `w^T`: in one `gemv_norm` launch where
-/// [`norm_fits`], else the norm and then [`matmul`].
+/// `pre`'s normalised rows times `w^T`: in one `gemv_norm` launch (one per
+/// part of a stacked weight) where [`norm_fits`], else the norm and then
+/// [`matmul`].
 pub fn norm_matmul(
     cx: &Cx,
     pre: PreNorm<'_, CudaTensor, CudaWeight>,
@@ -38,11 +39,23 @@ pub fn norm_matmul(
 ) -> CudaTensor {
     let (rows, k) = (pre.residual.rows, pre.residual.cols);
     let n = w.dim0();
-    let m = w.matrix("norm_matmul", &cx.gpu.stream);
-    if w.numel() != n * k || !norm_fits(cx, rows, k, m.format) || n > NORM_MAX_N {
+    let s = &cx.gpu.stream;
+    let parts: Vec<NormPart> = w
+        .parts()
+        .iter()
+        .map(|p| NormPart {
+            w: p.matrix("norm_matmul", s),
+            n: p.dim0(),
+            w_last: 0,
+        })
+        .collect();
+    let fused = w.numel() == n * k
+        && n <= NORM_MAX_N
+        && parts.iter().all(|p| norm_fits(cx, rows, k, p.w.format));
+    if !fused {
         return matmul(cx, &pre_norm(cx, pre), w);
     }
-    let (y, _) = gemv_norm(cx, pre, m, n, 0, false);
+    let (y, _) = gemv_norm_parts(cx, pre, &parts, false);
     CudaTensor {
         bf16: None,
         rows,
@@ -63,16 +76,18 @@ pub fn matmul(cx: &Cx, x: &CudaTensor, w: &CudaWeight) -> CudaTensor {
     if !takes_bf16(cx, x.rows, k) {
         let out = gpu.alloc::<f32>(x.rows * n);
         let s = &gpu.stream;
-        gemv_passes(
-            cx,
-            ptr(&out, s),
-            ptr(&x.buf, s),
-            x.rows,
-            k,
-            w.matrix("matmul", s),
-            n,
-            0,
-        );
+        // A stacked weight's parts fill their columns of each row in turn.
+        let mut column = 0;
+        for part in w.parts() {
+            let rows = part.dim0();
+            let y = Out {
+                ptr: ptr(&out, s) + (column * 4) as u64,
+                ld: n,
+            };
+            let m = part.matrix("matmul", s);
+            gemv_passes(cx, y, ptr(&x.buf, s), x.rows, k, m, rows, 0);
+            column += rows;
+        }
         return CudaTensor {
             bf16: None,
             rows: x.rows,

@@ -11,7 +11,7 @@ use crate::context::Cx;
 use crate::device::{blocks, ptr};
 use crate::launch::Arg;
 use crate::ops::fp8::bf16_matrix;
-use crate::ops::linear::gemv::{gemv_norm, gemv_passes};
+use crate::ops::linear::gemv::{Out, gemv_norm, gemv_passes};
 use crate::tensor::{CudaTensor, CudaWeight, Format, Matrix};
 
 /// Intermediate rows per `moe_gate_up` block (even). A lone token needs small
@@ -63,7 +63,10 @@ pub fn moe_decode(
             let x_ptr = ptr(&x.buf, s);
             gemv_passes(
                 cx,
-                ptr(&logits, s),
+                Out {
+                    ptr: ptr(&logits, s),
+                    ld,
+                },
                 x_ptr,
                 t,
                 h,

@@ -13,6 +13,7 @@ use crate::data::bf16_tensor;
 pub fn fp8(c: &mut Ctx) {
     fp8_matmul(c);
     fp8_norm_matmul(c);
+    fp8_stacked(c);
     fp8_moe(c);
     fp8_dummy(c);
 }
@@ -100,6 +101,80 @@ fn fp8_norm_matmul(c: &mut Ctx) {
         let gpu = run(&c.gpu, (rows, k), (&r, &d), &norm, &w);
         c.record(
             &format!("fp8 norm_matmul [{rows}x{k}]x[{n}x{k}]^T"),
+            TOL_F32,
+            cpu,
+            gpu,
+        );
+    }
+}
+
+/// A weight stacked from an FP8 part and a bf16 one (`Backend::stack_rows`,
+/// Qwen3.6's GDN in_proj: q/k/v and z FP8, b and a bf16): each part's
+/// launch fills its columns, through `gemv` (1..8 rows, a 16-row pass),
+/// `gemv_norm` (1 and 2 rows; 3 rows take the norm, then `gemv`) and the
+/// prefill product on the stacked bf16 copy (40 rows).
+fn fp8_stacked(c: &mut Ctx) {
+    let (k, head, tail) = (2048, 12288, 64);
+    let w = quantized(c, &[head, k], 0.05);
+    let b_a = HostWeight::Dense(bf16_tensor(&[tail, k], &c.data.randn(tail * k, 0.05)));
+    fn stacked<B: Backend>(b: &B, w: &HostWeight, b_a: &HostWeight) -> Result<B::Weight> {
+        b.stack_rows(vec![b.upload_weight(w)?, b.upload_weight(b_a)?])
+    }
+    for rows in [1usize, 2, 5, 8, 16, 40] {
+        let x = c.data.randn(rows * k, 1.0);
+        fn run<B: Backend>(
+            b: &B,
+            rows: usize,
+            k: usize,
+            x: &[f32],
+            w: &HostWeight,
+            b_a: &HostWeight,
+        ) -> Result<Outputs> {
+            let w = stacked(b, w, b_a)?;
+            let xt = b.from_host(rows, k, x);
+            let first = b.to_host(&b.matmul(&xt, &w));
+            let again = b.to_host(&b.matmul(&xt, &w));
+            Ok(vec![repeatable("out", first, again)?])
+        }
+        let cpu = run(&c.cpu, rows, k, &x, &w, &b_a);
+        let gpu = run(&c.gpu, rows, k, &x, &w, &b_a);
+        let tol = if rows > 8 { TOL_BF16_MATMUL } else { TOL_F32 };
+        c.record(
+            &format!("fp8 + bf16 stacked matmul [{rows}x{k}]x[{head}+{tail}x{k}]^T"),
+            tol,
+            cpu,
+            gpu,
+        );
+    }
+    for rows in [1usize, 2, 3] {
+        let r = c.data.randn(rows * k, 3.0);
+        let d = c.data.randn(rows * k, 3.0);
+        let norm = c.data.vector(k, 1.0, 0.2);
+        fn run<B: Backend>(
+            b: &B,
+            (rows, k): (usize, usize),
+            (r, d): (&[f32], &[f32]),
+            norm: &kestrel_core::HostTensor,
+            (w, b_a): (&HostWeight, &HostWeight),
+        ) -> Result<Outputs> {
+            let (norm, w) = (b.upload(norm)?, stacked(b, w, b_a)?);
+            let mut residual = b.from_host(rows, k, r);
+            let delta = b.from_host(rows, k, d);
+            let y = b.norm_matmul(
+                PreNorm {
+                    residual: &mut residual,
+                    delta: Some(&delta),
+                    weight: &norm,
+                    eps: 1e-6,
+                },
+                &w,
+            );
+            Ok(vec![out(b, "product", &y), out(b, "residual", &residual)])
+        }
+        let cpu = run(&c.cpu, (rows, k), (&r, &d), &norm, (&w, &b_a));
+        let gpu = run(&c.gpu, (rows, k), (&r, &d), &norm, (&w, &b_a));
+        c.record(
+            &format!("fp8 + bf16 stacked norm_matmul [{rows}x{k}]x[{head}+{tail}x{k}]^T"),
             TOL_F32,
             cpu,
             gpu,

@@ -120,6 +120,10 @@ impl<B: Backend> Backend for Timed<B> {
         self.inner.upload_weight(w)
     }
 
+    fn stack_rows(&self, parts: Vec<B::Weight>) -> Result<B::Weight> {
+        self.inner.stack_rows(parts)
+    }
+
     fn dummy_weight(
         &self,
         shape: &[usize],
