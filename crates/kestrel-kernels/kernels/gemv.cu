@@ -248,12 +248,15 @@ __device__ __forceinline__ void gemv_body(float* __restrict__ y, const float* __
 // needs registers for the converted chunks: at 5..8 rows, 6 rows per warp
 // with one chunk of each in flight (8 rows spilled); an FP8 chunk holds
 // twice the weights of a bf16 one, so fewer rows per warp would read each
-// x row from L1 more often per weight byte.
-#define KESTREL_GEMV_FP8(M, R, U, AHEAD, MIN_BLOCKS)                                                          \
+// x row from L1 more often per weight byte. From 5 rows on (WT = Fp8F32W)
+// each chunk becomes f32 values once for all x rows, which leaves the FMAs
+// alone per row; at 16 rows that leaves registers for 4 weight rows a warp
+// (255 registers, no spills).
+#define KESTREL_GEMV_FP8(M, R, U, AHEAD, MIN_BLOCKS, WT)                                                      \
     KESTREL_EXTERN void __launch_bounds__(256, MIN_BLOCKS)                                                    \
         gemv_fp8_m##M(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,      \
                       const float* __restrict__ scales, int n_rows, int k, int split, int ldy) {              \
-        gemv_body<M, R, U, Fp8W, false, AHEAD>(y, x, w, nullptr, n_rows, k, split, nullptr, scales, ldy);     \
+        gemv_body<M, R, U, WT, false, AHEAD>(y, x, w, nullptr, n_rows, k, split, nullptr, scales, ldy);       \
     }
 // Only for the row counts the fused norm takes (`NORM_MAX_ROWS` in ops/linear/gemv.rs).
 #define KESTREL_GEMV_NORM(M, R, U, MIN_BLOCKS)                                                                \
@@ -318,12 +321,12 @@ KESTREL_GEMV_NORM(1, 2, 4, 3)
 KESTREL_GEMV_NORM(2, 4, 2, 1)
 KESTREL_GEMV_NORM_FP8_BF16(1, 2, 4, 3)
 KESTREL_GEMV_NORM_FP8_BF16(2, 4, 2, 1)
-KESTREL_GEMV_FP8(1, 4, 2, false, 1)
-KESTREL_GEMV_FP8(2, 4, 2, false, 1)
-KESTREL_GEMV_FP8(3, 4, 2, false, 1)
-KESTREL_GEMV_FP8(4, 4, 1, true, 1)
-KESTREL_GEMV_FP8(5, 6, 1, false, 1)
-KESTREL_GEMV_FP8(6, 6, 1, false, 1)
-KESTREL_GEMV_FP8(7, 6, 1, false, 1)
-KESTREL_GEMV_FP8(8, 6, 1, false, 1)
-KESTREL_GEMV_FP8(16, 2, 2, false, 1)
+KESTREL_GEMV_FP8(1, 4, 2, false, 1, Fp8W)
+KESTREL_GEMV_FP8(2, 4, 2, false, 1, Fp8W)
+KESTREL_GEMV_FP8(3, 4, 2, false, 1, Fp8W)
+KESTREL_GEMV_FP8(4, 4, 1, true, 1, Fp8W)
+KESTREL_GEMV_FP8(5, 6, 1, false, 1, Fp8F32W)
+KESTREL_GEMV_FP8(6, 6, 1, false, 1, Fp8F32W)
+KESTREL_GEMV_FP8(7, 6, 1, false, 1, Fp8F32W)
+KESTREL_GEMV_FP8(8, 6, 1, false, 1, Fp8F32W)
+KESTREL_GEMV_FP8(16, 4, 1, false, 1, Fp8F32W)

@@ -31,6 +31,7 @@ __device__ __forceinline__ uint4 ld_weights(const uint4* p) {
 struct Bf16W {
     static constexpr int ELEMS = 8;
     static constexpr bool SCALED = false;
+    static constexpr bool F32_ONCE = false;
     // bf16 -> f32 is a 16-bit shift.
     static __device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
     static __device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
@@ -38,12 +39,24 @@ struct Bf16W {
 struct F16W {
     static constexpr int ELEMS = 8;
     static constexpr bool SCALED = false;
+    static constexpr bool F32_ONCE = false;
     static __device__ __forceinline__ float lo(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); }
     static __device__ __forceinline__ float hi(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
 };
 struct Fp8W {
     static constexpr int ELEMS = 16;
     static constexpr bool SCALED = true;
+    static constexpr bool F32_ONCE = false;
+};
+// The same weights for products of many x rows: each chunk's codes become
+// 16 f32 values once, which every x row then meets with FMAs alone (Fp8W
+// converts f16 -> f32 again for each row, which at 8 or 16 rows costs as
+// many instructions as the FMAs). The values, products and order of sums
+// are Fp8W's: the two give the same bits.
+struct Fp8F32W {
+    static constexpr int ELEMS = 16;
+    static constexpr bool SCALED = true;
+    static constexpr bool F32_ONCE = true;
 };
 
 // Columns of one FP8 scale block, and the chunks that span it.
@@ -116,6 +129,16 @@ __device__ __forceinline__ float4 load_x(const float4* p) {
     else return __ldg(p);
 }
 
+// The 16 values of the x row at `xr` that FP8 chunk `cu` meets.
+template <bool XS>
+__device__ __forceinline__ void load_x16(const float* xr, int cu, float4& a, float4& b, float4& c, float4& d) {
+    const float4* p = reinterpret_cast<const float4*>(xr) + 4 * cu;
+    a = load_x<XS>(p);
+    b = load_x<XS>(p + 1);
+    c = load_x<XS>(p + 2);
+    d = load_x<XS>(p + 3);
+}
+
 // acc[m][r] += x[m, chunk] . wv[u][r] for the chunks loaded by load_chunks(c).
 // FP8 chunks are turned into f16 once, before the x rows meet them; each
 // chunk's 16-term sum starts at zero and is added with its block's scale.
@@ -130,7 +153,36 @@ __device__ __forceinline__ void use_chunks(float (&acc)[M][R], const uint4 (&wv)
     for (int u = 0; u < U; ++u) {
         const int cu = c + u * stride;
         if (cu >= chunks) break;
-        if constexpr (WT::SCALED) {
+        if constexpr (WT::SCALED && WT::F32_ONCE) {
+            float wf[R][16];
+            float scale[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                uint4 lo, hi;
+                fp8_chunk_to_f16(wv[u][r], lo, hi);
+                const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    wf[r][2 * i] = F16W::lo(words[i]);
+                    wf[r][2 * i + 1] = F16W::hi(words[i]);
+                }
+                scale[r] = __ldg(sc[r] + cu / FP8_BLOCK_CHUNKS);
+            }
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                float4 a, b, c2, d;
+                load_x16<XS>(x + m * ldx, cu, a, b, c2, d);
+                const float xs[16] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w,
+                                      c2.x, c2.y, c2.z, c2.w, d.x, d.y, d.z, d.w};
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float p = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 16; ++i) p = fmaf(xs[i], wf[r][i], p);
+                    acc[m][r] = fmaf(p, scale[r], acc[m][r]);
+                }
+            }
+        } else if constexpr (WT::SCALED) {
             uint4 lo[R], hi[R];
             float scale[R];
 #pragma unroll
@@ -140,9 +192,8 @@ __device__ __forceinline__ void use_chunks(float (&acc)[M][R], const uint4 (&wv)
             }
 #pragma unroll
             for (int m = 0; m < M; ++m) {
-                const float4* xm = reinterpret_cast<const float4*>(x + m * ldx) + 4 * cu;
-                const float4 a = load_x<XS>(xm), b = load_x<XS>(xm + 1);
-                const float4 c2 = load_x<XS>(xm + 2), d = load_x<XS>(xm + 3);
+                float4 a, b, c2, d;
+                load_x16<XS>(x + m * ldx, cu, a, b, c2, d);
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const float p = dot8<F16W>(dot8<F16W>(0.f, lo[r], a, b), hi[r], c2, d);

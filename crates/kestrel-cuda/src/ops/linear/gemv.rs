@@ -58,8 +58,8 @@ fn launch_fits(rows: usize, k: usize) -> bool {
 /// shapes (docs/benchmarks/2026-12-06-h100-gemv-tiles/).
 fn gemv_rows_per_warp(rows: usize, format: Format) -> usize {
     match (rows, format) {
-        (1, Format::Fp8) | (2..=4, _) => 4,
-        (1, _) | (GEMV_PASS_ROWS, Format::Fp8) => 2,
+        (1, Format::Fp8) | (2..=4, _) | (GEMV_PASS_ROWS, Format::Fp8) => 4,
+        (1, _) => 2,
         (GEMV_PASS_ROWS, _) => 6,
         (_, Format::Fp8) => 6,
         _ => 8,
